@@ -1,0 +1,1 @@
+"""Jobs, quotes, leases and matching: built in the broker issue."""

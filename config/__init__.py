@@ -1,0 +1,3 @@
+from .celery_app import app as celery_app
+
+__all__ = ("celery_app",)

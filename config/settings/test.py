@@ -1,0 +1,18 @@
+"""Test settings: SQLite unless DATABASE_URL is set (CI sets it to PostgreSQL)."""
+
+from .base import *  # noqa: F403
+from .base import REST_FRAMEWORK, env
+
+DEBUG = False
+SECRET_KEY = "test-only-not-a-secret"  # noqa: S105
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "tests"}}
+# Integration tests start a real Celery worker; it uses CELERY_BROKER_URL when set (Redis in CI) and an
+# in-memory transport otherwise.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,
+    "DEFAULT_THROTTLE_RATES": {"organisation": "100000/min", "anon": "100000/min"},
+}

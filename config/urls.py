@@ -1,0 +1,19 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from core.views import healthz, home
+
+api_v1 = [
+    path("", include("core.api.urls")),
+    path("", include("federation.api.urls")),
+]
+
+urlpatterns = [
+    path("", home, name="home"),
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]

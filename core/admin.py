@@ -1,0 +1,63 @@
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from core import services
+from core.models import ApiToken, Membership, Organisation
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Organisation)
+class OrganisationAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "is_operator", "is_buyer", "is_platform", "suspended_at", "created_at"]
+    list_filter = ["is_operator", "is_buyer", "is_platform", ("suspended_at", admin.EmptyFieldListFilter)]
+    search_fields = ["slug", "name"]
+    readonly_fields = ["created_at", "suspended_at", "suspension_reason"]
+    inlines = [MembershipInline]
+    actions = ["suspend", "reinstate"]
+
+    @admin.action(description="Suspend selected organisations")
+    def suspend(self, request: HttpRequest, queryset: QuerySet[Organisation]) -> None:
+        for organisation in queryset:
+            services.organisation_suspend(organisation=organisation, reason=f"suspended by {request.user} in admin")
+        messages.success(request, f"Suspended {queryset.count()} organisation(s).")
+
+    @admin.action(description="Reinstate selected organisations")
+    def reinstate(self, request: HttpRequest, queryset: QuerySet[Organisation]) -> None:
+        for organisation in queryset:
+            services.organisation_reinstate(organisation=organisation)
+        messages.success(request, f"Reinstated {queryset.count()} organisation(s).")
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "organisation", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__username", "user__email", "organisation__slug"]
+    autocomplete_fields = ["user", "organisation"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued through the API or portal (the secret is shown once there); the back office
+    can only see and revoke them."""
+
+    list_display = ["name", "prefix", "organisation", "scope", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["scope", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "organisation__slug"]
+    readonly_fields = [f.name for f in ApiToken._meta.fields]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        for token in queryset:
+            services.api_token_revoke(organisation=token.organisation, token_id=token.pk)
+        messages.success(request, f"Revoked {queryset.count()} token(s).")

@@ -1,0 +1,74 @@
+"""The one exception handler: every API error leaves as ``{"code", "message", "extra"}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from core.errors import DomainError
+
+_DRF_CODES: dict[type[exceptions.APIException], tuple[str, str]] = {
+    exceptions.ParseError: ("parse_error", "The request body could not be parsed."),
+    exceptions.AuthenticationFailed: ("authentication_failed", "The credentials were not accepted."),
+    exceptions.NotAuthenticated: ("not_authenticated", "Authentication is required."),
+    exceptions.PermissionDenied: ("permission_denied", "You may not do this."),
+    exceptions.NotFound: ("not_found", "Not found."),
+    exceptions.MethodNotAllowed: ("method_not_allowed", "Method not allowed."),
+    exceptions.NotAcceptable: ("not_acceptable", "The requested representation is not available."),
+    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Unsupported media type."),
+    exceptions.Throttled: ("throttled", "Too many requests."),
+}
+
+
+def _error(status_code: int, code: str, message: str, extra: dict[str, Any] | None = None) -> Response:
+    return Response({"code": code, "message": message, "extra": extra or {}}, status=status_code)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DomainError):
+        set_rollback()
+        return _error(exc.http_status, exc.code, exc.message, exc.extra)
+    if isinstance(exc, DjangoValidationError):
+        set_rollback()
+        fields = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        return _error(400, "invalid", "The request has invalid fields.", {"fields": fields})
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a real server error: let Django log it and answer 500
+
+    set_rollback()
+    headers: dict[str, str] = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+
+    if isinstance(exc, exceptions.ValidationError):
+        response = _error(
+            status.HTTP_400_BAD_REQUEST,
+            "invalid",
+            "The request has invalid fields.",
+            {"fields": exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}},
+        )
+    else:
+        code, default_message = next(
+            ((c, m) for cls, (c, m) in _DRF_CODES.items() if isinstance(exc, cls)),
+            (str(exc.default_code), str(exc.default_detail)),
+        )
+        message = str(exc.detail) if isinstance(exc.detail, str) else default_message
+        extra: dict[str, Any] = {}
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            extra["retry_after_seconds"] = int(exc.wait)
+        response = _error(exc.status_code, code, message, extra)
+    for key, value in headers.items():
+        response[key] = value
+    return response

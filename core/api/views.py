@@ -1,0 +1,103 @@
+"""The caller's own organisation and its API tokens."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core import selectors, services
+from core.api.context import actor_from_request
+from core.api.pagination import StandardPagination
+from core.api.permissions import IsOrganisationMember
+from core.models import ApiToken
+
+
+class OrganisationOutput(serializers.Serializer):
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    is_operator = serializers.BooleanField()
+    is_buyer = serializers.BooleanField()
+    is_platform = serializers.BooleanField()
+
+
+class MeApi(APIView):
+    permission_classes = [IsOrganisationMember]
+
+    class Output(serializers.Serializer):
+        organisation = OrganisationOutput()
+        credential = serializers.ChoiceField(choices=["token", "session"])
+        can_write = serializers.BooleanField()
+        user = serializers.CharField(allow_null=True)
+
+    @extend_schema(operation_id="me_get", responses={200: Output}, tags=["access"])
+    def get(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        data = {
+            "organisation": actor.organisation,
+            "credential": "token" if actor.token else "session",
+            "can_write": actor.can_write,
+            "user": actor.user.get_username() if actor.user else None,
+        }
+        return Response(self.Output(data).data)
+
+
+class TokenOutput(serializers.ModelSerializer):
+    created_by = serializers.CharField(source="created_by.username", allow_null=True, default=None)
+    is_active = serializers.BooleanField()
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "scope", "created_by", "created_at", "last_used_at", "revoked_at", "is_active"]
+
+
+class TokenListApi(APIView):
+    permission_classes = [IsOrganisationMember]
+
+    class Input(serializers.Serializer):
+        name = serializers.CharField(max_length=100)
+        scope = serializers.ChoiceField(choices=ApiToken.Scope.choices, default=ApiToken.Scope.READ_WRITE)
+
+    @extend_schema(operation_id="tokens_list", responses={200: TokenOutput(many=True)}, tags=["access"])
+    def get(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        paginator = StandardPagination()
+        page = paginator.paginate_queryset(
+            selectors.api_token_list(organisation=actor.organisation), request, view=self
+        )
+        return paginator.get_paginated_response(TokenOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="tokens_create",
+        request=Input,
+        responses={
+            201: inline_serializer(
+                "TokenCreated",
+                {
+                    "token": TokenOutput(),
+                    "secret": serializers.CharField(help_text="Shown once; store it now."),
+                },
+            )
+        },
+        tags=["access"],
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, secret = services.api_token_create(
+            organisation=actor.organisation, created_by=actor.user, **data.validated_data
+        )
+        return Response({"token": TokenOutput(token).data, "secret": secret}, status=status.HTTP_201_CREATED)
+
+
+class TokenRevokeApi(APIView):
+    permission_classes = [IsOrganisationMember]
+
+    @extend_schema(operation_id="tokens_revoke", request=None, responses={200: TokenOutput}, tags=["access"])
+    def delete(self, request: Request, token_id: int) -> Response:
+        actor = actor_from_request(request)
+        token = services.api_token_revoke(organisation=actor.organisation, token_id=token_id)
+        return Response(TokenOutput(token).data)

@@ -1,0 +1,106 @@
+"""Organisations, their members and their API tokens: what every app shares about people."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+# The operator segment of a compute identifier is the organisation's slug, so the two share one grammar
+# (federation.identifiers.SEGMENT_PATTERN); it is repeated here only because core may not import federation.
+ORGANISATION_SLUG_VALIDATOR = RegexValidator(
+    r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$",
+    _("1–32 lowercase letters, digits or inner hyphens."),
+    code="invalid_slug",
+)
+
+
+class Organisation(models.Model):
+    """A company on the platform: an operator (supplies capacity), a buyer, or both.
+
+    ``is_platform`` marks Cardhour's own organisation, whose members and tokens may do back-office writes
+    through the API (for example latency measurements).
+    """
+
+    slug = models.CharField(max_length=32, unique=True, validators=[ORGANISATION_SLUG_VALIDATOR])
+    name = models.CharField(max_length=200)
+    is_operator = models.BooleanField(default=False)
+    is_buyer = models.BooleanField(default=False)
+    is_platform = models.BooleanField(default=False)
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    suspension_reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slug})"
+
+    @property
+    def is_suspended(self) -> bool:
+        return self.suspended_at is not None
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", _("Owner")
+        ADMIN = "admin", _("Administrator")
+        MEMBER = "member", _("Member")
+        VIEWER = "viewer", _("Viewer (read only)")
+
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organisation", "user"], name="membership_unique_user_per_org"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.organisation.slug} ({self.role})"
+
+    @property
+    def can_write(self) -> bool:
+        return self.role != self.Role.VIEWER
+
+
+class ApiToken(models.Model):
+    """A machine credential for one organisation. The secret is shown once; only its SHA-256 is stored.
+
+    Wire format: ``chk_<prefix>_<secret>``. The prefix is stored in clear and indexed so a lookup is one
+    indexed read; the hash is compared in constant time.
+    """
+
+    class Scope(models.TextChoices):
+        READ_WRITE = "read_write", _("Read and write")
+        READ_ONLY = "read_only", _("Read only")
+
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    scope = models.CharField(max_length=16, choices=Scope.choices, default=Scope.READ_WRITE)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(key_hash=""), name="api_token_hash_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (chk_{self.prefix}_…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

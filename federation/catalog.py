@@ -1,0 +1,138 @@
+"""Reference data the platform ships with: the hubs, the policy latency tiers, the first standard-card
+definition and the accelerator catalog. Loaded by a data migration (so production has it too) and kept
+here, importable, so tests and the demo can refer to the same figures.
+
+Accelerator figures are *dense* FP16 tensor TFLOPS (no structured sparsity, FP32 accumulate), memory in
+GB and memory bandwidth in GB/s, from the vendors' published datasheets unless ``source`` says otherwise.
+Where a vendor has not published a dense FP16 figure the model is ``unknown`` and its FP16 figure is NULL:
+we do not invent numbers.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+HUBS: list[dict[str, object]] = [
+    {"code": "jjj", "name": "Beijing-Tianjin-Hebei", "name_zh": "京津冀", "region": "east"},
+    {"code": "yrd", "name": "Yangtze River Delta", "name_zh": "长三角", "region": "east"},
+    {"code": "gba", "name": "Guangdong-Hong Kong-Macao Greater Bay Area", "name_zh": "粤港澳大湾区", "region": "east"},
+    {"code": "cy", "name": "Chengdu-Chongqing", "name_zh": "成渝", "region": "east"},
+    {"code": "nmg", "name": "Inner Mongolia", "name_zh": "内蒙古", "region": "west"},
+    {"code": "gz", "name": "Guizhou", "name_zh": "贵州", "region": "west"},
+    {"code": "gs", "name": "Gansu", "name_zh": "甘肃", "region": "west"},
+    {"code": "nx", "name": "Ningxia", "name_zh": "宁夏", "region": "west"},
+    {"code": "ext", "name": "Outside the national hubs", "name_zh": "其他", "region": "other"},
+]
+
+# Policy tiers of the national computing network: 1 ms inside a city, 5 ms from a cluster to nearby
+# cities, 20 ms between hubs. A hub spans several cities, so the seed for hub→same hub is the 5 ms tier
+# and every hub→other hub pair is the 20 ms tier. Measurements posted through the API replace these.
+LATENCY_SAME_HUB_MS = Decimal("5")
+LATENCY_BETWEEN_HUBS_MS = Decimal("20")
+
+STANDARD_CARD_V1_TFLOPS = Decimal("400")
+
+_NV = "NVIDIA datasheet"
+ACCELERATORS: list[dict[str, object]] = [
+    # NVIDIA data-centre
+    {"slug": "nvidia-a100-sxm4-80gb", "vendor": "NVIDIA", "model": "A100 SXM4 80GB",
+     "aliases": ["A100", "A100-SXM4-80GB", "A100-80G"], "tflops": "312", "memory_gb": "80",
+     "bandwidth": "2039", "interconnect": "NVLink 3, 600 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-a800-sxm4-80gb", "vendor": "NVIDIA", "model": "A800 SXM4 80GB",
+     "aliases": ["A800", "A800-SXM4-80GB", "A800-80G"], "tflops": "312", "memory_gb": "80",
+     "bandwidth": "2039", "interconnect": "NVLink 3, 400 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-h100-sxm5-80gb", "vendor": "NVIDIA", "model": "H100 SXM5 80GB",
+     "aliases": ["H100", "H100-SXM5-80GB", "H100-80G"], "tflops": "989.4", "memory_gb": "80",
+     "bandwidth": "3350", "interconnect": "NVLink 4, 900 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-h800-sxm5-80gb", "vendor": "NVIDIA", "model": "H800 SXM5 80GB",
+     "aliases": ["H800", "H800-SXM5-80GB", "H800-80G"], "tflops": "989.4", "memory_gb": "80",
+     "bandwidth": "3350", "interconnect": "NVLink 4, 400 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-h20", "vendor": "NVIDIA", "model": "H20 96GB",
+     "aliases": ["H20", "H20-96G"], "tflops": "148", "memory_gb": "96",
+     "bandwidth": "4000", "interconnect": "NVLink 4, 900 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-h200-sxm-141gb", "vendor": "NVIDIA", "model": "H200 SXM 141GB",
+     "aliases": ["H200", "H200-SXM-141GB"], "tflops": "989.4", "memory_gb": "141",
+     "bandwidth": "4800", "interconnect": "NVLink 4, 900 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-l20", "vendor": "NVIDIA", "model": "L20 48GB",
+     "aliases": ["L20"], "tflops": "119.5", "memory_gb": "48",
+     "bandwidth": "864", "interconnect": "PCIe Gen4 x16", "fabric": "pcie", "source": _NV},
+    {"slug": "nvidia-l40s", "vendor": "NVIDIA", "model": "L40S 48GB",
+     "aliases": ["L40S"], "tflops": "362.05", "memory_gb": "48",
+     "bandwidth": "864", "interconnect": "PCIe Gen4 x16", "fabric": "pcie", "source": _NV},
+    {"slug": "nvidia-a10", "vendor": "NVIDIA", "model": "A10 24GB",
+     "aliases": ["A10"], "tflops": "125", "memory_gb": "24",
+     "bandwidth": "600", "interconnect": "PCIe Gen4 x16", "fabric": "pcie", "source": _NV},
+    {"slug": "nvidia-rtx-4090", "vendor": "NVIDIA", "model": "GeForce RTX 4090",
+     "aliases": ["RTX4090", "4090", "RTX-4090"], "tflops": "165.2", "memory_gb": "24",
+     "bandwidth": "1008", "interconnect": "PCIe Gen4 x16", "fabric": "pcie",
+     "source": "NVIDIA Ada Lovelace architecture whitepaper (FP16 tensor, FP32 accumulate, dense)"},
+    # Huawei Ascend: Huawei publishes the Atlas 800T A2 per-chip figure; the 910B bins are as reported
+    # by the server vendors that ship them.
+    {"slug": "huawei-ascend-910b1", "vendor": "Huawei", "model": "Ascend 910B1",
+     "aliases": ["910B1", "Ascend910B1"], "tflops": "414", "memory_gb": "64",
+     "bandwidth": "1600", "interconnect": "HCCS, 392 GB/s", "fabric": "hccs",
+     "source": "server-vendor specifications (Huawei does not publish per-bin figures)"},
+    {"slug": "huawei-ascend-910b2", "vendor": "Huawei", "model": "Ascend 910B2",
+     "aliases": ["910B2", "Ascend910B2"], "tflops": "376", "memory_gb": "64",
+     "bandwidth": "1600", "interconnect": "HCCS, 392 GB/s", "fabric": "hccs",
+     "source": "server-vendor specifications (Huawei does not publish per-bin figures)"},
+    {"slug": "huawei-ascend-910b3", "vendor": "Huawei", "model": "Ascend 910B3",
+     "aliases": ["910B3", "Ascend910B3", "910B"], "tflops": "313", "memory_gb": "64",
+     "bandwidth": "1600", "interconnect": "HCCS, 392 GB/s", "fabric": "hccs",
+     "source": "Huawei Atlas 800T A2 datasheet (313 TFLOPS FP16 per NPU)"},
+    {"slug": "huawei-ascend-910b4", "vendor": "Huawei", "model": "Ascend 910B4",
+     "aliases": ["910B4", "Ascend910B4"], "tflops": "280", "memory_gb": "32",
+     "bandwidth": "800", "interconnect": "HCCS, 392 GB/s", "fabric": "hccs",
+     "source": "server-vendor specifications (Huawei does not publish per-bin figures)"},
+    {"slug": "huawei-ascend-910c", "vendor": "Huawei", "model": "Ascend 910C",
+     "aliases": ["910C", "Ascend910C"], "status": "unknown", "tflops": None, "memory_gb": None,
+     "bandwidth": None, "interconnect": "HCCS", "fabric": "hccs",
+     "source": "no vendor datasheet published; press estimates only, so figures are not recorded"},
+    # Other domestic accelerators
+    {"slug": "cambricon-mlu370-x8", "vendor": "Cambricon", "model": "MLU370-X8",
+     "aliases": ["MLU370-X8", "MLU370"], "tflops": "96", "memory_gb": "48",
+     "bandwidth": "614.4", "interconnect": "MLU-Link, 200 GB/s", "fabric": "pcie",
+     "source": "Cambricon MLU370-X8 product page"},
+    {"slug": "hygon-dcu-k100", "vendor": "Hygon", "model": "DCU K100",
+     "aliases": ["K100", "DCU-K100"], "status": "unknown", "tflops": None, "memory_gb": None,
+     "bandwidth": None, "interconnect": "xGMI", "fabric": "pcie",
+     "source": "Hygon publishes no dense FP16 figure for the K100"},
+    {"slug": "moorethreads-mtt-s4000", "vendor": "Moore Threads", "model": "MTT S4000",
+     "aliases": ["S4000", "MTT-S4000"], "tflops": "100", "memory_gb": "48",
+     "bandwidth": "768", "interconnect": "MTLink, 240 GB/s", "fabric": "pcie",
+     "source": "Moore Threads MTT S4000 product page"},
+    {"slug": "biren-br104", "vendor": "Biren", "model": "BR104",
+     "aliases": ["BR104"], "status": "unknown", "tflops": None, "memory_gb": "32",
+     "bandwidth": "819", "interconnect": "PCIe Gen5 x16", "fabric": "pcie",
+     "source": "Biren publishes BF16 but not dense FP16 throughput for the BR104"},
+    {"slug": "kunlunxin-p800", "vendor": "Kunlunxin", "model": "P800",
+     "aliases": ["P800", "Kunlun-P800"], "status": "unknown", "tflops": None, "memory_gb": None,
+     "bandwidth": None, "interconnect": "XPU Link", "fabric": "pcie",
+     "source": "Kunlunxin publishes no dense FP16 figure for the P800"},
+]
+
+
+def accelerator_rows() -> list[dict[str, object]]:
+    """ACCELERATORS as model field values."""
+    rows = []
+    for spec in ACCELERATORS:
+        def dec(key: str, spec: dict[str, object] = spec) -> Decimal | None:
+            value = spec.get(key)
+            return None if value is None else Decimal(str(value))
+
+        rows.append(
+            {
+                "slug": spec["slug"],
+                "vendor": spec["vendor"],
+                "model": spec["model"],
+                "aliases": spec["aliases"],
+                "spec_status": spec.get("status", "published"),
+                "dense_fp16_tflops": dec("tflops"),
+                "memory_gb": dec("memory_gb"),
+                "memory_bandwidth_gbps": dec("bandwidth"),
+                "interconnect": spec["interconnect"],
+                "default_fabric": spec["fabric"],
+                "source": spec["source"],
+            }
+        )
+    return rows

@@ -1,0 +1,265 @@
+"""Hubs, the accelerator catalog, clusters and islands under compute identifiers, and their history."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
+
+from core.models import ApiToken, Organisation
+
+
+class Hub(models.Model):
+    """A national computing hub (East Data West Computing), or ``ext`` for anywhere else."""
+
+    class Region(models.TextChoices):
+        EAST = "east", _("East (demand)")
+        WEST = "west", _("West (supply)")
+        OTHER = "other", _("Other")
+
+    code = models.CharField(max_length=8, unique=True)
+    name = models.CharField(max_length=100)
+    name_zh = models.CharField(max_length=100, blank=True)
+    region = models.CharField(max_length=8, choices=Region.choices)
+    sort_order = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["sort_order", "code"]
+
+    def __str__(self) -> str:
+        return f"{self.code} — {self.name}"
+
+
+class HubLatency(models.Model):
+    """Round-trip latency between two hubs, one row per ordered pair (the matrix need not be symmetric).
+
+    Seeded from the policy tiers; replaced by measurements posted through the API.
+    """
+
+    class Origin(models.TextChoices):
+        POLICY = "policy", _("Policy tier (seed)")
+        MEASURED = "measured", _("Measured")
+
+    source = models.ForeignKey(Hub, on_delete=models.CASCADE, related_name="latencies_out")
+    target = models.ForeignKey(Hub, on_delete=models.CASCADE, related_name="latencies_in")
+    latency_ms = models.DecimalField(max_digits=8, decimal_places=3)
+    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.POLICY)
+    measured_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["source__sort_order", "target__sort_order"]
+        constraints = [
+            models.UniqueConstraint(fields=["source", "target"], name="hub_latency_unique_pair"),
+            models.CheckConstraint(condition=Q(latency_ms__gte=0), name="hub_latency_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source.code}→{self.target.code}: {self.latency_ms} ms"
+
+
+class StandardCard(models.Model):
+    """The definition of one *standard card* (dense FP16 TFLOPS), versioned: the newest version whose
+    ``effective_from`` has passed is in force. A chip's standard-card factor is its TFLOPS / this."""
+
+    version = models.PositiveIntegerField(unique=True)
+    dense_fp16_tflops = models.DecimalField(max_digits=10, decimal_places=3)
+    effective_from = models.DateTimeField()
+    note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-version"]
+        constraints = [
+            models.CheckConstraint(condition=Q(dense_fp16_tflops__gt=0), name="standard_card_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"v{self.version}: {self.dense_fp16_tflops} TFLOPS"
+
+
+class Fabric(models.TextChoices):
+    NVLINK = "nvlink", "NVLink"
+    HCCS = "hccs", "HCCS"
+    INFINIBAND = "infiniband", "InfiniBand"
+    ROCE = "roce", "RoCE"
+    PCIE = "pcie", "PCIe"
+
+
+class Accelerator(models.Model):
+    """A chip model in the catalog. Figures are public vendor specifications or NULL: a model whose
+    figures are not public has ``spec_status = unknown`` and no invented numbers."""
+
+    class SpecStatus(models.TextChoices):
+        PUBLISHED = "published", _("Published specification")
+        UNKNOWN = "unknown", _("Not public (unknown)")
+
+    slug = models.SlugField(max_length=64, unique=True)
+    vendor = models.CharField(max_length=64)
+    model = models.CharField(max_length=100)
+    aliases = models.JSONField(
+        default=list, blank=True, help_text=_("Other spellings seen in fleet inventories, e.g. 'A100-SXM4-80GB'.")
+    )
+    spec_status = models.CharField(max_length=12, choices=SpecStatus.choices, default=SpecStatus.PUBLISHED)
+    dense_fp16_tflops = models.DecimalField(
+        max_digits=10, decimal_places=3, null=True, blank=True, help_text=_("Dense FP16 tensor TFLOPS, no sparsity.")
+    )
+    memory_gb = models.DecimalField(max_digits=8, decimal_places=1, null=True, blank=True)
+    memory_bandwidth_gbps = models.DecimalField(
+        max_digits=10, decimal_places=1, null=True, blank=True, help_text=_("Memory bandwidth in GB/s.")
+    )
+    interconnect = models.CharField(max_length=200, blank=True)
+    default_fabric = models.CharField(max_length=12, choices=Fabric.choices, default=Fabric.PCIE)
+    source = models.CharField(max_length=300, blank=True, help_text=_("Where the figures come from."))
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["vendor", "model"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(spec_status="unknown") | Q(dense_fp16_tflops__isnull=False),
+                name="accelerator_published_has_tflops",
+            ),
+            models.CheckConstraint(
+                condition=Q(dense_fp16_tflops__isnull=True) | Q(dense_fp16_tflops__gt=0),
+                name="accelerator_tflops_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vendor} {self.model}"
+
+    def standard_card_factor(self, standard: StandardCard) -> Decimal | None:
+        if self.dense_fp16_tflops is None:
+            return None
+        return (self.dense_fp16_tflops / standard.dense_fp16_tflops).quantize(Decimal("0.0001"))
+
+
+class ClusterStatus(models.TextChoices):
+    ACTIVE = "active", _("Active")
+    DRAINING = "draining", _("Draining")
+    OFFLINE = "offline", _("Offline")
+    RETIRED = "retired", _("Retired")
+
+
+class Health(models.TextChoices):
+    UNKNOWN = "unknown", _("Unknown (no heartbeat yet)")
+    OK = "ok", _("OK")
+    DEGRADED = "degraded", _("Degraded")
+    CRITICAL = "critical", _("Critical")
+
+
+class Cluster(models.Model):
+    """One operator's pool of one accelerator model at one site, in one hub.
+
+    ``total_cards`` (K1) and ``available_cards`` (K2) are the sums over its islands, kept by the services
+    that change islands, so listings and aggregates never have to join every island.
+    """
+
+    class OfflineCause(models.TextChoices):
+        NONE = "", _("—")
+        HEARTBEAT = "heartbeat", _("Missed heartbeats")
+        OPERATOR = "operator", _("Set by the operator")
+        STAFF = "staff", _("Set by staff")
+
+    operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="clusters")
+    cpi = models.CharField(max_length=140, unique=True)
+    name = models.CharField(max_length=32)
+    hub = models.ForeignKey(Hub, on_delete=models.PROTECT, related_name="clusters")
+    site = models.CharField(max_length=100)
+    accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="clusters")
+    endpoint_url = models.URLField(max_length=500, blank=True)
+    status = models.CharField(max_length=12, choices=ClusterStatus.choices, default=ClusterStatus.ACTIVE)
+    # Where a cluster taken offline by missed heartbeats returns to when beats come back.
+    status_before_offline = models.CharField(max_length=12, choices=ClusterStatus.choices, blank=True)
+    offline_cause = models.CharField(max_length=12, choices=OfflineCause.choices, blank=True)
+    health = models.CharField(max_length=12, choices=Health.choices, default=Health.UNKNOWN)
+    total_cards = models.PositiveIntegerField(default=0)
+    available_cards = models.PositiveIntegerField(default=0)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The heartbeat's own timestamp: an older beat arriving late is ignored.
+    last_heartbeat_sent_at = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cpi"]
+        constraints = [
+            models.UniqueConstraint(fields=["operator", "hub", "name"], name="cluster_unique_name"),
+            models.CheckConstraint(condition=Q(available_cards__lte=F("total_cards")), name="cluster_k2_le_k1"),
+        ]
+        indexes = [
+            models.Index(fields=["operator", "hub"], name="cluster_operator_hub"),
+            models.Index(fields=["hub", "accelerator", "status"], name="cluster_hub_chip_status"),
+            models.Index(fields=["status", "last_heartbeat_at"], name="cluster_status_heartbeat"),
+        ]
+
+    def __str__(self) -> str:
+        return self.cpi
+
+
+class Island(models.Model):
+    """A high-bandwidth domain inside a cluster (one NVLink/HCCS/IB/RoCE domain)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="islands")
+    cpi = models.CharField(max_length=140, unique=True)
+    name = models.CharField(max_length=32)
+    cards = models.PositiveIntegerField()
+    fabric = models.CharField(max_length=12, choices=Fabric.choices)
+    available_cards = models.PositiveIntegerField()
+    unhealthy_cards = models.PositiveIntegerField(default=0)
+    reported_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="island_unique_name"),
+            models.CheckConstraint(condition=Q(cards__gt=0), name="island_cards_positive"),
+            models.CheckConstraint(condition=Q(available_cards__lte=F("cards")), name="island_k2_le_k1"),
+            models.CheckConstraint(condition=Q(unhealthy_cards__lte=F("cards")), name="island_unhealthy_le_cards"),
+        ]
+
+    def __str__(self) -> str:
+        return self.cpi
+
+
+class IssuedIdentifier(models.Model):
+    """Every compute identifier ever issued. The primary key makes reuse impossible even if a cluster
+    row were removed by hand."""
+
+    class Kind(models.TextChoices):
+        CLUSTER = "cluster", _("Cluster")
+        ISLAND = "island", _("Island")
+
+    cpi = models.CharField(max_length=140, primary_key=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="+")
+    issued_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.cpi
+
+
+class ClusterStatusChange(models.Model):
+    """Append-only history of a cluster's status: who, when, why."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="status_changes")
+    from_status = models.CharField(max_length=12, choices=ClusterStatus.choices, blank=True)
+    to_status = models.CharField(max_length=12, choices=ClusterStatus.choices)
+    changed_at = models.DateTimeField()
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_label = models.CharField(max_length=200)
+    reason = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["-changed_at", "-pk"]
+        indexes = [models.Index(fields=["cluster", "-changed_at"], name="status_change_cluster_time")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}: {self.from_status or '∅'} → {self.to_status}"

@@ -1,0 +1,228 @@
+"""Federation reads: catalog, an operator's own clusters, and hierarchical identifier resolution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
+
+from core.models import Organisation
+from federation import identifiers
+from federation.errors import (
+    ClusterNotFoundError,
+    IdentifierNotFoundError,
+    InvalidIdentifierError,
+    IslandNotFoundError,
+)
+from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
+from federation.types import ChipSpec, ClusterDescription, IslandDescription
+
+FACTOR_QUANTUM = Decimal("0.0001")
+STANDARD_CARDS_QUANTUM = Decimal("0.01")
+
+
+def standard_card_current(*, at: datetime | None = None) -> StandardCard:
+    """The standard-card definition in force at ``at`` (default now): the newest effective version."""
+    at = at or timezone.now()
+    card = StandardCard.objects.filter(effective_from__lte=at).order_by("-version").first()
+    if card is None:  # a platform always has v1 (data migration); this is a broken database
+        raise StandardCard.DoesNotExist("No standard-card definition is in force.")
+    return card
+
+
+def standard_card_factor(*, tflops: Decimal | None, standard: StandardCard) -> Decimal | None:
+    if tflops is None:
+        return None
+    return (tflops / standard.dense_fp16_tflops).quantize(FACTOR_QUANTUM)
+
+
+def chip_spec(*, accelerator: Accelerator, standard: StandardCard) -> ChipSpec:
+    return ChipSpec(
+        slug=accelerator.slug,
+        vendor=accelerator.vendor,
+        model=accelerator.model,
+        spec_status=accelerator.spec_status,
+        dense_fp16_tflops=accelerator.dense_fp16_tflops,
+        memory_gb=accelerator.memory_gb,
+        memory_bandwidth_gbps=accelerator.memory_bandwidth_gbps,
+        interconnect=accelerator.interconnect,
+        standard_card_factor=standard_card_factor(tflops=accelerator.dense_fp16_tflops, standard=standard),
+    )
+
+
+def accelerator_list() -> QuerySet[Accelerator]:
+    return Accelerator.objects.all()
+
+
+def hub_list() -> QuerySet[Hub]:
+    return Hub.objects.all()
+
+
+def hub_latency_list() -> QuerySet[HubLatency]:
+    return HubLatency.objects.select_related("source", "target")
+
+
+def cluster_list_for_operator(*, operator: Organisation) -> QuerySet[Cluster]:
+    """An operator's own clusters (the management view); others' clusters are not in it."""
+    return Cluster.objects.filter(operator=operator).select_related("hub", "accelerator", "operator")
+
+
+def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
+    """One of ``operator``'s clusters. Another operator's cluster raises ClusterNotFoundError, exactly as
+    a cluster that does not exist, so existence does not leak."""
+    cluster = cluster_list_for_operator(operator=operator).filter(cpi=cpi).first()
+    if cluster is None:
+        raise ClusterNotFoundError(f"You have no cluster {cpi!r}.", extra={"cpi": cpi})
+    return cluster
+
+
+def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> Island:
+    cluster = cluster_get_for_operator(operator=operator, cpi=cpi)
+    island = Island.objects.select_related("cluster").filter(cluster=cluster, name=name).first()
+    if island is None:
+        raise IslandNotFoundError(f"{cpi} has no island {name!r}.", extra={"cpi": cpi, "island": name})
+    return island
+
+
+def island_list(*, cluster: Cluster) -> QuerySet[Island]:
+    return Island.objects.filter(cluster=cluster).order_by("name")
+
+
+def cluster_status_history(*, cluster: Cluster) -> QuerySet[ClusterStatusChange]:
+    return ClusterStatusChange.objects.filter(cluster=cluster).select_related("actor_user")
+
+
+# --- Resolution -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubSummary:
+    hub: str
+    clusters: int
+    total_cards: int
+    available_cards: int
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The answer to resolving an identifier. ``level`` says which of the other fields is set:
+    operator/hub → ``hubs`` (operator level only) and ``clusters`` (a queryset for pagination);
+    cluster/island → ``cluster`` (and ``island`` for an island identifier)."""
+
+    identifier: str
+    level: str
+    operator: Organisation
+    hubs: list[HubSummary] | None = None
+    clusters: QuerySet[Cluster] | None = None
+    cluster: ClusterDescription | None = None
+    island: IslandDescription | None = None
+
+
+def _standard_cards(cards: int, factor: Decimal | None) -> Decimal | None:
+    if factor is None:
+        return None
+    return (cards * factor).quantize(STANDARD_CARDS_QUANTUM)
+
+
+def cluster_describe(*, cluster: Cluster, viewer: Organisation | None) -> ClusterDescription:
+    """The resource description of a cluster. The dispatch endpoint is shown to its own operator only:
+    buyers never talk to it, and it is an attack surface."""
+    standard = standard_card_current()
+    chip = chip_spec(accelerator=cluster.accelerator, standard=standard)
+    factor = chip.standard_card_factor
+    islands = [
+        IslandDescription(
+            cpi=island.cpi,
+            name=island.name,
+            fabric=island.fabric,
+            cards=island.cards,
+            available_cards=island.available_cards,
+            unhealthy_cards=island.unhealthy_cards,
+            standard_cards=_standard_cards(island.cards, factor),
+            reported_at=island.reported_at,
+        )
+        for island in island_list(cluster=cluster)
+    ]
+    is_owner = viewer is not None and viewer.pk == cluster.operator_id
+    return ClusterDescription(
+        cpi=cluster.cpi,
+        operator=cluster.operator.slug,
+        operator_name=cluster.operator.name,
+        hub=cluster.hub.code,
+        site=cluster.site,
+        chip=chip,
+        status=cluster.status,
+        health=cluster.health,
+        total_cards=cluster.total_cards,
+        available_cards=cluster.available_cards,
+        total_standard_cards=_standard_cards(cluster.total_cards, factor),
+        available_standard_cards=_standard_cards(cluster.available_cards, factor),
+        last_heartbeat_at=cluster.last_heartbeat_at,
+        endpoint_url=cluster.endpoint_url if is_owner else None,
+        islands=islands,
+    )
+
+
+def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
+    """Resolve a compute identifier hierarchically.
+
+    - ``cpi:<operator>`` → the operator, a summary per hub, and its clusters;
+    - ``cpi:<operator>:<hub>`` → the operator's clusters in that hub;
+    - ``cpi:<operator>:<hub>:<cluster>`` → the cluster's resource description;
+    - ``cpi:<operator>:<hub>:<cluster>:<island>`` → the same, plus the island.
+
+    Retired clusters are left out of prefix listings but still resolve by their full identifier (so
+    old leases and invoices can name them). Raises InvalidIdentifierError, IdentifierNotFoundError.
+    """
+    try:
+        parsed = identifiers.parse(identifier)
+    except identifiers.IdentifierError as exc:
+        raise InvalidIdentifierError(str(exc), extra={"cpi": identifier, "reason": exc.reason}) from None
+    operator = Organisation.objects.filter(slug=parsed.operator, is_operator=True).first()
+    if operator is None:
+        raise IdentifierNotFoundError(f"No operator {parsed.operator!r}.", extra={"cpi": identifier})
+
+    if parsed.level <= identifiers.Level.HUB:
+        clusters = cluster_list_for_operator(operator=operator).exclude(status="retired")
+        hubs = None
+        if parsed.level == identifiers.Level.HUB:
+            clusters = clusters.filter(hub__code=parsed.hub)
+        else:
+            hubs = [
+                HubSummary(hub=row["hub__code"], clusters=row["n"], total_cards=row["k1"] or 0,
+                           available_cards=row["k2"] or 0)
+                for row in clusters.order_by()
+                .values("hub__code", "hub__sort_order")
+                .annotate(n=Count("pk"), k1=Sum("total_cards"), k2=Sum("available_cards"))
+                .order_by("hub__sort_order")
+            ]
+        return Resolution(
+            identifier=identifier,
+            level=parsed.level.name.lower(),
+            operator=operator,
+            hubs=hubs,
+            clusters=clusters.order_by("cpi"),
+        )
+
+    cluster_cpi = str(parsed.cluster_identifier)
+    cluster = (
+        Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
+    )
+    if cluster is None:
+        raise IdentifierNotFoundError(f"No cluster {cluster_cpi!r}.", extra={"cpi": identifier})
+    description = cluster_describe(cluster=cluster, viewer=viewer)
+    island = None
+    if parsed.level == identifiers.Level.ISLAND:
+        island = next((i for i in description.islands if i.cpi == identifier), None)
+        if island is None:
+            raise IdentifierNotFoundError(f"No island {identifier!r}.", extra={"cpi": identifier})
+    return Resolution(
+        identifier=identifier,
+        level=parsed.level.name.lower(),
+        operator=operator,
+        cluster=description,
+        island=island,
+    )

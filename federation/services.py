@@ -1,0 +1,460 @@
+"""Every federation write: registering clusters and islands, status changes, heartbeats, latencies.
+
+All services are atomic and keyword-only. A service that changes a cluster locks its row first, so a
+heartbeat, a status change and an island edit of one cluster are serialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from core.errors import InvalidInputError
+from core.models import Organisation
+from core.types import Actor
+from federation import identifiers
+from federation.errors import (
+    ClusterRetiredError,
+    IdentifierOperatorMismatchError,
+    IdentifierTakenError,
+    InvalidHeartbeatError,
+    InvalidIdentifierError,
+    InvalidStatusTransitionError,
+    UnknownAcceleratorError,
+    UnknownHubError,
+    UnknownIslandError,
+)
+from federation.models import (
+    Accelerator,
+    Cluster,
+    ClusterStatus,
+    ClusterStatusChange,
+    Fabric,
+    Health,
+    Hub,
+    HubLatency,
+    Island,
+    IssuedIdentifier,
+)
+from federation.types import HeartbeatResult, IslandReport, IslandSpec, LatencyMeasurement
+
+# A heartbeat stamped further ahead than this is a broken agent clock, not a beat from the future.
+HEARTBEAT_MAX_CLOCK_SKEW = timedelta(minutes=5)
+
+# Which status an operator may move a cluster to from which. `offline` entered by the heartbeat monitor
+# is left by heartbeats; `retired` is final (its identifiers are never reused).
+_OPERATOR_TRANSITIONS: dict[str, set[str]] = {
+    ClusterStatus.ACTIVE: {ClusterStatus.DRAINING, ClusterStatus.OFFLINE, ClusterStatus.RETIRED},
+    ClusterStatus.DRAINING: {ClusterStatus.ACTIVE, ClusterStatus.OFFLINE, ClusterStatus.RETIRED},
+    ClusterStatus.OFFLINE: {ClusterStatus.ACTIVE, ClusterStatus.DRAINING, ClusterStatus.RETIRED},
+    ClusterStatus.RETIRED: set(),
+}
+
+
+def _parse_cluster_identifier(*, cpi: str, operator: Organisation) -> identifiers.ComputeIdentifier:
+    try:
+        identifier = identifiers.parse(cpi)
+    except identifiers.IdentifierError as exc:
+        raise InvalidIdentifierError(str(exc), extra={"cpi": cpi, "reason": exc.reason}) from None
+    if identifier.level != identifiers.Level.CLUSTER:
+        raise InvalidIdentifierError(
+            f"{cpi!r} is not a cluster identifier (cpi:<operator>:<hub>:<cluster>).",
+            extra={"cpi": cpi, "reason": "not_a_cluster"},
+        )
+    if identifier.operator != operator.slug:
+        raise IdentifierOperatorMismatchError(
+            f"The operator segment {identifier.operator!r} is not yours ({operator.slug!r}).",
+            extra={"cpi": cpi, "operator": operator.slug},
+        )
+    return identifier
+
+
+def _validate_island_specs(specs: Sequence[IslandSpec]) -> None:
+    errors: dict[str, list[str]] = {}
+    limit = settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER
+    if not specs:
+        errors["islands"] = ["A cluster needs at least one island."]
+    elif len(specs) > limit:
+        errors["islands"] = [f"At most {limit} islands per cluster."]
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        field_errors = []
+        if not identifiers.is_valid(f"cpi:x:ext:x:{spec.name}"):
+            field_errors.append("name must be 1–32 characters of a–z, 0–9 and inner hyphens")
+        if spec.name in seen:
+            field_errors.append(f"duplicate island name {spec.name!r}")
+        seen.add(spec.name)
+        if spec.cards < 1:
+            field_errors.append("cards must be at least 1")
+        if spec.fabric not in Fabric.values:
+            field_errors.append(f"fabric must be one of {', '.join(Fabric.values)}")
+        if field_errors:
+            errors[f"islands[{index}]"] = field_errors
+    if errors:
+        raise InvalidInputError("Some islands are invalid.", extra={"fields": errors})
+
+
+def _issue_identifiers(*, operator: Organisation, cluster_cpi: str | None, island_cpis: Iterable[str]) -> None:
+    """Claim identifiers for good. Raises IdentifierTakenError if any was ever issued."""
+    rows = []
+    if cluster_cpi is not None:
+        rows.append(IssuedIdentifier(cpi=cluster_cpi, kind=IssuedIdentifier.Kind.CLUSTER, operator=operator))
+    rows.extend(IssuedIdentifier(cpi=cpi, kind=IssuedIdentifier.Kind.ISLAND, operator=operator) for cpi in island_cpis)
+    wanted = [row.cpi for row in rows]
+    taken = list(IssuedIdentifier.objects.filter(cpi__in=wanted).values_list("cpi", flat=True)[:20])
+    if taken:
+        raise IdentifierTakenError(
+            f"Identifier already issued: {', '.join(sorted(taken))}. Identifiers are never reused.",
+            extra={"taken": sorted(taken)},
+        )
+    try:
+        # The savepoint keeps the outer transaction usable for PostgreSQL when a concurrent registration
+        # claimed the same identifier between the check above and this insert.
+        with transaction.atomic():
+            IssuedIdentifier.objects.bulk_create(rows)
+    except IntegrityError as exc:
+        raise IdentifierTakenError(
+            "Identifier already issued (claimed concurrently). Identifiers are never reused.",
+            extra={"taken": wanted[:20]},
+        ) from exc
+
+
+def _record_status_change(
+    *, cluster: Cluster, from_status: str, to_status: str, actor: Actor, reason: str, at: datetime | None = None
+) -> ClusterStatusChange:
+    return ClusterStatusChange.objects.create(
+        cluster=cluster,
+        from_status=from_status,
+        to_status=to_status,
+        changed_at=at or timezone.now(),
+        actor_user=actor.user if actor.user is not None and actor.user.pk else None,
+        actor_token=actor.token,
+        actor_label=actor.label[:200],
+        reason=reason[:500],
+    )
+
+
+def _refresh_cluster_totals(cluster: Cluster) -> None:
+    totals = Island.objects.filter(cluster=cluster).aggregate(
+        total=Coalesce(Sum("cards"), 0), available=Coalesce(Sum("available_cards"), 0)
+    )
+    cluster.total_cards = totals["total"]
+    cluster.available_cards = totals["available"]
+    cluster.save(update_fields=["total_cards", "available_cards", "updated_at"])
+
+
+@transaction.atomic
+def cluster_register(
+    *,
+    actor: Actor,
+    operator: Organisation,
+    cpi: str,
+    site: str,
+    accelerator_slug: str,
+    islands: Sequence[IslandSpec],
+    endpoint_url: str = "",
+) -> Cluster:
+    """Register a cluster and its islands under ``cpi`` for ``operator``.
+
+    Rules: the identifier parses and names a cluster; its operator segment is ``operator``'s slug; the
+    hub exists; the accelerator is in the catalog; islands are 1..N with unique valid names, cards ≥ 1
+    and a known fabric; neither the cluster's nor any island's identifier was ever issued. Islands start
+    with every card available (K2 = K1) until the first heartbeat says otherwise.
+
+    Raises InvalidIdentifierError, IdentifierOperatorMismatchError, UnknownHubError,
+    UnknownAcceleratorError, IdentifierTakenError. Writes nothing on any error.
+    """
+    identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
+    _validate_island_specs(islands)
+    hub = Hub.objects.filter(code=identifier.hub).first()
+    if hub is None:
+        raise UnknownHubError(f"Unknown hub {identifier.hub!r}.", extra={"hub": identifier.hub})
+    accelerator = Accelerator.objects.filter(slug=accelerator_slug).first()
+    if accelerator is None:
+        raise UnknownAcceleratorError(
+            f"No accelerator {accelerator_slug!r} in the catalog.", extra={"accelerator": accelerator_slug}
+        )
+    island_cpis = [str(identifier.child(spec.name)) for spec in islands]
+    _issue_identifiers(operator=operator, cluster_cpi=cpi, island_cpis=island_cpis)
+
+    total = sum(spec.cards for spec in islands)
+    cluster = Cluster.objects.create(
+        operator=operator,
+        cpi=cpi,
+        name=identifier.cluster,
+        hub=hub,
+        site=site,
+        accelerator=accelerator,
+        endpoint_url=endpoint_url,
+        status=ClusterStatus.ACTIVE,
+        total_cards=total,
+        available_cards=total,
+    )
+    Island.objects.bulk_create(
+        [
+            Island(cluster=cluster, cpi=island_cpi, name=spec.name, cards=spec.cards, fabric=spec.fabric,
+                   available_cards=spec.cards)
+            for spec, island_cpi in zip(islands, island_cpis, strict=True)
+        ]
+    )
+    _record_status_change(
+        cluster=cluster, from_status="", to_status=ClusterStatus.ACTIVE, actor=actor, reason="registered"
+    )
+    return cluster
+
+
+def _lock_cluster(cluster: Cluster) -> Cluster:
+    return Cluster.objects.select_for_update().select_related("hub", "accelerator", "operator").get(pk=cluster.pk)
+
+
+@transaction.atomic
+def cluster_update(
+    *,
+    actor: Actor,
+    cluster: Cluster,
+    site: str | None = None,
+    endpoint_url: str | None = None,
+    status: str | None = None,
+    reason: str = "",
+) -> Cluster:
+    """Change a cluster's site, dispatch endpoint or status (see cluster_status_set)."""
+    cluster = _lock_cluster(cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(f"{cluster.cpi} is retired and cannot change.", extra={"cpi": cluster.cpi})
+    fields = []
+    if site is not None and site != cluster.site:
+        cluster.site = site
+        fields.append("site")
+    if endpoint_url is not None and endpoint_url != cluster.endpoint_url:
+        cluster.endpoint_url = endpoint_url
+        fields.append("endpoint_url")
+    if fields:
+        cluster.save(update_fields=[*fields, "updated_at"])
+    if status is not None and status != cluster.status:
+        cluster = _status_set_locked(cluster=cluster, actor=actor, status=status, reason=reason or "set by operator")
+    return cluster
+
+
+def _status_set_locked(*, cluster: Cluster, actor: Actor, status: str, reason: str) -> Cluster:
+    if status not in _OPERATOR_TRANSITIONS.get(cluster.status, set()):
+        raise InvalidStatusTransitionError(
+            f"{cluster.cpi} cannot go from {cluster.status} to {status}.",
+            extra={"from": cluster.status, "to": status},
+        )
+    previous = cluster.status
+    cluster.status = status
+    if status == ClusterStatus.OFFLINE:
+        cause = Cluster.OfflineCause.OPERATOR if actor.organisation is not None else Cluster.OfflineCause.STAFF
+        cluster.offline_cause = cause
+        cluster.status_before_offline = previous
+    else:
+        cluster.offline_cause = ""
+        cluster.status_before_offline = ""
+    cluster.save(update_fields=["status", "offline_cause", "status_before_offline", "updated_at"])
+    _record_status_change(cluster=cluster, from_status=previous, to_status=status, actor=actor, reason=reason)
+    return cluster
+
+
+@transaction.atomic
+def cluster_status_set(*, actor: Actor, cluster: Cluster, status: str, reason: str) -> Cluster:
+    """Move a cluster to ``status`` (active, draining, offline, retired), recording who and why.
+
+    Raises ClusterRetiredError for a retired cluster, InvalidStatusTransitionError otherwise.
+    """
+    cluster = _lock_cluster(cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(f"{cluster.cpi} is retired and cannot change.", extra={"cpi": cluster.cpi})
+    return _status_set_locked(cluster=cluster, actor=actor, status=status, reason=reason)
+
+
+@transaction.atomic
+def island_add(*, actor: Actor, cluster: Cluster, spec: IslandSpec) -> Island:
+    """Add an island to a cluster. Raises InvalidIdentifierError, IdentifierTakenError, ClusterRetiredError."""
+    cluster = _lock_cluster(cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+    _validate_island_specs([spec])
+    island_cpi = str(identifiers.parse(cluster.cpi).child(spec.name))
+    _issue_identifiers(operator=cluster.operator, cluster_cpi=None, island_cpis=[island_cpi])
+    island = Island.objects.create(
+        cluster=cluster, cpi=island_cpi, name=spec.name, cards=spec.cards, fabric=spec.fabric,
+        available_cards=spec.cards,
+    )
+    _refresh_cluster_totals(cluster)
+    return island
+
+
+@transaction.atomic
+def island_update(*, actor: Actor, island: Island, cards: int | None = None, fabric: str | None = None) -> Island:
+    """Change an island's card count (K1) or fabric. K2 and unhealthy cards are clamped to the new K1."""
+    cluster = _lock_cluster(island.cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+    island = Island.objects.get(pk=island.pk)
+    _validate_island_specs([IslandSpec(name=island.name, cards=island.cards if cards is None else cards,
+                                       fabric=island.fabric if fabric is None else fabric)])
+    if cards is not None:
+        island.cards = cards
+        island.available_cards = min(island.available_cards, cards)
+        island.unhealthy_cards = min(island.unhealthy_cards, cards)
+    if fabric is not None:
+        island.fabric = fabric
+    island.save(update_fields=["cards", "available_cards", "unhealthy_cards", "fabric"])
+    _refresh_cluster_totals(cluster)
+    return island
+
+
+@transaction.atomic
+def heartbeat_record(
+    *,
+    actor: Actor,
+    cluster: Cluster,
+    sent_at: datetime,
+    health: str,
+    islands: Sequence[IslandReport],
+    now: datetime | None = None,
+) -> HeartbeatResult:
+    """Record a heartbeat: the cluster is alive, and each named island has this many free (K2) and
+    unhealthy cards. Islands not named keep their last report.
+
+    A beat older than the last one applied is acknowledged but ignored (agents retry; order is not
+    guaranteed). A cluster that went offline because it missed heartbeats returns to the status it had.
+
+    Raises InvalidHeartbeatError (clock skew, bad counts), UnknownIslandError, ClusterRetiredError.
+    """
+    now = now or timezone.now()
+    if sent_at - now > HEARTBEAT_MAX_CLOCK_SKEW:
+        raise InvalidHeartbeatError(
+            "sent_at is in the future; check the agent's clock.",
+            extra={"sent_at": sent_at.isoformat(), "server_time": now.isoformat()},
+        )
+    if health not in {Health.OK, Health.DEGRADED, Health.CRITICAL}:
+        raise InvalidHeartbeatError(f"Unknown health {health!r}.", extra={"fields": {"health": ["invalid choice"]}})
+    cluster = _lock_cluster(cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+    if cluster.last_heartbeat_sent_at is not None and sent_at <= cluster.last_heartbeat_sent_at:
+        return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=False, detail="stale")
+
+    by_name = {island.name: island for island in Island.objects.filter(cluster=cluster)}
+    names = [report.name for report in islands]
+    unknown = sorted(set(names) - by_name.keys())
+    if unknown:
+        raise UnknownIslandError(
+            f"{cluster.cpi} has no island(s) {', '.join(unknown)}.", extra={"islands": unknown}
+        )
+    if len(set(names)) != len(names):
+        raise InvalidHeartbeatError("An island is reported twice.", extra={"islands": names})
+    errors = {}
+    for report in islands:
+        island = by_name[report.name]
+        if report.available_cards < 0 or report.unhealthy_cards < 0:
+            errors[report.name] = "counts must not be negative"
+        elif report.available_cards + report.unhealthy_cards > island.cards:
+            errors[report.name] = (
+                f"available ({report.available_cards}) + unhealthy ({report.unhealthy_cards}) "
+                f"exceeds the island's {island.cards} cards"
+            )
+    if errors:
+        raise InvalidHeartbeatError("Some island counts are impossible.", extra={"islands": errors})
+
+    changed = []
+    for report in islands:
+        island = by_name[report.name]
+        island.available_cards = report.available_cards
+        island.unhealthy_cards = report.unhealthy_cards
+        island.reported_at = sent_at
+        changed.append(island)
+    if changed:
+        Island.objects.bulk_update(changed, ["available_cards", "unhealthy_cards", "reported_at"])
+
+    cluster.last_heartbeat_at = now
+    cluster.last_heartbeat_sent_at = sent_at
+    cluster.health = health
+    cluster.available_cards = sum(island.available_cards for island in by_name.values())
+    fields = ["last_heartbeat_at", "last_heartbeat_sent_at", "health", "available_cards", "updated_at"]
+    if cluster.status == ClusterStatus.OFFLINE and cluster.offline_cause == Cluster.OfflineCause.HEARTBEAT:
+        previous_status = cluster.status_before_offline or ClusterStatus.ACTIVE
+        cluster.status = previous_status
+        cluster.offline_cause = ""
+        cluster.status_before_offline = ""
+        fields += ["status", "offline_cause", "status_before_offline"]
+        _record_status_change(
+            cluster=cluster, from_status=ClusterStatus.OFFLINE, to_status=previous_status, actor=actor,
+            reason="heartbeats resumed", at=now,
+        )
+    cluster.save(update_fields=fields)
+    return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=True)
+
+
+@transaction.atomic
+def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]:
+    """Take offline every active or draining cluster whose last sign of life (last heartbeat, or
+    registration if it never beat) is older than CARDHOUR_HEARTBEAT_MISSED_LIMIT intervals.
+
+    Set-based: one locking SELECT, one UPDATE, one bulk INSERT of history rows. Rows another worker holds
+    are skipped (PostgreSQL SKIP LOCKED) and caught on the next run. Returns the identifiers taken offline.
+    """
+    now = now or timezone.now()
+    limit = settings.CARDHOUR_HEARTBEAT_MISSED_LIMIT
+    interval = settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS
+    cutoff = now - timedelta(seconds=interval * limit)
+    stale = list(
+        Cluster.objects.select_for_update(skip_locked=True)
+        .filter(status__in=[ClusterStatus.ACTIVE, ClusterStatus.DRAINING])
+        .filter(Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, registered_at__lt=cutoff))
+        .values_list("pk", "cpi", "status")
+    )
+    if not stale:
+        return []
+    reason = f"missed {limit} heartbeats (interval {interval} s)"
+    monitor = Actor.system("heartbeat monitor")
+    for status in {row[2] for row in stale}:
+        Cluster.objects.filter(pk__in=[pk for pk, _, s in stale if s == status]).update(
+            status=ClusterStatus.OFFLINE,
+            offline_cause=Cluster.OfflineCause.HEARTBEAT,
+            status_before_offline=status,
+            updated_at=now,
+        )
+    ClusterStatusChange.objects.bulk_create(
+        [
+            ClusterStatusChange(
+                cluster_id=pk, from_status=status, to_status=ClusterStatus.OFFLINE, changed_at=now,
+                actor_label=monitor.label, reason=reason,
+            )
+            for pk, _, status in stale
+        ]
+    )
+    return [cpi for _, cpi, _ in stale]
+
+
+@transaction.atomic
+def hub_latency_record(*, measurements: Sequence[LatencyMeasurement], symmetric: bool = True) -> list[HubLatency]:
+    """Store measured hub→hub latencies (and the reverse pair when ``symmetric``). A measurement older
+    than the one stored is ignored. Raises UnknownHubError."""
+    codes = {m.source for m in measurements} | {m.target for m in measurements}
+    hubs = {hub.code: hub for hub in Hub.objects.filter(code__in=codes)}
+    missing = sorted(codes - hubs.keys())
+    if missing:
+        raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
+    updated = []
+    for m in measurements:
+        pairs = [(m.source, m.target)] + ([(m.target, m.source)] if symmetric and m.source != m.target else [])
+        for source, target in pairs:
+            row, _ = HubLatency.objects.select_for_update().get_or_create(
+                source=hubs[source], target=hubs[target],
+                defaults={"latency_ms": m.latency_ms, "origin": HubLatency.Origin.MEASURED, "measured_at": m.measured_at},
+            )
+            if row.measured_at is None or row.measured_at <= m.measured_at:
+                row.latency_ms = m.latency_ms
+                row.origin = HubLatency.Origin.MEASURED
+                row.measured_at = m.measured_at
+                row.save(update_fields=["latency_ms", "origin", "measured_at", "updated_at"])
+            updated.append(row)
+    return updated

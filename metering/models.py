@@ -1,0 +1,1 @@
+"""Metering and billing (tariffs, price cards, packs, ledger, usage): built in the metering issue."""

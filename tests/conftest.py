@@ -1,0 +1,68 @@
+"""Shared fixtures. Tests run on SQLite by default and on PostgreSQL when DATABASE_URL is set (CI)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from core.models import Organisation
+from core.services import api_token_create
+from tests.factories import OperatorFactory
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import os
+
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    skip_pg = pytest.mark.skip(
+        reason="needs PostgreSQL (row locks and real concurrency); set DATABASE_URL to a PostgreSQL database"
+    )
+    skip_trace = pytest.mark.skip(reason="reads ../shared/data reference traces; set CARDHOUR_TRACES=1 to run")
+    for item in items:
+        if "postgres" in item.keywords and "postgresql" not in engine:
+            item.add_marker(skip_pg)
+        if "trace" in item.keywords and os.environ.get("CARDHOUR_TRACES") != "1":
+            item.add_marker(skip_trace)
+
+
+@pytest.fixture
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def token_client() -> Callable[[Organisation], APIClient]:
+    """A factory of API clients authenticated with a fresh read-write token of an organisation."""
+
+    def make(organisation: Organisation, scope: str = "read_write") -> APIClient:
+        _, secret = api_token_create(organisation=organisation, name="test", scope=scope)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def operator(db: None) -> Organisation:
+    return OperatorFactory(slug="cucc", name="China Unicom")
+
+
+@pytest.fixture
+def other_operator(db: None) -> Organisation:
+    return OperatorFactory(slug="cmcc", name="China Mobile")
+
+
+@pytest.fixture
+def api(operator: Organisation, token_client: Callable[[Organisation], APIClient]) -> APIClient:
+    return token_client(operator)
+
+
+@pytest.fixture
+def other_api(other_operator: Organisation, token_client: Callable[[Organisation], APIClient]) -> APIClient:
+    return token_client(other_operator)
