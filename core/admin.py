@@ -24,7 +24,9 @@ class OrganisationAdmin(admin.ModelAdmin):
     @admin.action(description="Suspend selected organisations")
     def suspend(self, request: HttpRequest, queryset: QuerySet[Organisation]) -> None:
         for organisation in queryset:
-            services.organisation_suspend(organisation=organisation, reason=f"suspended by {request.user} in admin")
+            services.organisation_suspend(
+                organisation=organisation, reason=f"suspended by {request.user} in admin"
+            )
         messages.success(request, f"Suspended {queryset.count()} organisation(s).")
 
     @admin.action(description="Reinstate selected organisations")

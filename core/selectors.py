@@ -18,7 +18,9 @@ def membership_for_user(
     """The membership a signed-in person acts through: the named organisation's, or their first one."""
     if not user.is_authenticated:
         return None
-    memberships = Membership.objects.select_related("organisation").filter(user=user).order_by("created_at", "pk")
+    memberships = (
+        Membership.objects.select_related("organisation").filter(user=user).order_by("created_at", "pk")
+    )
     if organisation_slug:
         memberships = memberships.filter(organisation__slug=organisation_slug)
     return memberships.first()

@@ -15,7 +15,7 @@ from django.utils import timezone
 from core.errors import ConflictError, InvalidInputError, NotFoundError
 from core.models import ApiToken, Membership, Organisation
 
-TOKEN_PREFIX = "chk"
+TOKEN_PREFIX = "chk"  # noqa: S105 (a public marker, not a secret)
 
 
 def _hash_secret(raw: str) -> str:
@@ -92,7 +92,9 @@ def api_token_create(
     cannot be shown again."""
     name = name.strip()
     if not name:
-        raise InvalidInputError("A token needs a name.", code="invalid", extra={"fields": {"name": ["required"]}})
+        raise InvalidInputError(
+            "A token needs a name.", code="invalid", extra={"fields": {"name": ["required"]}}
+        )
     if scope not in ApiToken.Scope.values:
         raise InvalidInputError(f"Unknown scope {scope!r}.", code="invalid_scope", extra={"scope": scope})
     prefix = secrets.token_hex(4)

@@ -123,7 +123,9 @@ def parse(value: str) -> ComputeIdentifier:
         try:
             validate_segment(segment, what=name)
         except IdentifierError as exc:
-            raise IdentifierError(value, "invalid_segment", f"{name} segment {segment!r}: {exc.detail}") from None
+            raise IdentifierError(
+                value, "invalid_segment", f"{name} segment {segment!r}: {exc.detail}"
+            ) from None
     if len(segments) >= 2 and segments[1] not in HUB_CODES:
         raise IdentifierError(value, "unknown_hub", f"hub must be one of {', '.join(HUB_CODES)}")
     padded = [*segments, None, None, None][:4]

@@ -100,11 +100,17 @@ class Accelerator(models.Model):
     vendor = models.CharField(max_length=64)
     model = models.CharField(max_length=100)
     aliases = models.JSONField(
-        default=list, blank=True, help_text=_("Other spellings seen in fleet inventories, e.g. 'A100-SXM4-80GB'.")
+        default=list,
+        blank=True,
+        help_text=_("Other spellings seen in fleet inventories, e.g. 'A100-SXM4-80GB'."),
     )
     spec_status = models.CharField(max_length=12, choices=SpecStatus.choices, default=SpecStatus.PUBLISHED)
     dense_fp16_tflops = models.DecimalField(
-        max_digits=10, decimal_places=3, null=True, blank=True, help_text=_("Dense FP16 tensor TFLOPS, no sparsity.")
+        max_digits=10,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        help_text=_("Dense FP16 tensor TFLOPS, no sparsity."),
     )
     memory_gb = models.DecimalField(max_digits=8, decimal_places=1, null=True, blank=True)
     memory_bandwidth_gbps = models.DecimalField(
@@ -151,6 +157,10 @@ class Health(models.TextChoices):
     CRITICAL = "critical", _("Critical")
 
 
+# What an agent may report; `unknown` only means "no heartbeat yet".
+REPORTABLE_HEALTH = [(value, label) for value, label in Health.choices if value != Health.UNKNOWN]
+
+
 class Cluster(models.Model):
     """One operator's pool of one accelerator model at one site, in one hub.
 
@@ -188,7 +198,9 @@ class Cluster(models.Model):
         ordering = ["cpi"]
         constraints = [
             models.UniqueConstraint(fields=["operator", "hub", "name"], name="cluster_unique_name"),
-            models.CheckConstraint(condition=Q(available_cards__lte=F("total_cards")), name="cluster_k2_le_k1"),
+            models.CheckConstraint(
+                condition=Q(available_cards__lte=F("total_cards")), name="cluster_k2_le_k1"
+            ),
         ]
         indexes = [
             models.Index(fields=["operator", "hub"], name="cluster_operator_hub"),
@@ -219,7 +231,9 @@ class Island(models.Model):
             models.UniqueConstraint(fields=["cluster", "name"], name="island_unique_name"),
             models.CheckConstraint(condition=Q(cards__gt=0), name="island_cards_positive"),
             models.CheckConstraint(condition=Q(available_cards__lte=F("cards")), name="island_k2_le_k1"),
-            models.CheckConstraint(condition=Q(unhealthy_cards__lte=F("cards")), name="island_unhealthy_le_cards"),
+            models.CheckConstraint(
+                condition=Q(unhealthy_cards__lte=F("cards")), name="island_unhealthy_le_cards"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -253,7 +267,9 @@ class ClusterStatusChange(models.Model):
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    actor_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_token = models.ForeignKey(
+        ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     actor_label = models.CharField(max_length=200)
     reason = models.CharField(max_length=500)
 

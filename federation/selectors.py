@@ -192,8 +192,12 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
             clusters = clusters.filter(hub__code=parsed.hub)
         else:
             hubs = [
-                HubSummary(hub=row["hub__code"], clusters=row["n"], total_cards=row["k1"] or 0,
-                           available_cards=row["k2"] or 0)
+                HubSummary(
+                    hub=row["hub__code"],
+                    clusters=row["n"],
+                    total_cards=row["k1"] or 0,
+                    available_cards=row["k2"] or 0,
+                )
                 for row in clusters.order_by()
                 .values("hub__code", "hub__sort_order")
                 .annotate(n=Count("pk"), k1=Sum("total_cards"), k2=Sum("available_cards"))
@@ -208,9 +212,7 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
         )
 
     cluster_cpi = str(parsed.cluster_identifier)
-    cluster = (
-        Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
-    )
+    cluster = Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
     if cluster is None:
         raise IdentifierNotFoundError(f"No cluster {cluster_cpi!r}.", extra={"cpi": identifier})
     description = cluster_describe(cluster=cluster, viewer=viewer)

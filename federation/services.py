@@ -100,12 +100,16 @@ def _validate_island_specs(specs: Sequence[IslandSpec]) -> None:
         raise InvalidInputError("Some islands are invalid.", extra={"fields": errors})
 
 
-def _issue_identifiers(*, operator: Organisation, cluster_cpi: str | None, island_cpis: Iterable[str]) -> None:
+def _issue_identifiers(
+    *, operator: Organisation, cluster_cpi: str | None, island_cpis: Iterable[str]
+) -> None:
     """Claim identifiers for good. Raises IdentifierTakenError if any was ever issued."""
     rows = []
     if cluster_cpi is not None:
         rows.append(IssuedIdentifier(cpi=cluster_cpi, kind=IssuedIdentifier.Kind.CLUSTER, operator=operator))
-    rows.extend(IssuedIdentifier(cpi=cpi, kind=IssuedIdentifier.Kind.ISLAND, operator=operator) for cpi in island_cpis)
+    rows.extend(
+        IssuedIdentifier(cpi=cpi, kind=IssuedIdentifier.Kind.ISLAND, operator=operator) for cpi in island_cpis
+    )
     wanted = [row.cpi for row in rows]
     taken = list(IssuedIdentifier.objects.filter(cpi__in=wanted).values_list("cpi", flat=True)[:20])
     if taken:
@@ -126,7 +130,13 @@ def _issue_identifiers(*, operator: Organisation, cluster_cpi: str | None, islan
 
 
 def _record_status_change(
-    *, cluster: Cluster, from_status: str, to_status: str, actor: Actor, reason: str, at: datetime | None = None
+    *,
+    cluster: Cluster,
+    from_status: str,
+    to_status: str,
+    actor: Actor,
+    reason: str,
+    at: datetime | None = None,
 ) -> ClusterStatusChange:
     return ClusterStatusChange.objects.create(
         cluster=cluster,
@@ -149,7 +159,6 @@ def _refresh_cluster_totals(cluster: Cluster) -> None:
     cluster.save(update_fields=["total_cards", "available_cards", "updated_at"])
 
 
-@transaction.atomic
 def cluster_register(
     *,
     actor: Actor,
@@ -160,15 +169,56 @@ def cluster_register(
     islands: Sequence[IslandSpec],
     endpoint_url: str = "",
 ) -> Cluster:
-    """Register a cluster and its islands under ``cpi`` for ``operator``.
+    """Register a cluster; see cluster_register_idempotent for the rules. Returns the cluster."""
+    cluster, _ = cluster_register_idempotent(
+        actor=actor,
+        operator=operator,
+        cpi=cpi,
+        site=site,
+        accelerator_slug=accelerator_slug,
+        islands=islands,
+        endpoint_url=endpoint_url,
+    )
+    return cluster
+
+
+def _same_registration(
+    cluster: Cluster, *, site: str, accelerator: Accelerator, islands: Sequence[IslandSpec], endpoint_url: str
+) -> bool:
+    current = sorted((i.name, i.cards, i.fabric) for i in Island.objects.filter(cluster=cluster))
+    wanted = sorted((spec.name, spec.cards, spec.fabric) for spec in islands)
+    return (
+        cluster.site == site
+        and cluster.accelerator_id == accelerator.pk
+        and cluster.endpoint_url == endpoint_url
+        and current == wanted
+    )
+
+
+@transaction.atomic
+def cluster_register_idempotent(
+    *,
+    actor: Actor,
+    operator: Organisation,
+    cpi: str,
+    site: str,
+    accelerator_slug: str,
+    islands: Sequence[IslandSpec],
+    endpoint_url: str = "",
+) -> tuple[Cluster, bool]:
+    """Register a cluster and its islands under ``cpi`` for ``operator``; returns (cluster, created).
 
     Rules: the identifier parses and names a cluster; its operator segment is ``operator``'s slug; the
     hub exists; the accelerator is in the catalog; islands are 1..N with unique valid names, cards ≥ 1
     and a known fabric; neither the cluster's nor any island's identifier was ever issued. Islands start
     with every card available (K2 = K1) until the first heartbeat says otherwise.
 
+    A retried registration (same identifier, same site, chip, endpoint and islands) returns the existing
+    cluster with created=False and writes nothing; the same identifier with a different body is
+    IdentifierTakenError.
+
     Raises InvalidIdentifierError, IdentifierOperatorMismatchError, UnknownHubError,
-    UnknownAcceleratorError, IdentifierTakenError. Writes nothing on any error.
+    UnknownAcceleratorError, IdentifierTakenError, InvalidInputError. Writes nothing on any error.
     """
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
@@ -180,6 +230,11 @@ def cluster_register(
         raise UnknownAcceleratorError(
             f"No accelerator {accelerator_slug!r} in the catalog.", extra={"accelerator": accelerator_slug}
         )
+    existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
+    if existing is not None and _same_registration(
+        existing, site=site, accelerator=accelerator, islands=islands, endpoint_url=endpoint_url
+    ):
+        return existing, False
     island_cpis = [str(identifier.child(spec.name)) for spec in islands]
     _issue_identifiers(operator=operator, cluster_cpi=cpi, island_cpis=island_cpis)
 
@@ -198,19 +253,29 @@ def cluster_register(
     )
     Island.objects.bulk_create(
         [
-            Island(cluster=cluster, cpi=island_cpi, name=spec.name, cards=spec.cards, fabric=spec.fabric,
-                   available_cards=spec.cards)
+            Island(
+                cluster=cluster,
+                cpi=island_cpi,
+                name=spec.name,
+                cards=spec.cards,
+                fabric=spec.fabric,
+                available_cards=spec.cards,
+            )
             for spec, island_cpi in zip(islands, island_cpis, strict=True)
         ]
     )
     _record_status_change(
         cluster=cluster, from_status="", to_status=ClusterStatus.ACTIVE, actor=actor, reason="registered"
     )
-    return cluster
+    return cluster, True
 
 
 def _lock_cluster(cluster: Cluster) -> Cluster:
-    return Cluster.objects.select_for_update().select_related("hub", "accelerator", "operator").get(pk=cluster.pk)
+    return (
+        Cluster.objects.select_for_update()
+        .select_related("hub", "accelerator", "operator")
+        .get(pk=cluster.pk)
+    )
 
 
 @transaction.atomic
@@ -237,7 +302,9 @@ def cluster_update(
     if fields:
         cluster.save(update_fields=[*fields, "updated_at"])
     if status is not None and status != cluster.status:
-        cluster = _status_set_locked(cluster=cluster, actor=actor, status=status, reason=reason or "set by operator")
+        cluster = _status_set_locked(
+            cluster=cluster, actor=actor, status=status, reason=reason or "set by operator"
+        )
     return cluster
 
 
@@ -250,7 +317,9 @@ def _status_set_locked(*, cluster: Cluster, actor: Actor, status: str, reason: s
     previous = cluster.status
     cluster.status = status
     if status == ClusterStatus.OFFLINE:
-        cause = Cluster.OfflineCause.OPERATOR if actor.organisation is not None else Cluster.OfflineCause.STAFF
+        cause = (
+            Cluster.OfflineCause.OPERATOR if actor.organisation is not None else Cluster.OfflineCause.STAFF
+        )
         cluster.offline_cause = cause
         cluster.status_before_offline = previous
     else:
@@ -283,7 +352,11 @@ def island_add(*, actor: Actor, cluster: Cluster, spec: IslandSpec) -> Island:
     island_cpi = str(identifiers.parse(cluster.cpi).child(spec.name))
     _issue_identifiers(operator=cluster.operator, cluster_cpi=None, island_cpis=[island_cpi])
     island = Island.objects.create(
-        cluster=cluster, cpi=island_cpi, name=spec.name, cards=spec.cards, fabric=spec.fabric,
+        cluster=cluster,
+        cpi=island_cpi,
+        name=spec.name,
+        cards=spec.cards,
+        fabric=spec.fabric,
         available_cards=spec.cards,
     )
     _refresh_cluster_totals(cluster)
@@ -291,14 +364,23 @@ def island_add(*, actor: Actor, cluster: Cluster, spec: IslandSpec) -> Island:
 
 
 @transaction.atomic
-def island_update(*, actor: Actor, island: Island, cards: int | None = None, fabric: str | None = None) -> Island:
+def island_update(
+    *, actor: Actor, island: Island, cards: int | None = None, fabric: str | None = None
+) -> Island:
     """Change an island's card count (K1) or fabric. K2 and unhealthy cards are clamped to the new K1."""
     cluster = _lock_cluster(island.cluster)
     if cluster.status == ClusterStatus.RETIRED:
         raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
     island = Island.objects.get(pk=island.pk)
-    _validate_island_specs([IslandSpec(name=island.name, cards=island.cards if cards is None else cards,
-                                       fabric=island.fabric if fabric is None else fabric)])
+    _validate_island_specs(
+        [
+            IslandSpec(
+                name=island.name,
+                cards=island.cards if cards is None else cards,
+                fabric=island.fabric if fabric is None else fabric,
+            )
+        ]
+    )
     if cards is not None:
         island.cards = cards
         island.available_cards = min(island.available_cards, cards)
@@ -335,7 +417,9 @@ def heartbeat_record(
             extra={"sent_at": sent_at.isoformat(), "server_time": now.isoformat()},
         )
     if health not in {Health.OK, Health.DEGRADED, Health.CRITICAL}:
-        raise InvalidHeartbeatError(f"Unknown health {health!r}.", extra={"fields": {"health": ["invalid choice"]}})
+        raise InvalidHeartbeatError(
+            f"Unknown health {health!r}.", extra={"fields": {"health": ["invalid choice"]}}
+        )
     cluster = _lock_cluster(cluster)
     if cluster.status == ClusterStatus.RETIRED:
         raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
@@ -386,8 +470,12 @@ def heartbeat_record(
         cluster.status_before_offline = ""
         fields += ["status", "offline_cause", "status_before_offline"]
         _record_status_change(
-            cluster=cluster, from_status=ClusterStatus.OFFLINE, to_status=previous_status, actor=actor,
-            reason="heartbeats resumed", at=now,
+            cluster=cluster,
+            from_status=ClusterStatus.OFFLINE,
+            to_status=previous_status,
+            actor=actor,
+            reason="heartbeats resumed",
+            at=now,
         )
     cluster.save(update_fields=fields)
     return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=True)
@@ -425,8 +513,12 @@ def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]
     ClusterStatusChange.objects.bulk_create(
         [
             ClusterStatusChange(
-                cluster_id=pk, from_status=status, to_status=ClusterStatus.OFFLINE, changed_at=now,
-                actor_label=monitor.label, reason=reason,
+                cluster_id=pk,
+                from_status=status,
+                to_status=ClusterStatus.OFFLINE,
+                changed_at=now,
+                actor_label=monitor.label,
+                reason=reason,
             )
             for pk, _, status in stale
         ]
@@ -435,7 +527,9 @@ def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]
 
 
 @transaction.atomic
-def hub_latency_record(*, measurements: Sequence[LatencyMeasurement], symmetric: bool = True) -> list[HubLatency]:
+def hub_latency_record(
+    *, measurements: Sequence[LatencyMeasurement], symmetric: bool = True
+) -> list[HubLatency]:
     """Store measured hub→hub latencies (and the reverse pair when ``symmetric``). A measurement older
     than the one stored is ignored. Raises UnknownHubError."""
     codes = {m.source for m in measurements} | {m.target for m in measurements}
@@ -445,11 +539,18 @@ def hub_latency_record(*, measurements: Sequence[LatencyMeasurement], symmetric:
         raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
     updated = []
     for m in measurements:
-        pairs = [(m.source, m.target)] + ([(m.target, m.source)] if symmetric and m.source != m.target else [])
+        pairs = [(m.source, m.target)] + (
+            [(m.target, m.source)] if symmetric and m.source != m.target else []
+        )
         for source, target in pairs:
             row, _ = HubLatency.objects.select_for_update().get_or_create(
-                source=hubs[source], target=hubs[target],
-                defaults={"latency_ms": m.latency_ms, "origin": HubLatency.Origin.MEASURED, "measured_at": m.measured_at},
+                source=hubs[source],
+                target=hubs[target],
+                defaults={
+                    "latency_ms": m.latency_ms,
+                    "origin": HubLatency.Origin.MEASURED,
+                    "measured_at": m.measured_at,
+                },
             )
             if row.measured_at is None or row.measured_at <= m.measured_at:
                 row.latency_ms = m.latency_ms

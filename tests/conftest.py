@@ -22,7 +22,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_pg = pytest.mark.skip(
         reason="needs PostgreSQL (row locks and real concurrency); set DATABASE_URL to a PostgreSQL database"
     )
-    skip_trace = pytest.mark.skip(reason="reads ../shared/data reference traces; set CARDHOUR_TRACES=1 to run")
+    skip_trace = pytest.mark.skip(
+        reason="reads ../shared/data reference traces; set CARDHOUR_TRACES=1 to run"
+    )
     for item in items:
         if "postgres" in item.keywords and "postgresql" not in engine:
             item.add_marker(skip_pg)

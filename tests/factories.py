@@ -60,7 +60,9 @@ def make_cluster(
     endpoint_url: str = "https://agent.example.com/cardhour",
 ) -> Cluster:
     """Register a cluster through the real service (so identifiers, totals and history are right)."""
-    specs = [IslandSpec(name=n, cards=c, fabric=fabric) for n, c in (islands or [("isl-01", 64), ("isl-02", 32)])]
+    specs = [
+        IslandSpec(name=n, cards=c, fabric=fabric) for n, c in (islands or [("isl-01", 64), ("isl-02", 32)])
+    ]
     return services.cluster_register(
         actor=Actor(organisation=operator, system_label="test"),
         operator=operator,

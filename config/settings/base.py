@@ -110,7 +110,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "core.api.schema.CardhourAutoSchema",
     "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": [
         "core.api.throttling.OrganisationRateThrottle",
@@ -136,6 +136,12 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "FabricEnum": "federation.models.Fabric",
+        "ClusterStatusEnum": "federation.models.ClusterStatus",
+        "ReportedHealthEnum": "federation.models.REPORTABLE_HEALTH",
+        "HealthEnum": "federation.models.Health",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.api.schema.postprocess_error_responses",
@@ -178,7 +184,9 @@ CARDHOUR_MAX_ISLANDS_PER_CLUSTER = env.int("CARDHOUR_MAX_ISLANDS_PER_CLUSTER", d
 CARDHOUR_FLEET_IMPORT_MAX_ROWS = env.int("CARDHOUR_FLEET_IMPORT_MAX_ROWS", default=200_000)
 # API tokens: last_used_at is written at most this often per token, so a busy agent is not one UPDATE
 # per request.
-CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS = env.int("CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS", default=60)
+CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS = env.int(
+    "CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS", default=60
+)
 
 LOGGING = {
     "version": 1,

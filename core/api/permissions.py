@@ -20,9 +20,7 @@ class IsOrganisationMember(BasePermission):
             return False
         actor = actor_from_request(request)
         if request.method not in SAFE_METHODS and not actor.can_write:
-            raise PermissionDeniedError(
-                "This credential is read-only.", code="read_only_credential"
-            )
+            raise PermissionDeniedError("This credential is read-only.", code="read_only_credential")
         return True
 
 
@@ -31,9 +29,7 @@ class IsOperator(IsOrganisationMember):
         if not super().has_permission(request, view):
             return False
         if not actor_from_request(request).organisation.is_operator:
-            raise PermissionDeniedError(
-                "Only operator organisations can do this.", code="not_an_operator"
-            )
+            raise PermissionDeniedError("Only operator organisations can do this.", code="not_an_operator")
         return True
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
 ERROR_COMPONENT = "Error"
@@ -46,7 +47,9 @@ class ErrorSerializer(serializers.Serializer):
     extra = serializers.DictField()
 
 
-def postprocess_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+def postprocess_error_responses(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
     components = result.setdefault("components", {}).setdefault("schemas", {})
     components[ERROR_COMPONENT] = _ERROR_SCHEMA
     ref = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
@@ -64,3 +67,15 @@ def postprocess_error_responses(result: dict[str, Any], generator: Any, request:
                     {"description": description, "content": {"application/json": {"schema": ref}}},
                 )
     return result
+
+
+class CardhourAutoSchema(AutoSchema):
+    """Names components after the view that nests them (``ClusterListApi.Input`` → ``ClusterListInput``),
+    so the one-view-per-operation style with nested Input/Output serializers gives unique names."""
+
+    def get_serializer_name(self, serializer: serializers.BaseSerializer, direction: str) -> str:
+        qualname = type(serializer).__qualname__
+        if "." not in qualname:
+            return super().get_serializer_name(serializer, direction)
+        parts = [part.removesuffix("Api") for part in qualname.split(".")]
+        return "".join(parts)

@@ -50,7 +50,17 @@ class TokenOutput(serializers.ModelSerializer):
 
     class Meta:
         model = ApiToken
-        fields = ["id", "name", "prefix", "scope", "created_by", "created_at", "last_used_at", "revoked_at", "is_active"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "scope",
+            "created_by",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "is_active",
+        ]
 
 
 class TokenListApi(APIView):

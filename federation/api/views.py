@@ -1,0 +1,440 @@
+"""Federation's REST API: thin views over federation.services and federation.selectors.
+
+Reads of the public catalog (hubs, latencies, accelerators, standard cards, resolution) are open to
+every authenticated organisation. Cluster management is scoped to the caller's own clusters: another
+operator's cluster answers 404 exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.conf import settings
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.api.context import actor_from_request
+from core.api.fields import AwareDateTimeField
+from core.api.pagination import StandardPagination
+from core.api.permissions import IsOperator, IsOrganisationMember, IsPlatform
+from federation import selectors, services
+from federation.api import serializers as out
+from federation.models import (
+    REPORTABLE_HEALTH,
+    Accelerator,
+    Cluster,
+    ClusterStatus,
+    ClusterStatusChange,
+    Fabric,
+    HubLatency,
+    Island,
+    StandardCard,
+)
+from federation.types import IslandReport, IslandSpec, LatencyMeasurement
+
+TAG_CATALOG = "catalog"
+TAG_CLUSTERS = "clusters"
+
+
+class IslandInput(serializers.Serializer):
+    name = serializers.CharField(max_length=32, help_text="Island segment: 1–32 of a–z, 0–9, inner hyphens.")
+    cards = serializers.IntegerField(min_value=1, max_value=1_000_000)
+    fabric = serializers.ChoiceField(choices=Fabric.choices)
+
+
+# --- Catalog ----------------------------------------------------------------------------------------
+
+
+class HubListApi(generics.ListAPIView):
+    permission_classes = [IsOrganisationMember]
+    serializer_class = out.HubOutput
+    queryset = selectors.hub_list()
+
+    @extend_schema(operation_id="hubs_list", tags=[TAG_CATALOG])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class HubLatencyFilter(django_filters.FilterSet):
+    source = django_filters.CharFilter(field_name="source__code")
+    target = django_filters.CharFilter(field_name="target__code")
+    origin = django_filters.ChoiceFilter(choices=HubLatency.Origin.choices)
+
+    class Meta:
+        model = HubLatency
+        fields = ["source", "target", "origin"]
+
+
+class HubLatencyListApi(generics.ListAPIView):
+    """The hub latency matrix, one row per ordered pair."""
+
+    permission_classes = [IsOrganisationMember]
+    serializer_class = out.HubLatencyOutput
+    filterset_class = HubLatencyFilter
+    queryset = selectors.hub_latency_list()
+
+    @extend_schema(operation_id="hub_latencies_list", tags=[TAG_CATALOG])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class HubLatencyMeasureApi(APIView):
+    """Record measured latencies (platform only). Older measurements than the stored one are ignored."""
+
+    permission_classes = [IsPlatform]
+
+    class Input(serializers.Serializer):
+        class Measurement(serializers.Serializer):
+            source = serializers.CharField(max_length=8)
+            target = serializers.CharField(max_length=8)
+            latency_ms = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=0)
+            measured_at = AwareDateTimeField()
+
+        measurements = Measurement(many=True, allow_empty=False, max_length=1000)
+        symmetric = serializers.BooleanField(default=True)
+
+    @extend_schema(
+        operation_id="hub_latencies_measure",
+        request=Input,
+        responses={200: out.HubLatencyOutput(many=True)},
+        tags=[TAG_CATALOG],
+    )
+    def post(self, request: Request) -> Response:
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        rows = services.hub_latency_record(
+            measurements=[LatencyMeasurement(**m) for m in data.validated_data["measurements"]],
+            symmetric=data.validated_data["symmetric"],
+        )
+        return Response(out.HubLatencyOutput(rows, many=True).data)
+
+
+class AcceleratorFilter(django_filters.FilterSet):
+    vendor = django_filters.CharFilter(field_name="vendor", lookup_expr="iexact")
+    spec_status = django_filters.ChoiceFilter(choices=Accelerator.SpecStatus.choices)
+
+    class Meta:
+        model = Accelerator
+        fields = ["vendor", "spec_status"]
+
+
+def _with_factor(accelerators: list[Accelerator]) -> list[Accelerator]:
+    standard = selectors.standard_card_current()
+    for accelerator in accelerators:
+        accelerator.standard_card_factor = selectors.standard_card_factor(  # type: ignore[method-assign]
+            tflops=accelerator.dense_fp16_tflops, standard=standard
+        )
+    return accelerators
+
+
+class AcceleratorListApi(generics.ListAPIView):
+    """The accelerator catalog; `standard_card_factor` is computed against the standard card in force."""
+
+    permission_classes = [IsOrganisationMember]
+    serializer_class = out.AcceleratorOutput
+    filterset_class = AcceleratorFilter
+    queryset = selectors.accelerator_list()
+
+    def paginate_queryset(self, queryset: QuerySet[Accelerator]) -> list[Accelerator] | None:
+        page = super().paginate_queryset(queryset)
+        return None if page is None else _with_factor(list(page))
+
+    @extend_schema(operation_id="accelerators_list", tags=[TAG_CATALOG])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class AcceleratorDetailApi(APIView):
+    permission_classes = [IsOrganisationMember]
+
+    @extend_schema(
+        operation_id="accelerators_get", responses={200: out.AcceleratorOutput}, tags=[TAG_CATALOG]
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        accelerator = generics.get_object_or_404(selectors.accelerator_list(), slug=slug)
+        return Response(out.AcceleratorOutput(_with_factor([accelerator])[0]).data)
+
+
+class StandardCardListApi(generics.ListAPIView):
+    """Every version of the standard-card definition; `in_force` marks the one used now."""
+
+    permission_classes = [IsOrganisationMember]
+    serializer_class = out.StandardCardOutput
+    queryset = StandardCard.objects.all()
+
+    def paginate_queryset(self, queryset: QuerySet[StandardCard]) -> list[StandardCard] | None:
+        page = super().paginate_queryset(queryset)
+        if page is None:
+            return None
+        current = selectors.standard_card_current()
+        for card in page:
+            card.in_force = card.pk == current.pk  # type: ignore[attr-defined]
+        return list(page)
+
+    @extend_schema(operation_id="standard_cards_list", tags=[TAG_CATALOG])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+# --- Resolution -------------------------------------------------------------------------------------
+
+
+class ResolveApi(APIView):
+    """Resolve a compute identifier hierarchically: `cpi:<operator>` lists the operator's hubs and
+    clusters, `cpi:<operator>:<hub>` its clusters in that hub, and a full cluster or island identifier
+    returns the resource description (chip spec, standard-card equivalents, islands, K1/K2, status,
+    last heartbeat; the dispatch endpoint only for its own operator)."""
+
+    permission_classes = [IsOrganisationMember]
+
+    @extend_schema(
+        operation_id="resolve",
+        parameters=[
+            OpenApiParameter(
+                "identifier", str, OpenApiParameter.PATH, description="e.g. cpi:cucc:nx:zw-ai01"
+            ),
+            OpenApiParameter("page", int, description="Page of clusters (operator and hub levels)."),
+            OpenApiParameter("page_size", int, description="Clusters per page (max 500)."),
+        ],
+        responses={200: out.ResolutionOutput},
+        tags=[TAG_CATALOG],
+    )
+    def get(self, request: Request, identifier: str) -> Response:
+        viewer = actor_from_request(request).organisation
+        resolution = selectors.resolve(identifier=identifier, viewer=viewer)
+        data: dict[str, Any] = {
+            "identifier": resolution.identifier,
+            "level": resolution.level,
+            "operator": {"slug": resolution.operator.slug, "name": resolution.operator.name},
+            "hubs": None,
+            "clusters": None,
+            "cluster": None,
+            "island": None,
+        }
+        if resolution.clusters is not None:
+            paginator = StandardPagination()
+            page = paginator.paginate_queryset(resolution.clusters, request, view=self)
+            data["clusters"] = paginator.get_paginated_response(
+                out.ClusterSummaryOutput(page, many=True).data
+            ).data
+        if resolution.hubs is not None:
+            data["hubs"] = out.HubSummaryOutput(resolution.hubs, many=True).data
+        if resolution.cluster is not None:
+            data["cluster"] = out.ClusterDescriptionOutput(resolution.cluster).data
+        if resolution.island is not None:
+            data["island"] = out.IslandDescriptionOutput(resolution.island).data
+        return Response(data)
+
+
+# --- Cluster management (own clusters only) ---------------------------------------------------------
+
+
+def _own_clusters(request: Request) -> QuerySet[Cluster]:
+    operator = actor_from_request(request).organisation
+    return selectors.cluster_list_for_operator(operator=operator).prefetch_related(
+        Prefetch("islands", queryset=Island.objects.order_by("name"))
+    )
+
+
+class ClusterFilter(django_filters.FilterSet):
+    hub = django_filters.CharFilter(field_name="hub__code")
+    accelerator = django_filters.CharFilter(field_name="accelerator__slug")
+    status = django_filters.ChoiceFilter(choices=ClusterStatus.choices)
+
+    class Meta:
+        model = Cluster
+        fields = ["hub", "accelerator", "status"]
+
+
+class ClusterListApi(generics.ListAPIView):
+    """List the caller's clusters, or register one (POST)."""
+
+    permission_classes = [IsOperator]
+    serializer_class = out.ClusterOutput
+    filterset_class = ClusterFilter
+
+    class Input(serializers.Serializer):
+        cpi = serializers.CharField(max_length=140, help_text="cpi:<your operator>:<hub>:<cluster>")
+        site = serializers.CharField(max_length=100)
+        accelerator = serializers.SlugField(
+            max_length=64, help_text="Catalog slug, e.g. nvidia-h800-sxm5-80gb."
+        )
+        endpoint_url = serializers.URLField(max_length=500, required=False, allow_blank=True, default="")
+        islands = IslandInput(
+            many=True, allow_empty=False, max_length=settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER
+        )
+
+    queryset = Cluster.objects.none()  # for the schema; requests use get_queryset
+
+    def get_queryset(self) -> QuerySet[Cluster]:
+        return _own_clusters(self.request)
+
+    @extend_schema(operation_id="clusters_list", tags=[TAG_CLUSTERS])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="clusters_register",
+        request=Input,
+        responses={201: out.ClusterOutput, 200: out.ClusterOutput},
+        description="Register a cluster with its islands. Repeating an identical registration returns "
+        "the existing cluster with 200; the same identifier with a different body is 409 identifier_taken.",
+        tags=[TAG_CLUSTERS],
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        cluster, created = services.cluster_register_idempotent(
+            actor=actor,
+            operator=actor.organisation,
+            cpi=values["cpi"],
+            site=values["site"],
+            accelerator_slug=values["accelerator"],
+            endpoint_url=values["endpoint_url"],
+            islands=[IslandSpec(**island) for island in values["islands"]],
+        )
+        cluster = _own_clusters(request).get(pk=cluster.pk)
+        return Response(out.ClusterOutput(cluster).data, status=status.HTTP_201_CREATED if created else 200)
+
+
+class ClusterDetailApi(APIView):
+    permission_classes = [IsOperator]
+
+    class Input(serializers.Serializer):
+        site = serializers.CharField(max_length=100, required=False)
+        endpoint_url = serializers.URLField(max_length=500, required=False, allow_blank=True)
+        status = serializers.ChoiceField(choices=ClusterStatus.choices, required=False)
+        reason = serializers.CharField(max_length=500, required=False, default="")
+
+    @extend_schema(operation_id="clusters_get", responses={200: out.ClusterOutput}, tags=[TAG_CLUSTERS])
+    def get(self, request: Request, cpi: str) -> Response:
+        operator = actor_from_request(request).organisation
+        cluster = selectors.cluster_get_for_operator(operator=operator, cpi=cpi)
+        return Response(out.ClusterOutput(_own_clusters(request).get(pk=cluster.pk)).data)
+
+    @extend_schema(
+        operation_id="clusters_update", request=Input, responses={200: out.ClusterOutput}, tags=[TAG_CLUSTERS]
+    )
+    def patch(self, request: Request, cpi: str) -> Response:
+        actor = actor_from_request(request)
+        cluster = selectors.cluster_get_for_operator(operator=actor.organisation, cpi=cpi)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.cluster_update(actor=actor, cluster=cluster, **data.validated_data)
+        return Response(out.ClusterOutput(_own_clusters(request).get(pk=cluster.pk)).data)
+
+
+class ClusterStatusHistoryApi(generics.ListAPIView):
+    permission_classes = [IsOperator]
+    serializer_class = out.StatusChangeOutput
+    queryset = ClusterStatusChange.objects.none()  # for the schema; requests use get_queryset
+
+    def get_queryset(self) -> QuerySet[Any]:
+        operator = actor_from_request(self.request).organisation
+        cluster = selectors.cluster_get_for_operator(operator=operator, cpi=self.kwargs["cpi"])
+        return selectors.cluster_status_history(cluster=cluster)
+
+    @extend_schema(operation_id="clusters_status_history", tags=[TAG_CLUSTERS])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class IslandAddApi(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        operation_id="islands_add",
+        request=IslandInput,
+        responses={201: out.IslandOutput},
+        tags=[TAG_CLUSTERS],
+    )
+    def post(self, request: Request, cpi: str) -> Response:
+        actor = actor_from_request(request)
+        cluster = selectors.cluster_get_for_operator(operator=actor.organisation, cpi=cpi)
+        data = IslandInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        island = services.island_add(actor=actor, cluster=cluster, spec=IslandSpec(**data.validated_data))
+        return Response(out.IslandOutput(island).data, status=status.HTTP_201_CREATED)
+
+
+class IslandUpdateApi(APIView):
+    permission_classes = [IsOperator]
+
+    class Input(serializers.Serializer):
+        cards = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+        fabric = serializers.ChoiceField(choices=Fabric.choices, required=False)
+
+    @extend_schema(
+        operation_id="islands_update", request=Input, responses={200: out.IslandOutput}, tags=[TAG_CLUSTERS]
+    )
+    def patch(self, request: Request, cpi: str, name: str) -> Response:
+        actor = actor_from_request(request)
+        island = selectors.island_get_for_operator(operator=actor.organisation, cpi=cpi, name=name)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        island = services.island_update(actor=actor, island=island, **data.validated_data)
+        return Response(out.IslandOutput(island).data)
+
+
+class HeartbeatApi(APIView):
+    """An operator agent's periodic report: the cluster is alive, with K2 (free) and unhealthy cards
+    per island. Send every CARDHOUR_HEARTBEAT_INTERVAL_SECONDS (30 s by default); a cluster that misses
+    three in a row goes offline and comes back with the next beat. Safe to retry: a beat not newer than
+    the last applied one is acknowledged with `applied: false`."""
+
+    permission_classes = [IsOperator]
+
+    class Input(serializers.Serializer):
+        class IslandLine(serializers.Serializer):
+            name = serializers.CharField(max_length=32)
+            available_cards = serializers.IntegerField(min_value=0)
+            unhealthy_cards = serializers.IntegerField(min_value=0, default=0)
+
+        sent_at = AwareDateTimeField(help_text="The agent's clock when it sent the beat (with offset).")
+        health = serializers.ChoiceField(choices=REPORTABLE_HEALTH)
+        islands = IslandLine(many=True, max_length=settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER, default=list)
+
+    class Output(serializers.Serializer):
+        cpi = serializers.CharField(source="cluster_cpi")
+        status = serializers.CharField()
+        applied = serializers.BooleanField()
+        detail = serializers.CharField()
+        server_time = serializers.DateTimeField()
+        interval_seconds = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="clusters_heartbeat", request=Input, responses={200: Output}, tags=[TAG_CLUSTERS]
+    )
+    def post(self, request: Request, cpi: str) -> Response:
+        actor = actor_from_request(request)
+        cluster = selectors.cluster_get_for_operator(operator=actor.organisation, cpi=cpi)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        result = services.heartbeat_record(
+            actor=actor,
+            cluster=cluster,
+            sent_at=values["sent_at"],
+            health=values["health"],
+            islands=[IslandReport(**line) for line in values["islands"]],
+        )
+        return Response(
+            self.Output(
+                {
+                    "cluster_cpi": result.cluster_cpi,
+                    "status": result.status,
+                    "applied": result.applied,
+                    "detail": result.detail,
+                    "server_time": timezone.now(),
+                    "interval_seconds": settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS,
+                }
+            ).data
+        )
