@@ -11,7 +11,7 @@ from django.utils.translation import gettext_lazy as _
 # The operator segment of a compute identifier is the organisation's slug, so the two share one grammar
 # (federation.identifiers.SEGMENT_PATTERN); it is repeated here only because core may not import federation.
 ORGANISATION_SLUG_VALIDATOR = RegexValidator(
-    r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$",
+    r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?\Z",
     _("1–32 lowercase letters, digits or inner hyphens."),
     code="invalid_slug",
 )

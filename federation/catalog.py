@@ -10,7 +10,9 @@ we do not invent numbers.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 HUBS: list[dict[str, object]] = [
     {"code": "jjj", "name": "Beijing-Tianjin-Hebei", "name_zh": "京津冀", "region": "east"},
@@ -315,3 +317,33 @@ def accelerator_rows() -> list[dict[str, object]]:
             }
         )
     return rows
+
+
+def load_reference_data(apps: Any) -> None:
+    """Create or refresh the reference rows. ``apps`` is a migration's app registry, or django.apps.apps
+    (tests that flush the database reload it this way). Idempotent."""
+    Hub = apps.get_model("federation", "Hub")
+    HubLatency = apps.get_model("federation", "HubLatency")
+    StandardCard = apps.get_model("federation", "StandardCard")
+    Accelerator = apps.get_model("federation", "Accelerator")
+
+    hubs = []
+    for order, spec in enumerate(HUBS):
+        hub, _ = Hub.objects.update_or_create(code=spec["code"], defaults={**spec, "sort_order": order})
+        hubs.append(hub)
+    for source in hubs:
+        for target in hubs:
+            latency = LATENCY_SAME_HUB_MS if source == target else LATENCY_BETWEEN_HUBS_MS
+            HubLatency.objects.get_or_create(
+                source=source, target=target, defaults={"latency_ms": latency, "origin": "policy"}
+            )
+    StandardCard.objects.get_or_create(
+        version=1,
+        defaults={
+            "dense_fp16_tflops": STANDARD_CARD_V1_TFLOPS,
+            "effective_from": datetime(2026, 1, 1, tzinfo=UTC),
+            "note": "400 TFLOPS dense FP16 (platform launch definition)",
+        },
+    )
+    for row in accelerator_rows():
+        Accelerator.objects.update_or_create(slug=row["slug"], defaults=row)

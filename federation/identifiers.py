@@ -24,7 +24,7 @@ from enum import IntEnum
 
 SCHEME = "cpi"
 SEGMENT_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
-_SEGMENT_RE = re.compile(rf"^{SEGMENT_PATTERN}$")
+_SEGMENT_RE = re.compile(SEGMENT_PATTERN)
 MAX_LENGTH = len(SCHEME) + 4 * (1 + 32)
 
 # The eight national computing hubs of East Data West Computing, plus `ext` for anything else.
@@ -97,7 +97,7 @@ class ComputeIdentifier:
 
 
 def validate_segment(segment: str, *, what: str = "segment") -> str:
-    if not _SEGMENT_RE.match(segment):
+    if not isinstance(segment, str) or not _SEGMENT_RE.fullmatch(segment):
         raise IdentifierError(
             segment,
             "invalid_segment",

@@ -32,6 +32,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_trace)
 
 
+@pytest.fixture(autouse=True)
+def _reference_data(request: pytest.FixtureRequest) -> None:
+    """Reference rows (hubs, catalog) come from a data migration; a transactional test's flush removes
+    them, so tests that touch the database get them back if they are missing."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None and not {"db", "transactional_db"} & set(request.fixturenames):
+        return
+    request.getfixturevalue("transactional_db" if marker and marker.kwargs.get("transaction") else "db")
+    from django.apps import apps
+
+    from federation.catalog import load_reference_data
+    from federation.models import Hub
+
+    if not Hub.objects.exists():
+        load_reference_data(apps)
+
+
 @pytest.fixture
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"

@@ -1,0 +1,79 @@
+"""Races on PostgreSQL: concurrent registrations of one identifier, concurrent monitor runs."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from core.types import Actor
+from federation import services
+from federation.errors import IdentifierTakenError
+from federation.models import Cluster, ClusterStatusChange, Island, IssuedIdentifier
+from federation.types import IslandSpec
+from tests.factories import OperatorFactory, make_cluster
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def run_in_threads(n: int, target) -> list[object]:
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+
+    def work(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = target(index)
+        except Exception as exc:
+            results[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return results
+
+
+def test_concurrent_registrations_of_one_identifier_have_exactly_one_winner():
+    operator = OperatorFactory(slug="cucc")
+
+    def register(index: int) -> Cluster:
+        return services.cluster_register(
+            actor=Actor(organisation=operator, system_label=f"agent-{index}"),
+            operator=operator,
+            cpi="cpi:cucc:nx:zw-ai01",
+            site=f"site-{index}",  # every body differs, so no call is an idempotent replay
+            accelerator_slug="nvidia-a800-sxm4-80gb",
+            islands=[IslandSpec("isl-01", 8, "nvlink")],
+        )
+
+    results = run_in_threads(16, register)
+
+    kinds = Counter(type(r).__name__ for r in results)
+    assert kinds == {"Cluster": 1, "IdentifierTakenError": 15}, results
+    assert all(isinstance(r, Cluster | IdentifierTakenError) for r in results)
+    assert Cluster.objects.count() == 1
+    assert Island.objects.count() == 1
+    assert IssuedIdentifier.objects.count() == 2
+    assert ClusterStatusChange.objects.count() == 1
+
+
+def test_concurrent_monitor_runs_record_each_offline_once():
+    operator = OperatorFactory(slug="cucc")
+    for n in range(20):
+        make_cluster(operator=operator, name=f"c{n:02d}")
+    later = timezone.now() + timedelta(hours=1)
+
+    results = run_in_threads(4, lambda _: services.clusters_mark_missed_heartbeats(now=later))
+
+    marked = [cpi for result in results for cpi in result]  # type: ignore[union-attr]
+    assert sorted(marked) == sorted(Cluster.objects.values_list("cpi", flat=True))
+    assert ClusterStatusChange.objects.filter(to_status="offline").count() == 20
+    assert set(Cluster.objects.values_list("status", flat=True)) == {"offline"}
