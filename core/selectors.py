@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import QuerySet
 
 from core.models import ApiToken, Membership, Organisation
@@ -13,7 +13,7 @@ def api_token_list(*, organisation: Organisation) -> QuerySet[ApiToken]:
 
 
 def membership_for_user(
-    *, user: AbstractBaseUser | AnonymousUser, organisation_slug: str | None = None
+    *, user: User | AnonymousUser, organisation_slug: str | None = None
 ) -> Membership | None:
     """The membership a signed-in person acts through: the named organisation's, or their first one."""
     if not user.is_authenticated:

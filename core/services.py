@@ -8,7 +8,7 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -30,7 +30,7 @@ def organisation_create(
     is_operator: bool = False,
     is_buyer: bool = False,
     is_platform: bool = False,
-    owner: AbstractBaseUser | None = None,
+    owner: User | None = None,
 ) -> Organisation:
     """Create an organisation (and its owner membership). Raises ConflictError if the slug is taken."""
     organisation = Organisation(
@@ -50,7 +50,7 @@ def organisation_create(
 
 
 @transaction.atomic
-def membership_set(*, organisation: Organisation, user: AbstractBaseUser, role: str) -> Membership:
+def membership_set(*, organisation: Organisation, user: User, role: str) -> Membership:
     """Add ``user`` to ``organisation`` with ``role``, or change the role of an existing member."""
     if role not in Membership.Role.values:
         raise InvalidInputError(f"Unknown role {role!r}.", code="invalid_role", extra={"role": role})
@@ -86,7 +86,7 @@ def api_token_create(
     organisation: Organisation,
     name: str,
     scope: str = ApiToken.Scope.READ_WRITE,
-    created_by: AbstractBaseUser | None = None,
+    created_by: User | None = None,
 ) -> tuple[ApiToken, str]:
     """Issue a token for ``organisation``. Returns the token and its secret, which is never stored and
     cannot be shown again."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from core.models import ApiToken, Organisation
 
@@ -15,7 +15,7 @@ class Actor:
     platform itself (both None, e.g. the heartbeat monitor). Services record it in audit rows."""
 
     organisation: Organisation | None
-    user: AbstractBaseUser | None = None
+    user: User | None = None
     token: ApiToken | None = None
     can_write: bool = True
     system_label: str = ""
@@ -31,3 +31,10 @@ class Actor:
     @classmethod
     def system(cls, label: str) -> Actor:
         return cls(organisation=None, system_label=label)
+
+
+@dataclass(frozen=True)
+class RequestActor(Actor):
+    """An actor that came through the API or portal: always acts for an organisation."""
+
+    organisation: Organisation

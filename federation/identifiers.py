@@ -128,8 +128,8 @@ def parse(value: str) -> ComputeIdentifier:
             ) from None
     if len(segments) >= 2 and segments[1] not in HUB_CODES:
         raise IdentifierError(value, "unknown_hub", f"hub must be one of {', '.join(HUB_CODES)}")
-    padded = [*segments, None, None, None][:4]
-    return ComputeIdentifier(*padded)
+    padded: list[str | None] = [*segments, None, None, None]
+    return ComputeIdentifier(segments[0], padded[1], padded[2], padded[3])
 
 
 def format_identifier(identifier: ComputeIdentifier) -> str:

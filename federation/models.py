@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
@@ -136,11 +134,6 @@ class Accelerator(models.Model):
 
     def __str__(self) -> str:
         return f"{self.vendor} {self.model}"
-
-    def standard_card_factor(self, standard: StandardCard) -> Decimal | None:
-        if self.dense_fp16_tflops is None:
-            return None
-        return (self.dense_fp16_tflops / standard.dense_fp16_tflops).quantize(Decimal("0.0001"))
 
 
 class ClusterStatus(models.TextChoices):

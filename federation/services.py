@@ -242,7 +242,7 @@ def cluster_register_idempotent(
     cluster = Cluster.objects.create(
         operator=operator,
         cpi=cpi,
-        name=identifier.cluster,
+        name=identifier.cluster or "",
         hub=hub,
         site=site,
         accelerator=accelerator,

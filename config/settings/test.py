@@ -11,7 +11,7 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 # Integration tests start a real Celery worker; it uses CELERY_BROKER_URL when set (Redis in CI) and an
 # in-memory transport otherwise.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
-CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,
     "DEFAULT_THROTTLE_RATES": {"organisation": "100000/min", "anon": "100000/min"},

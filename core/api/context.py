@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import User
 from rest_framework.request import Request
 
 from core.errors import PermissionDeniedError
 from core.models import ApiToken
 from core.selectors import membership_for_user
-from core.types import Actor
+from core.types import RequestActor
 
 ORGANISATION_HEADER = "HTTP_X_CARDHOUR_ORGANISATION"
 
 
-def actor_from_request(request: Request) -> Actor:
+def actor_from_request(request: Request) -> RequestActor:
     """Resolve (and cache on the request) the acting organisation.
 
     A token acts for its own organisation. A person acts for the organisation named in the
@@ -24,7 +25,7 @@ def actor_from_request(request: Request) -> Actor:
         return cached
     token = request.auth if isinstance(request.auth, ApiToken) else None
     if token is not None:
-        actor = Actor(
+        actor = RequestActor(
             organisation=token.organisation,
             user=None,
             token=token,
@@ -38,9 +39,9 @@ def actor_from_request(request: Request) -> Actor:
             raise PermissionDeniedError(
                 "This account does not belong to an organisation.", code="no_organisation"
             )
-        actor = Actor(
+        actor = RequestActor(
             organisation=membership.organisation,
-            user=request.user,
+            user=request.user if isinstance(request.user, User) else None,
             token=None,
             can_write=membership.can_write,
         )

@@ -66,8 +66,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         )
         message = str(exc.detail) if isinstance(exc.detail, str) else default_message
         extra: dict[str, Any] = {}
-        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-            extra["retry_after_seconds"] = int(exc.wait)
+        wait = getattr(exc, "wait", None)
+        if isinstance(exc, exceptions.Throttled) and wait is not None:
+            extra["retry_after_seconds"] = int(wait)
         response = _error(exc.status_code, code, message, extra)
     for key, value in headers.items():
         response[key] = value

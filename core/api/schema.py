@@ -73,9 +73,9 @@ class CardhourAutoSchema(AutoSchema):
     """Names components after the view that nests them (``ClusterListApi.Input`` → ``ClusterListInput``),
     so the one-view-per-operation style with nested Input/Output serializers gives unique names."""
 
-    def get_serializer_name(self, serializer: serializers.BaseSerializer, direction: str) -> str:
+    def get_serializer_name(self, serializer: Any, direction: Any) -> str:
         qualname = type(serializer).__qualname__
         if "." not in qualname:
-            return super().get_serializer_name(serializer, direction)
+            return str(super().get_serializer_name(serializer, direction))
         parts = [part.removesuffix("Api") for part in qualname.split(".")]
         return "".join(parts)

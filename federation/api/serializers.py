@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from federation import selectors
 
 from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
 
@@ -14,7 +17,7 @@ class HubOutput(serializers.ModelSerializer):
 
 
 class HubLatencyOutput(serializers.ModelSerializer):
-    source = serializers.CharField(source="source.code")
+    source = serializers.CharField(source="source.code")  # type: ignore[assignment]  # the field is named `source`
     target = serializers.CharField(source="target.code")
 
     class Meta:
@@ -31,7 +34,9 @@ class StandardCardOutput(serializers.ModelSerializer):
 
 
 class AcceleratorOutput(serializers.ModelSerializer):
-    standard_card_factor = serializers.DecimalField(max_digits=10, decimal_places=4, allow_null=True)
+    """Needs ``context["standard"]``: the standard card the factor is computed against."""
+
+    standard_card_factor = serializers.SerializerMethodField()
 
     class Meta:
         model = Accelerator
@@ -49,6 +54,13 @@ class AcceleratorOutput(serializers.ModelSerializer):
             "standard_card_factor",
             "source",
         ]
+
+    @extend_schema_field(serializers.DecimalField(max_digits=10, decimal_places=4, allow_null=True))
+    def get_standard_card_factor(self, accelerator: Accelerator) -> str | None:
+        factor = selectors.standard_card_factor(
+            tflops=accelerator.dense_fp16_tflops, standard=self.context["standard"]
+        )
+        return None if factor is None else str(factor)
 
 
 class IslandOutput(serializers.ModelSerializer):

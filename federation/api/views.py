@@ -91,12 +91,12 @@ class HubLatencyMeasureApi(APIView):
 
     class Input(serializers.Serializer):
         class Measurement(serializers.Serializer):
-            source = serializers.CharField(max_length=8)
+            source = serializers.CharField(max_length=8)  # type: ignore[assignment]  # the field is named `source`
             target = serializers.CharField(max_length=8)
             latency_ms = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=0)
             measured_at = AwareDateTimeField()
 
-        measurements = Measurement(many=True, allow_empty=False, max_length=1000)
+        measurements = Measurement(many=True, allow_empty=False, max_length=1000)  # type: ignore[call-arg]
         symmetric = serializers.BooleanField(default=True)
 
     @extend_schema(
@@ -124,15 +124,6 @@ class AcceleratorFilter(django_filters.FilterSet):
         fields = ["vendor", "spec_status"]
 
 
-def _with_factor(accelerators: list[Accelerator]) -> list[Accelerator]:
-    standard = selectors.standard_card_current()
-    for accelerator in accelerators:
-        accelerator.standard_card_factor = selectors.standard_card_factor(  # type: ignore[method-assign]
-            tflops=accelerator.dense_fp16_tflops, standard=standard
-        )
-    return accelerators
-
-
 class AcceleratorListApi(generics.ListAPIView):
     """The accelerator catalog; `standard_card_factor` is computed against the standard card in force."""
 
@@ -141,9 +132,8 @@ class AcceleratorListApi(generics.ListAPIView):
     filterset_class = AcceleratorFilter
     queryset = selectors.accelerator_list()
 
-    def paginate_queryset(self, queryset: QuerySet[Accelerator]) -> list[Accelerator] | None:
-        page = super().paginate_queryset(queryset)
-        return None if page is None else _with_factor(list(page))
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "standard": selectors.standard_card_current()}
 
     @extend_schema(operation_id="accelerators_list", tags=[TAG_CATALOG])
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -158,7 +148,8 @@ class AcceleratorDetailApi(APIView):
     )
     def get(self, request: Request, slug: str) -> Response:
         accelerator = generics.get_object_or_404(selectors.accelerator_list(), slug=slug)
-        return Response(out.AcceleratorOutput(_with_factor([accelerator])[0]).data)
+        context = {"standard": selectors.standard_card_current()}
+        return Response(out.AcceleratorOutput(accelerator, context=context).data)
 
 
 class StandardCardListApi(generics.ListAPIView):
@@ -168,13 +159,13 @@ class StandardCardListApi(generics.ListAPIView):
     serializer_class = out.StandardCardOutput
     queryset = StandardCard.objects.all()
 
-    def paginate_queryset(self, queryset: QuerySet[StandardCard]) -> list[StandardCard] | None:
+    def paginate_queryset(self, queryset: Any) -> Any:
         page = super().paginate_queryset(queryset)
         if page is None:
             return None
         current = selectors.standard_card_current()
         for card in page:
-            card.in_force = card.pk == current.pk  # type: ignore[attr-defined]
+            card.in_force = card.pk == current.pk
         return list(page)
 
     @extend_schema(operation_id="standard_cards_list", tags=[TAG_CATALOG])
@@ -266,7 +257,7 @@ class ClusterListApi(generics.ListAPIView):
             max_length=64, help_text="Catalog slug, e.g. nvidia-h800-sxm5-80gb."
         )
         endpoint_url = serializers.URLField(max_length=500, required=False, allow_blank=True, default="")
-        islands = IslandInput(
+        islands = IslandInput(  # type: ignore[call-arg]  # DRF ≥ 3.15 accepts max_length; the stubs lag
             many=True, allow_empty=False, max_length=settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER
         )
 
@@ -400,7 +391,7 @@ class HeartbeatApi(APIView):
 
         sent_at = AwareDateTimeField(help_text="The agent's clock when it sent the beat (with offset).")
         health = serializers.ChoiceField(choices=REPORTABLE_HEALTH)
-        islands = IslandLine(many=True, max_length=settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER, default=list)
+        islands = IslandLine(many=True, max_length=settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER, default=list)  # type: ignore[call-arg]
 
     class Output(serializers.Serializer):
         cpi = serializers.CharField(source="cluster_cpi")
