@@ -6,7 +6,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from federation import selectors
-
 from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
 
 
