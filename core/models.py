@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -10,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 # The operator segment of a compute identifier is the organisation's slug, so the two share one grammar
 # (federation.identifiers.SEGMENT_PATTERN); it is repeated here only because core may not import federation.
+ORGANISATION_SLUG_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?")
 ORGANISATION_SLUG_VALIDATOR = RegexValidator(
     r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?\Z",
     _("1–32 lowercase letters, digits or inner hyphens."),
@@ -93,7 +96,7 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["-created_at"]
+        ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(condition=~Q(key_hash=""), name="api_token_hash_not_empty"),
         ]

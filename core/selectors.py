@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import QuerySet
 
-from core.models import ApiToken, Membership, Organisation
+from core.models import ORGANISATION_SLUG_RE, ApiToken, Membership, Organisation
 
 
 def api_token_list(*, organisation: Organisation) -> QuerySet[ApiToken]:
@@ -22,6 +22,9 @@ def membership_for_user(
         Membership.objects.select_related("organisation").filter(user=user).order_by("created_at", "pk")
     )
     if organisation_slug:
+        # A value that cannot be a slug matches nothing (and never reaches SQL: NUL bytes break PostgreSQL).
+        if not ORGANISATION_SLUG_RE.fullmatch(organisation_slug):
+            return None
         memberships = memberships.filter(organisation__slug=organisation_slug)
     return memberships.first()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from django.utils import timezone
 from core.errors import ConflictError, InvalidInputError, NotFoundError
 from core.models import ApiToken, Membership, Organisation
 
+_PREFIX_RE = re.compile(r"[0-9a-f]{8}")
 TOKEN_PREFIX = "chk"  # noqa: S105 (a public marker, not a secret)
 
 
@@ -62,7 +64,7 @@ def membership_set(*, organisation: Organisation, user: User, role: str) -> Memb
 
 @transaction.atomic
 def organisation_suspend(*, organisation: Organisation, reason: str) -> Organisation:
-    """Suspend an organisation: its tokens and members stop authenticating for API writes."""
+    """Suspend an organisation: its tokens and members are refused by the API (reads and writes)."""
     organisation = Organisation.objects.select_for_update().get(pk=organisation.pk)
     if organisation.suspended_at is None:
         organisation.suspended_at = timezone.now()
@@ -128,7 +130,8 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
     """Return the active token for the wire value ``raw``, or None. Touches ``last_used_at`` at most once
     per CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS."""
     parts = raw.split("_", 2)
-    if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
+    # Check the prefix's shape before it reaches SQL: PostgreSQL rejects NUL bytes with a DataError.
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not _PREFIX_RE.fullmatch(parts[1]):
         return None
     token = (
         ApiToken.objects.select_related("organisation")
