@@ -96,6 +96,7 @@ class ApiToken(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = "API token"
         ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(condition=~Q(key_hash=""), name="api_token_hash_not_empty"),

@@ -20,7 +20,7 @@ class Hub(models.Model):
 
     code = models.CharField(max_length=8, unique=True)
     name = models.CharField(max_length=100)
-    name_zh = models.CharField(max_length=100, blank=True)
+    name_zh = models.CharField(_("name (Chinese)"), max_length=100, blank=True)
     region = models.CharField(max_length=8, choices=Region.choices)
     sort_order = models.PositiveSmallIntegerField(default=0)
 
@@ -49,6 +49,8 @@ class HubLatency(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = "hub latency"
+        verbose_name_plural = "hub latencies"
         ordering = ["source__sort_order", "target__sort_order"]
         constraints = [
             models.UniqueConstraint(fields=["source", "target"], name="hub_latency_unique_pair"),
@@ -104,6 +106,7 @@ class Accelerator(models.Model):
     )
     spec_status = models.CharField(max_length=12, choices=SpecStatus.choices, default=SpecStatus.PUBLISHED)
     dense_fp16_tflops = models.DecimalField(
+        _("dense FP16 TFLOPS"),
         max_digits=10,
         decimal_places=3,
         null=True,
@@ -168,7 +171,7 @@ class Cluster(models.Model):
         STAFF = "staff", _("Set by staff")
 
     operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="clusters")
-    cpi = models.CharField(max_length=140, unique=True)
+    cpi = models.CharField("CPI", max_length=140, unique=True)
     name = models.CharField(max_length=32)
     hub = models.ForeignKey(Hub, on_delete=models.PROTECT, related_name="clusters")
     site = models.CharField(max_length=100)
@@ -209,7 +212,7 @@ class Island(models.Model):
     """A high-bandwidth domain inside a cluster (one NVLink/HCCS/IB/RoCE domain)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="islands")
-    cpi = models.CharField(max_length=140, unique=True)
+    cpi = models.CharField("CPI", max_length=140, unique=True)
     name = models.CharField(max_length=32)
     cards = models.PositiveIntegerField()
     fabric = models.CharField(max_length=12, choices=Fabric.choices)
@@ -241,7 +244,7 @@ class IssuedIdentifier(models.Model):
         CLUSTER = "cluster", _("Cluster")
         ISLAND = "island", _("Island")
 
-    cpi = models.CharField(max_length=140, primary_key=True)
+    cpi = models.CharField("CPI", max_length=140, primary_key=True)
     kind = models.CharField(max_length=8, choices=Kind.choices)
     operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="+")
     issued_at = models.DateTimeField(auto_now_add=True)

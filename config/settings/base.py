@@ -37,6 +37,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -97,6 +98,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = env("DJANGO_STATIC_ROOT", default=str(VAR_DIR / "staticfiles"))
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves static files (admin, Swagger UI) from the web process itself, compressed and with
+# far-future cache headers in production, so no CDN or separate file server is needed.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 
 LOGIN_URL = "admin:login"
 
