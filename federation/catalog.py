@@ -162,6 +162,20 @@ ACCELERATORS: list[dict[str, object]] = [
         "fabric": "pcie",
         "source": "NVIDIA Ada Lovelace architecture whitepaper (FP16 tensor, FP32 accumulate, dense)",
     },
+    # Older NVIDIA generations still common in fleets (e.g. the Alibaba openb trace).
+    {"slug": "nvidia-v100-sxm2-32gb", "vendor": "NVIDIA", "model": "V100 SXM2 32GB",
+     "aliases": ["V100M32", "V100-32G", "V100-SXM2-32GB"], "tflops": "125", "memory_gb": "32",
+     "bandwidth": "900", "interconnect": "NVLink 2, 300 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-v100-sxm2-16gb", "vendor": "NVIDIA", "model": "V100 SXM2 16GB",
+     "aliases": ["V100M16", "V100-16G", "V100-SXM2-16GB"], "tflops": "125", "memory_gb": "16",
+     "bandwidth": "900", "interconnect": "NVLink 2, 300 GB/s", "fabric": "nvlink", "source": _NV},
+    {"slug": "nvidia-t4", "vendor": "NVIDIA", "model": "T4 16GB",
+     "aliases": ["T4"], "tflops": "65", "memory_gb": "16",
+     "bandwidth": "320", "interconnect": "PCIe Gen3 x16", "fabric": "pcie", "source": _NV},
+    {"slug": "nvidia-p100-16gb", "vendor": "NVIDIA", "model": "Tesla P100 16GB",
+     "aliases": ["P100"], "tflops": "18.7", "memory_gb": "16",
+     "bandwidth": "732", "interconnect": "PCIe Gen3 x16", "fabric": "pcie",
+     "source": "NVIDIA Tesla P100 datasheet (PCIe; FP16 without tensor cores)"},
     # Huawei Ascend: Huawei publishes the Atlas 800T A2 per-chip figure; the 910B bins are as reported
     # by the server vendors that ship them.
     {

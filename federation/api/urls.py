@@ -1,8 +1,9 @@
-from django.urls import path
+from django.urls import include, path
 
 from federation.api import views
 
 urlpatterns = [
+    path("", include("federation.api.fleet")),
     path("hubs", views.HubListApi.as_view(), name="hub-list"),
     path("hub-latencies", views.HubLatencyListApi.as_view(), name="hub-latency-list"),
     path("hub-latencies/measurements", views.HubLatencyMeasureApi.as_view(), name="hub-latency-measure"),
