@@ -15,14 +15,18 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Migrate the embedded SQLite database in var/, load the demo (idempotent), then run the web server, a
+# Celery worker, Celery beat and the simulated operator agents under honcho. Ctrl-C stops them all.
 run: $(STAMP)
 	@mkdir -p var
 	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py seed_demo
-	PORT=$(PORT) $(BIN)/honcho --procfile Procfile.dev --no-prefix start
+	$(BIN)/python manage.py seed_demo --port $(PORT)
+	CARDHOUR_PORT=$(PORT) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/honcho --procfile Procfile.dev start
 
+# SQLite unless DATABASE_URL is set; PostgreSQL-only tests are skipped with their reason on SQLite.
+# Extra pytest options go in PYTEST_ARGS, e.g. `make test PYTEST_ARGS="-x -k heartbeat"`.
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -171,6 +171,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(_queue_dir / "out"),
         "processed_folder": str(_queue_dir / "processed"),
         "store_processed": False,
+        # Poll the queue folder often: a worker that polls every 2 s also takes that long to stop.
+        "polling_interval": 0.1,
     }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
