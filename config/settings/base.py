@@ -164,12 +164,13 @@ CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = Path(env("CELERY_FILESYSTEM_DIR", default=str(VAR_DIR / "celery")))
-    for _sub in ("out", "processed"):
+    for _sub in ("out", "processed", "control"):
         (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir / "out"),
         "data_folder_out": str(_queue_dir / "out"),
         "processed_folder": str(_queue_dir / "processed"),
+        "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
         # Poll the queue folder often: a worker that polls every 2 s also takes that long to stop.
         "polling_interval": 0.1,
