@@ -73,7 +73,10 @@ def cluster_list_for_operator(*, operator: Organisation) -> QuerySet[Cluster]:
 def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
     """One of ``operator``'s clusters. Another operator's cluster raises ClusterNotFoundError, exactly as
     a cluster that does not exist, so existence does not leak."""
-    cluster = cluster_list_for_operator(operator=operator).filter(cpi=cpi).first()
+    # A value that is not a cluster identifier cannot name one; checking first also keeps bytes that
+    # PostgreSQL rejects (NUL) out of SQL.
+    valid = identifiers.is_valid(cpi) and identifiers.parse(cpi).level == identifiers.Level.CLUSTER
+    cluster = cluster_list_for_operator(operator=operator).filter(cpi=cpi).first() if valid else None
     if cluster is None:
         raise ClusterNotFoundError(f"You have no cluster {cpi!r}.", extra={"cpi": cpi})
     return cluster
@@ -81,7 +84,9 @@ def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
 
 def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> Island:
     cluster = cluster_get_for_operator(operator=operator, cpi=cpi)
-    island = Island.objects.select_related("cluster").filter(cluster=cluster, name=name).first()
+    island = None
+    if identifiers.is_valid(f"{cpi}:{name}"):
+        island = Island.objects.select_related("cluster").filter(cluster=cluster, name=name).first()
     if island is None:
         raise IslandNotFoundError(f"{cpi} has no island {name!r}.", extra={"cpi": cpi, "island": name})
     return island

@@ -98,6 +98,17 @@ def _validate_island_specs(specs: Sequence[IslandSpec]) -> None:
             errors[f"islands[{index}]"] = field_errors
     if errors:
         raise InvalidInputError("Some islands are invalid.", extra={"fields": errors})
+    _check_cluster_size(sum(spec.cards for spec in specs))
+
+
+def _check_cluster_size(total_cards: int) -> None:
+    limit = settings.CARDHOUR_MAX_CARDS_PER_CLUSTER
+    if total_cards > limit:
+        raise InvalidInputError(
+            f"A cluster may hold at most {limit} cards; this one would hold {total_cards}.",
+            code="cluster_too_large",
+            extra={"total_cards": total_cards, "limit": limit},
+        )
 
 
 def _issue_identifiers(
@@ -349,6 +360,7 @@ def island_add(*, actor: Actor, cluster: Cluster, spec: IslandSpec) -> Island:
     if cluster.status == ClusterStatus.RETIRED:
         raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
     _validate_island_specs([spec])
+    _check_cluster_size(cluster.total_cards + spec.cards)
     island_cpi = str(identifiers.parse(cluster.cpi).child(spec.name))
     _issue_identifiers(operator=cluster.operator, cluster_cpi=None, island_cpis=[island_cpi])
     island = Island.objects.create(
@@ -382,9 +394,11 @@ def island_update(
         ]
     )
     if cards is not None:
+        _check_cluster_size(cluster.total_cards - island.cards + cards)
+    if cards is not None:
         island.cards = cards
-        island.available_cards = min(island.available_cards, cards)
         island.unhealthy_cards = min(island.unhealthy_cards, cards)
+        island.available_cards = min(island.available_cards, cards - island.unhealthy_cards)
     if fabric is not None:
         island.fabric = fabric
     island.save(update_fields=["cards", "available_cards", "unhealthy_cards", "fabric"])
@@ -537,7 +551,7 @@ def hub_latency_record(
     missing = sorted(codes - hubs.keys())
     if missing:
         raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
-    updated = []
+    touched: dict[tuple[str, str], int] = {}
     for m in measurements:
         pairs = [(m.source, m.target)] + (
             [(m.target, m.source)] if symmetric and m.source != m.target else []
@@ -557,5 +571,5 @@ def hub_latency_record(
                 row.origin = HubLatency.Origin.MEASURED
                 row.measured_at = m.measured_at
                 row.save(update_fields=["latency_ms", "origin", "measured_at", "updated_at"])
-            updated.append(row)
-    return updated
+            touched[(source, target)] = row.pk
+    return list(HubLatency.objects.select_related("source", "target").filter(pk__in=touched.values()))

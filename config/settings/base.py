@@ -191,6 +191,8 @@ CARDHOUR_HEARTBEAT_INTERVAL_SECONDS = env.int("CARDHOUR_HEARTBEAT_INTERVAL_SECON
 CARDHOUR_HEARTBEAT_MISSED_LIMIT = env.int("CARDHOUR_HEARTBEAT_MISSED_LIMIT", default=3)
 # Fleet imports and island registration are bounded so one request cannot hold the database for long.
 CARDHOUR_MAX_ISLANDS_PER_CLUSTER = env.int("CARDHOUR_MAX_ISLANDS_PER_CLUSTER", default=4096)
+# The largest clusters being built hold 100,000 cards; ten times that is a typo, not a cluster.
+CARDHOUR_MAX_CARDS_PER_CLUSTER = env.int("CARDHOUR_MAX_CARDS_PER_CLUSTER", default=1_000_000)
 CARDHOUR_FLEET_IMPORT_MAX_ROWS = env.int("CARDHOUR_FLEET_IMPORT_MAX_ROWS", default=200_000)
 # API tokens: last_used_at is written at most this often per token, so a busy agent is not one UPDATE
 # per request.

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
 from core.api.context import actor_from_request
-from core.api.pagination import StandardPagination
 from core.api.permissions import IsOrganisationMember
 from core.models import ApiToken
 
@@ -63,21 +65,23 @@ class TokenOutput(serializers.ModelSerializer):
         ]
 
 
-class TokenListApi(APIView):
+class TokenListApi(generics.ListAPIView):
+    """The organisation's API tokens (never their secrets), or issue a new one (POST)."""
+
     permission_classes = [IsOrganisationMember]
+    serializer_class = TokenOutput
+    queryset = ApiToken.objects.none()  # for the schema; requests use get_queryset
 
     class Input(serializers.Serializer):
         name = serializers.CharField(max_length=100)
         scope = serializers.ChoiceField(choices=ApiToken.Scope.choices, default=ApiToken.Scope.READ_WRITE)
 
-    @extend_schema(operation_id="tokens_list", responses={200: TokenOutput(many=True)}, tags=["access"])
-    def get(self, request: Request) -> Response:
-        actor = actor_from_request(request)
-        paginator = StandardPagination()
-        page = paginator.paginate_queryset(
-            selectors.api_token_list(organisation=actor.organisation), request, view=self
-        )
-        return paginator.get_paginated_response(TokenOutput(page, many=True).data)
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return selectors.api_token_list(organisation=actor_from_request(self.request).organisation)
+
+    @extend_schema(operation_id="tokens_list", tags=["access"])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="tokens_create",

@@ -153,6 +153,13 @@ BAD_INPUTS = [
         "invalid",
         "islands[1]",
     ),
+    (
+        "more cards than any cluster",
+        {"islands": [{"name": f"isl-{n}", "cards": 600_000, "fabric": "roce"} for n in range(2)]},
+        400,
+        "cluster_too_large",
+        None,
+    ),
     ("bad endpoint", {"endpoint_url": "not a url"}, 400, "invalid", "endpoint_url"),
     ("site too long", {"site": "x" * 101}, 400, "invalid", "site"),
     ("islands not a list", {"islands": "isl-01"}, 400, "invalid", "islands"),

@@ -1,0 +1,427 @@
+"""The whole OpenAPI document, checked against the running API (issue #2, "REST API rules").
+
+Everything runs in-process against ``config.wsgi.application``, with the schema the app itself serves at
+``/api/schema/``, as operator ``cucc`` with a read-write token and these seeded objects: the cluster
+``cpi:cucc:nx:zw-ai01`` with island ``isl-01`` (one heartbeat), another operator's cluster
+``cpi:cmcc:nx:zw-ai02`` (no heartbeat, no endpoint), a spare token, another operator's token, and a
+platform organisation's token.
+
+* ``test_api_conforms_to_schema``: schemathesis generates requests for every operation (examples,
+  coverage and fuzzing phases; positive and negative data). Fuzzed path parameters name a seeded
+  object, or are hostile (NUL bytes, slashes, very long, out of range), or stay random; coverage-phase
+  cases that vary a query parameter or body field are aimed at the seeded objects, so the generated
+  data reaches the code behind the 404. Each example runs in a savepoint that is rolled back, so every
+  example sees the same seeded state and a failure replays. Platform-only operations use the platform
+  token.
+* ``test_operation_with_real_objects``: hand-written requests, every operation at least once, through
+  the same checks plus an expected status, so the happy paths are covered on every run and not only
+  when the fuzzer is lucky.
+
+Checks: no 5xx, every status code documented, every content type documented, every body and header as
+documented. ``negative_data_rejection`` and ``positive_data_acceptance`` are deliberately not run: the
+schema cannot express the identifier grammar or catalog membership (schema-valid data gets a documented
+400/404), and DRF's pagination ignores a malformed ``page_size`` instead of rejecting it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import schemathesis
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from config.wsgi import application
+from core.models import ApiToken
+from core.services import api_token_create
+from core.types import Actor
+from federation import services as federation_services
+from federation.types import IslandReport
+from tests.factories import OperatorFactory, OrganisationFactory, make_cluster
+
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
+
+CPI = "cpi:cucc:nx:zw-ai01"
+ISLAND = "isl-01"
+OTHER_CPI = "cpi:cmcc:nx:zw-ai02"
+ACCELERATOR = "nvidia-a800-sxm4-80gb"
+UNKNOWN_SPEC_ACCELERATOR = "biren-br104"  # no published FP16 figure: nulls in its output
+
+# Path values that have broken APIs like this one: NUL (PostgreSQL rejects it in text), a slash (routes
+# elsewhere), a trailing newline ($ in a regex), a very long value, case and non-ASCII variants.
+HOSTILE_STRINGS = ["\x00", f"{CPI}\x00", f"{CPI}\n", "a/b", "x" * 300, CPI.upper(), "集群-01"]
+HOSTILE_INTEGERS = [0, -1, 2**31, 2**63]
+
+PLATFORM_ONLY = {"hub_latencies_measure"}
+
+# 25 keeps the file around half a minute on two cores (SQLite or PostgreSQL); raise it for a deeper run.
+MAX_EXAMPLES = int(os.environ.get("CARDHOUR_SCHEMATHESIS_MAX_EXAMPLES", "25"))
+
+schema = schemathesis.openapi.from_wsgi("/api/schema/", application)
+
+
+@dataclass
+class World:
+    """The seeded objects and the credentials the requests use."""
+
+    secret: str
+    spare_token: ApiToken
+    other_token: ApiToken
+    platform_secret: str
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secret}"}
+
+    def platform_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.platform_secret}"}
+
+    def auth_for(self, case: schemathesis.Case) -> dict[str, str]:
+        """The operator's token, except for platform-only operations, whose bodies would otherwise
+        never get past the 403 (the operator's 403 there is a hand-written scenario)."""
+        if case.operation.definition.raw.get("operationId") in PLATFORM_ONLY:
+            return self.platform_auth()
+        return self.auth()
+
+    def real_path_parameters(self) -> dict[str, list[Any]]:
+        """Values of each path parameter that name seeded objects: own, another operator's, catalog."""
+        return {
+            "cpi": [CPI, OTHER_CPI],
+            "name": [ISLAND, "isl-02"],
+            "slug": [ACCELERATOR, UNKNOWN_SPEC_ACCELERATOR],
+            "identifier": [
+                "cpi:cucc",
+                "cpi:cucc:nx",
+                CPI,
+                f"{CPI}:{ISLAND}",
+                OTHER_CPI,
+                f"{OTHER_CPI}:isl-01",
+            ],
+            "token_id": [self.spare_token.pk, self.other_token.pk],
+        }
+
+
+_world: World | None = None  # for the schemathesis hook, which cannot ask for fixtures
+
+
+@pytest.fixture
+def in_process_requests(db: None) -> Iterator[None]:
+    """The real WSGI handler closes the database connection when a request starts and ends
+    (CONN_MAX_AGE=0), which would end the test's transaction on PostgreSQL; keep it open, as
+    django.test.Client does."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def world(in_process_requests: None) -> Iterator[World]:
+    global _world
+    operator = OperatorFactory(slug="cucc", name="China Unicom")
+    other_operator = OperatorFactory(slug="cmcc", name="China Mobile")
+    platform = OrganisationFactory(slug="cardhour", name="Cardhour", is_platform=True)
+    cluster = make_cluster(operator=operator, islands=[(ISLAND, 64)])
+    make_cluster(operator=other_operator, name="zw-ai02", islands=[("isl-01", 8)], endpoint_url="")
+    federation_services.heartbeat_record(
+        actor=Actor(organisation=operator, system_label="test"),
+        cluster=cluster,
+        sent_at=timezone.now() - timedelta(seconds=5),
+        health="ok",
+        islands=[IslandReport(name=ISLAND, available_cards=60, unhealthy_cards=1)],
+    )
+    _, secret = api_token_create(organisation=operator, name="schemathesis")
+    spare_token, _ = api_token_create(organisation=operator, name="spare", scope="read_only")
+    other_token, _ = api_token_create(organisation=other_operator, name="other")
+    _, platform_secret = api_token_create(organisation=platform, name="platform")
+    _world = World(
+        secret=secret,
+        spare_token=spare_token,
+        other_token=other_token,
+        platform_secret=platform_secret,
+    )
+    yield _world
+    _world = None
+
+
+@schema.hook
+def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Fuzzing: each path parameter names a seeded object, or is hostile, or keeps its generated value
+    (Hypothesis favours the first alternatives, so the seeded objects come first)."""
+    if _world is None or not path_parameters:
+        return st.just(path_parameters)
+    real = _world.real_path_parameters()
+
+    def choices(name: str, generated: Any) -> st.SearchStrategy[Any]:
+        hostile = HOSTILE_INTEGERS if isinstance(generated, int) else HOSTILE_STRINGS
+        return st.one_of(
+            st.sampled_from(real.get(name, [generated])), st.sampled_from(hostile), st.just(generated)
+        )
+
+    return st.fixed_dictionaries({name: choices(name, value) for name, value in path_parameters.items()})
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_api_conforms_to_schema(case: schemathesis.Case, world: World) -> None:
+    _aim_coverage_case_at_seeded_objects(case, world)
+    # Every example starts from the seeded world: a savepoint rolled back after each call keeps one
+    # example's writes (a retired cluster, a revoked token) from turning later examples into 409s and
+    # 401s, and lets Hypothesis replay and shrink a failure against the same state.
+    with transaction.atomic():
+        try:
+            case.call_and_validate(headers=world.auth_for(case), checks=CHECKS)
+        finally:
+            transaction.set_rollback(True)
+
+
+def _aim_coverage_case_at_seeded_objects(case: schemathesis.Case, world: World) -> None:
+    """Coverage-phase cases vary one query parameter or body field at a time over a placeholder path
+    ("0"), and are built when the test is collected, before anything is seeded. Aim them at the seeded
+    objects here, so each variant reaches the code behind the 404; cases that vary a path parameter
+    itself keep it."""
+    meta = case.meta
+    if not case.path_parameters or meta is None or meta.phase.name != "coverage":
+        return
+    if getattr(meta.phase.data, "parameter_location", None) == "path":
+        return
+    real = world.real_path_parameters()
+    case.path_parameters = {
+        name: real[name][0] if name in real else value for name, value in case.path_parameters.items()
+    }
+
+
+# --- Every operation with the seeded objects --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    operation_id: str
+    expected_status: int | None  # None: any status the schema documents, as long as it is not a 5xx
+    label: str = ""
+    path_parameters: Callable[[World], dict[str, Any]] = lambda w: {}
+    query: dict[str, Any] = field(default_factory=dict)
+    body: Callable[[World], Any] | None = None
+    media_type: str = "application/json"
+    as_platform: bool = False
+
+
+def _now_iso(offset_seconds: int = 0) -> str:
+    return (timezone.now() + timedelta(seconds=offset_seconds)).isoformat()
+
+
+def _registration(cpi: str, **changes: Any) -> dict[str, Any]:
+    """The body that registered the seeded cluster, with ``cpi`` and ``changes``."""
+    body = {
+        "cpi": cpi,
+        "site": "Zhongwei",
+        "accelerator": ACCELERATOR,
+        "endpoint_url": "https://agent.example.com/cardhour",
+        "islands": [{"name": ISLAND, "cards": 64, "fabric": "infiniband"}],
+    }
+    return {**body, **changes}
+
+
+def _latency(source: str, target: str, latency_ms: str = "12.500") -> dict[str, Any]:
+    return {"source": source, "target": target, "latency_ms": latency_ms, "measured_at": _now_iso(-60)}
+
+
+_FLEET_CSV = "node_name,gpu_model,gpu_capacity_num\nn1,A800,8\nn2,A800,8\nn3,H20,8\n"
+_OWN = {"cpi": CPI}
+_OTHERS = {"cpi": OTHER_CPI}
+
+SCENARIOS = [
+    Scenario("me_get", 200),
+    Scenario("hubs_list", 200, "second-page", query={"page_size": 3, "page": 2}),
+    Scenario("hubs_list", 404, "past-the-last-page", query={"page": 99}),
+    Scenario("hub_latencies_list", 200, "filtered", query={"source": "nx", "origin": "policy"}),
+    Scenario(
+        "hub_latencies_measure",
+        200,
+        "platform",
+        body=lambda w: {"measurements": [_latency("nx", "gz")]},
+        as_platform=True,
+    ),
+    Scenario(
+        "hub_latencies_measure", 403, "operator", body=lambda w: {"measurements": [_latency("nx", "gz")]}
+    ),
+    Scenario("accelerators_list", 200, "filtered", query={"vendor": "nvidia", "spec_status": "published"}),
+    Scenario("accelerators_get", 200, "published", lambda w: {"slug": ACCELERATOR}),
+    Scenario("accelerators_get", 200, "unknown-spec", lambda w: {"slug": UNKNOWN_SPEC_ACCELERATOR}),
+    Scenario("accelerators_get", 404, "missing", lambda w: {"slug": "no-such-chip"}),
+    Scenario("accelerators_get", None, "not-a-slug", lambda w: {"slug": "集群"}),
+    Scenario("standard_cards_list", 200),
+    Scenario("resolve", 200, "operator", lambda w: {"identifier": "cpi:cucc"}),
+    Scenario("resolve", 200, "hub", lambda w: {"identifier": "cpi:cucc:nx"}, query={"page_size": 1}),
+    Scenario("resolve", 200, "cluster", lambda w: {"identifier": CPI}),
+    Scenario("resolve", 200, "island", lambda w: {"identifier": f"{CPI}:{ISLAND}"}),
+    Scenario("resolve", 200, "others-cluster", lambda w: {"identifier": OTHER_CPI}),
+    Scenario("resolve", 200, "others-island", lambda w: {"identifier": f"{OTHER_CPI}:isl-01"}),
+    Scenario("resolve", 404, "missing", lambda w: {"identifier": "cpi:cucc:nx:zw-ai99"}),
+    Scenario("resolve", 400, "malformed", lambda w: {"identifier": "not-an-identifier"}),
+    Scenario(
+        "clusters_list", 200, "filtered", query={"hub": "nx", "status": "active", "accelerator": ACCELERATOR}
+    ),
+    Scenario("clusters_register", 201, "new", body=lambda w: _registration("cpi:cucc:nx:zw-ai03")),
+    Scenario("clusters_register", 200, "identical-retry", body=lambda w: _registration(CPI)),
+    Scenario("clusters_register", 409, "taken", body=lambda w: _registration(CPI, site="Elsewhere")),
+    Scenario("clusters_register", 403, "others-prefix", body=lambda w: _registration("cpi:cmcc:nx:zw-ai09")),
+    Scenario(
+        "clusters_register", 400, "unknown-hub", body=lambda w: _registration("cpi:cucc:nowhere:zw-ai03")
+    ),
+    Scenario(
+        "clusters_register",
+        None,
+        "total-beyond-int32",  # 2,200 islands x 1,000,000 cards: inside the documented limits
+        body=lambda w: _registration(
+            "cpi:cucc:nx:zw-big",
+            islands=[{"name": f"i{n}", "cards": 1_000_000, "fabric": "roce"} for n in range(2200)],
+        ),
+    ),
+    Scenario("clusters_get", 200, "own", lambda w: _OWN),
+    Scenario("clusters_get", 404, "others", lambda w: _OTHERS),
+    Scenario("clusters_get", None, "nul-byte", lambda w: {"cpi": f"{CPI}\x00"}),
+    Scenario(
+        "clusters_update",
+        200,
+        "drain",
+        lambda w: _OWN,
+        body=lambda w: {"site": "Zhongwei B", "status": "draining", "reason": "maintenance"},
+    ),
+    Scenario("clusters_update", 404, "others", lambda w: _OTHERS, body=lambda w: {"site": "x"}),
+    Scenario("clusters_status_history", 200, "own", lambda w: _OWN),
+    Scenario("clusters_status_history", 404, "others", lambda w: _OTHERS),
+    Scenario(
+        "islands_add",
+        201,
+        "new",
+        lambda w: _OWN,
+        body=lambda w: {"name": "isl-02", "cards": 16, "fabric": "roce"},
+    ),
+    Scenario(
+        "islands_add",
+        409,
+        "taken",
+        lambda w: _OWN,
+        body=lambda w: {"name": ISLAND, "cards": 1, "fabric": "roce"},
+    ),
+    Scenario(
+        "islands_update", 200, "resize", lambda w: {**_OWN, "name": ISLAND}, body=lambda w: {"cards": 96}
+    ),
+    Scenario(
+        "islands_update", 404, "missing", lambda w: {**_OWN, "name": "isl-99"}, body=lambda w: {"cards": 1}
+    ),
+    Scenario(
+        "islands_update",
+        None,
+        "nul-byte",
+        lambda w: {**_OWN, "name": f"{ISLAND}\x00"},
+        body=lambda w: {"cards": 1},
+    ),
+    Scenario(
+        "clusters_heartbeat",
+        200,
+        "applied",
+        lambda w: _OWN,
+        body=lambda w: {
+            "sent_at": _now_iso(),
+            "health": "degraded",
+            "islands": [{"name": ISLAND, "available_cards": 10, "unhealthy_cards": 2}],
+        },
+    ),
+    Scenario(
+        "clusters_heartbeat",
+        200,
+        "stale",  # older than the one applied: acknowledged with applied=false
+        lambda w: _OWN,
+        body=lambda w: {"sent_at": _now_iso(-3600), "health": "ok"},
+    ),
+    Scenario(
+        "clusters_heartbeat",
+        400,
+        "unknown-island",
+        lambda w: _OWN,
+        body=lambda w: {
+            "sent_at": _now_iso(),
+            "health": "ok",
+            "islands": [{"name": "isl-99", "available_cards": 1}],
+        },
+    ),
+    Scenario(
+        "fleet_imports_create",
+        200,
+        "dry-run",
+        query={"hub": "nx", "site": "Zhongwei", "dry_run": "true"},
+        body=lambda w: _FLEET_CSV,
+        media_type="text/csv",
+    ),
+    Scenario(
+        "fleet_imports_create",
+        201,
+        "import",
+        query={"hub": "nx", "site": "Zhongwei", "cluster_prefix": "fleet"},
+        body=lambda w: _FLEET_CSV,
+        media_type="text/csv",
+    ),
+    Scenario(
+        "fleet_imports_create",
+        400,
+        "bad-rows",
+        query={"hub": "nx"},
+        body=lambda w: "node_name,gpu_model,gpu_capacity_num\nn1,X9,8\nn2,A800,eight\n",
+        media_type="text/csv",
+    ),
+    Scenario("tokens_list", 200),
+    Scenario("tokens_create", 201, body=lambda w: {"name": "ci", "scope": "read_only"}),
+    Scenario("tokens_revoke", 200, "own", lambda w: {"token_id": w.spare_token.pk}),
+    Scenario("tokens_revoke", 404, "others", lambda w: {"token_id": w.other_token.pk}),
+    Scenario("tokens_revoke", None, "negative-id", lambda w: {"token_id": -1}),
+]
+
+
+@pytest.mark.parametrize(
+    "scenario", SCENARIOS, ids=[f"{s.operation_id}-{s.label or s.expected_status}" for s in SCENARIOS]
+)
+def test_operation_with_real_objects(scenario: Scenario, world: World) -> None:
+    operation = schema.find_operation_by_id(scenario.operation_id)
+    kwargs: dict[str, Any] = {"path_parameters": scenario.path_parameters(world), "query": scenario.query}
+    if scenario.body is not None:
+        kwargs["body"] = scenario.body(world)
+        kwargs["media_type"] = scenario.media_type
+    case = operation.Case(**kwargs)
+    headers = world.platform_auth() if scenario.as_platform else world.auth()
+    response = case.call_and_validate(headers=headers, checks=CHECKS)
+    if scenario.expected_status is not None:
+        assert response.status_code == scenario.expected_status, response.text
+
+
+def test_every_operation_has_a_real_object_scenario() -> None:
+    operation_ids = {result.ok().definition.raw["operationId"] for result in schema.get_all_operations()}
+    assert operation_ids == {s.operation_id for s in SCENARIOS}
