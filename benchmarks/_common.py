@@ -1,0 +1,549 @@
+"""What every benchmark needs: a throwaway PostgreSQL database, Django configured against it, the
+project's WSGI application behind real HTTP servers, closed-loop HTTP clients, percentiles, a timer,
+result tables and peak memory.
+
+Nothing in the application imports this module. ``python -m benchmarks._common serve HOST PORT`` is the
+entry point of one server process (see WsgiServers).
+"""
+
+from __future__ import annotations
+
+import http.client
+import math
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+DEFAULT_BENCH_DATABASE = "cardhour_bench"
+SETTINGS_MODULE = "config.settings.test"
+
+
+# --- Database ---------------------------------------------------------------------------------------
+
+
+def database_url_with_name(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@dataclass
+class BenchDatabase:
+    """A PostgreSQL database for one benchmark run: created fresh (and dropped by ``drop``), or one the
+    caller passed in, which is used as it is and never dropped."""
+
+    url: str
+    owned: bool
+
+    @classmethod
+    def create(
+        cls, *, server_url: str = DEFAULT_SERVER_URL, name: str = DEFAULT_BENCH_DATABASE
+    ) -> BenchDatabase:
+        import psycopg
+        from psycopg import sql
+
+        # A database left by an earlier run with --keep (or a crash) carries the same throwaway name.
+        with psycopg.connect(database_url_with_name(server_url, "postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return cls(url=database_url_with_name(server_url, name), owned=True)
+
+    @classmethod
+    def existing(cls, url: str) -> BenchDatabase:
+        return cls(url=url, owned=False)
+
+    @property
+    def name(self) -> str:
+        return urlsplit(self.url).path.lstrip("/")
+
+    def drop(self) -> None:
+        if not self.owned:
+            return
+        import psycopg
+        from psycopg import sql
+
+        close_django_connections()
+        with psycopg.connect(database_url_with_name(self.url, "postgres"), autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
+
+    def server_version(self) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+
+
+def django_environment(*, database_url: str, conn_max_age: int) -> dict[str, str]:
+    """The environment a benchmark's Django (in this process and in its servers) runs with."""
+    return {
+        "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+        "DATABASE_URL": database_url,
+        "DATABASE_CONN_MAX_AGE": str(conn_max_age),
+        # Django's server logs every request at INFO; warnings (4xx) and errors still show.
+        "DJANGO_LOG_LEVEL": "WARNING",
+    }
+
+
+def django_setup(*, database_url: str, conn_max_age: int, migrate: bool = True) -> None:
+    """Configure Django in this process against ``database_url`` (before anything imports settings)."""
+    os.environ.update(django_environment(database_url=database_url, conn_max_age=conn_max_age))
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT))
+    import django
+
+    django.setup()
+    if migrate:
+        from django.core.management import call_command
+
+        call_command("migrate", interactive=False, verbosity=0)
+
+
+def close_django_connections() -> None:
+    if "django.db" in sys.modules:
+        from django.db import connections
+
+        connections.close_all()
+
+
+# --- Measuring -------------------------------------------------------------------------------------
+
+
+class Timer:
+    """``with Timer() as t: ...`` then ``t.seconds`` (perf_counter)."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> Timer:
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.started
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); ``sorted_values`` must be sorted."""
+    if not sorted_values:
+        return math.nan
+    rank = (len(sorted_values) - 1) * pct / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Latency summary in seconds."""
+
+    n: int
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Summary:
+        ordered = sorted(values)
+        if not ordered:
+            return cls(0, math.nan, math.nan, math.nan, math.nan, math.nan)
+        return cls(
+            n=len(ordered),
+            mean=sum(ordered) / len(ordered),
+            p50=percentile(ordered, 50),
+            p90=percentile(ordered, 90),
+            p99=percentile(ordered, 99),
+            max=ordered[-1],
+        )
+
+    def ms_cells(self) -> list[str]:
+        return [str(self.n), *(ms(v) for v in (self.p50, self.p90, self.p99, self.max, self.mean))]
+
+
+SUMMARY_MS_HEADERS = ["n", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms"]
+
+
+def ms(seconds: float, digits: int = 2) -> str:
+    return "—" if math.isnan(seconds) else f"{seconds * 1000:.{digits}f}"
+
+
+def spread(values: Sequence[float]) -> str:
+    """min / median / max of repeated figures, e.g. per-round p99s."""
+    if not values:
+        return "—"
+    ordered = sorted(values)
+    return f"{ordered[0]:.2f} / {percentile(ordered, 50):.2f} / {ordered[-1]:.2f}"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def process_peak_rss_mb(pid: int) -> float:
+    """Peak resident memory (VmHWM) of a live process, or NaN when /proc does not say."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (from /proc), or None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def postgres_backend_pids(database: str) -> list[int]:
+    """PIDs of PostgreSQL backends connected to ``database`` on this machine, found by their process
+    title (``postgres: <cluster>: <user> <database> <host>(<port>) <state>``), so no query is needed."""
+    pids = []
+    marker = f" {database} "
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            title = (
+                Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except OSError:
+            continue
+        if title.startswith("postgres: ") and marker in title:
+            pids.append(int(entry.name))
+    return pids
+
+
+class CpuSampler:
+    """CPU seconds spent during a ``with`` block by the server processes, by the PostgreSQL backends of
+    one database, and by this process.
+
+    Wall-clock latency on a shared, busy machine mostly measures the run queue; CPU per request is the
+    figure that stays put. Backends come and go (CONN_MAX_AGE), so a thread samples /proc every
+    ``interval_s``; a backend that exits loses at most that much of its CPU time from the count.
+    """
+
+    def __init__(
+        self, *, server_pids: Sequence[int] = (), database: str | None = None, interval_s: float = 0.25
+    ):
+        self.server_pids = list(server_pids)
+        self.database = database
+        self.interval_s = interval_s
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._group: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._own_start = 0.0
+        self.own_seconds = 0.0
+
+    def _sample(self, *, initial: bool = False) -> None:
+        pids = [(pid, "server") for pid in self.server_pids]
+        if self.database:
+            pids += [(pid, "postgres") for pid in postgres_backend_pids(self.database)]
+        for pid, group in pids:
+            cpu = process_cpu_seconds(pid)
+            if cpu is None:
+                continue
+            if pid not in self._first:
+                # A backend that appears during the block counts from zero (its start-up is real work).
+                self._first[pid] = cpu if initial or group == "server" else 0.0
+                self._group[pid] = group
+            self._last[pid] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample(initial=True)
+        self._own_start = time.process_time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.own_seconds = time.process_time() - self._own_start
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def seconds(self, group: str) -> float:
+        return sum(self._last[pid] - self._first[pid] for pid, g in self._group.items() if g == group)
+
+
+def machine_description() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"{os.cpu_count()} CPUs, load average {load}; Python {platform.python_version()} "
+        f"on {platform.system()} {platform.release()}"
+    )
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A plain-text table; the first column is left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+
+    print(f"\n{title}")
+    print(line(cells[0]))
+    print("  ".join("-" * w for w in widths))
+    for row in cells[1:]:
+        print(line(row))
+
+
+# --- HTTP servers and clients ---------------------------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class WsgiServers:
+    """``workers`` processes, each serving config.wsgi.application with Django's own WSGI server (the
+    one behind ``runserver``: threaded, HTTP/1.1 keep-alive) on a port of its own. Clients spread over
+    the ports round-robin, as a load balancer in front of web workers would.
+
+    gunicorn is not a project dependency; Django's server parses HTTP in pure Python, so its cost per
+    request is close to gunicorn's sync worker and the application dominates.
+    """
+
+    host: str
+    ports: list[int]
+    processes: list[subprocess.Popen[bytes]]
+    log_path: Path
+    peak_rss_mb: list[float] = field(default_factory=list)
+
+    DESCRIPTION = (
+        "{workers} process(es) × Django's WSGI server (django.core.servers.basehttp, as runserver; threaded, "
+        "HTTP/1.1 keep-alive), one port each, clients round-robin over the ports"
+    )
+
+    @classmethod
+    def start(
+        cls, *, workers: int, environment: dict[str, str], host: str = "127.0.0.1", timeout_s: float = 60
+    ) -> WsgiServers:
+        log = tempfile.NamedTemporaryFile(prefix="cardhour-bench-server-", suffix=".log", delete=False)  # noqa: SIM115
+        env = {**os.environ, **environment}
+        ports = [free_port(host) for _ in range(workers)]
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks._common", "serve", host, str(port)],
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+            for port in ports
+        ]
+        servers = cls(host=host, ports=ports, processes=processes, log_path=Path(log.name))
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        for port, process in zip(ports, processes, strict=True):
+            while True:
+                if process.poll() is not None:
+                    servers.stop()
+                    raise RuntimeError(f"server on port {port} exited; see {servers.log_path}")
+                try:
+                    conn = http.client.HTTPConnection(host, port, timeout=5)
+                    conn.request("GET", "/healthz")
+                    if conn.getresponse().status < 500:
+                        conn.close()
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    servers.stop()
+                    raise RuntimeError(f"server on port {port} did not answer in {timeout_s:.0f} s")
+                time.sleep(0.2)
+        return servers
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        self.peak_rss_mb = [process_peak_rss_mb(p.pid) for p in self.processes]
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _serve(host: str, port: int) -> None:
+    sys.path.insert(0, str(PROJECT_ROOT))
+    import django
+
+    django.setup()
+    import socketserver
+
+    from django.core.servers.basehttp import WSGIRequestHandler, WSGIServer
+
+    from config.wsgi import application
+
+    class Handler(WSGIRequestHandler):
+        # The server writes the status line and headers, then the body, in separate sends: without
+        # TCP_NODELAY, Nagle's algorithm meets the client's delayed ACK and adds ~40 ms to a response.
+        disable_nagle_algorithm = True
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    httpd = Server((host, port), Handler)
+    httpd.set_app(application)
+    httpd.serve_forever()
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes | None = None
+
+
+@dataclass
+class LoadResult:
+    """Per request, in request order: status (0 for a transport error), latency and completion time
+    (seconds since the run started); ``errors`` holds one message per failed or rejected request."""
+
+    status: list[int]
+    latency_s: list[float]
+    done_at_s: list[float]
+    wall_s: float
+    errors: list[str]
+
+
+def run_closed_loop(
+    *,
+    requests: Sequence[HttpRequest],
+    host: str,
+    ports: Sequence[int],
+    concurrency: int,
+    check: Callable[[int, int, bytes], str | None] | None = None,
+) -> LoadResult:
+    """Send ``requests`` from ``concurrency`` client threads, each on one keep-alive connection to
+    ``ports[thread % len(ports)]``, each sending its next request as soon as the last one is answered.
+
+    Latency is from sending the request to reading the whole body. ``check(index, status, body)`` runs
+    after timing and returns an error message or None; without it any status >= 400 is an error.
+    """
+    n = len(requests)
+    status = [0] * n
+    latency = [math.nan] * n
+    done_at = [math.nan] * n
+    errors: list[str] = []
+    lock = threading.Lock()
+    next_index = iter(range(n))
+    started = time.perf_counter()
+
+    def worker(thread: int) -> None:
+        port = ports[thread % len(ports)]
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        try:
+            while True:
+                with lock:
+                    i = next(next_index, None)
+                if i is None:
+                    return
+                req = requests[i]
+                t0 = time.perf_counter()
+                try:
+                    conn.request(req.method, req.path, body=req.body, headers=req.headers)
+                    response = conn.getresponse()
+                    body = response.read()
+                    code = response.status
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    code, body = 0, repr(exc).encode()
+                t1 = time.perf_counter()
+                status[i], latency[i], done_at[i] = code, t1 - t0, t1 - started
+                message = check(i, code, body) if check is not None else None
+                if check is None and not 200 <= code < 400:
+                    message = f"{req.method} {req.path}: HTTP {code} {body[:300]!r}"
+                if message is not None:
+                    with lock:
+                        errors.append(message)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return LoadResult(
+        status=status,
+        latency_s=latency,
+        done_at_s=done_at,
+        wall_s=time.perf_counter() - started,
+        errors=errors,
+    )
+
+
+def windowed_rates(done_at_s: Sequence[float], windows: int = 10) -> list[float]:
+    """Completions per second in ``windows`` equal slices of the completions (by count), to show drift
+    and noise inside one run."""
+    ordered = sorted(t for t in done_at_s if not math.isnan(t))
+    if len(ordered) < windows * 2:
+        return []
+    size = len(ordered) // windows
+    rates = []
+    previous = 0.0
+    for w in range(windows):
+        end = ordered[(w + 1) * size - 1]
+        rates.append(size / max(end - previous, 1e-9))
+        previous = end
+    return rates
+
+
+def parse_args_serve(argv: Sequence[str]) -> tuple[str, int]:
+    if len(argv) != 3 or argv[0] != "serve":
+        raise SystemExit("usage: python -m benchmarks._common serve HOST PORT")
+    return argv[1], int(argv[2])
+
+
+def main(argv: Sequence[str]) -> Any:
+    host, port = parse_args_serve(argv)
+    _serve(host, port)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
