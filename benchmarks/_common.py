@@ -242,16 +242,26 @@ class CpuSampler:
     one database, and by this process.
 
     Wall-clock latency on a shared, busy machine mostly measures the run queue; CPU per request is the
-    figure that stays put. Backends come and go (CONN_MAX_AGE), so a thread samples /proc every
-    ``interval_s``; a backend that exits loses at most that much of its CPU time from the count.
+    figure that stays put. Backends come and go (CONN_MAX_AGE), so a thread reads the known processes'
+    CPU every ``interval_s`` (a backend that exits loses at most that much of its CPU time from the
+    count) and looks for new backends every ``discover_s``: scanning /proc holds this process's GIL for
+    a millisecond or two, which would otherwise show in the latencies its client threads measure.
     """
 
     def __init__(
-        self, *, server_pids: Sequence[int] = (), database: str | None = None, interval_s: float = 0.25
+        self,
+        *,
+        server_pids: Sequence[int] = (),
+        database: str | None = None,
+        interval_s: float = 0.5,
+        discover_s: float = 2.0,
     ):
         self.server_pids = list(server_pids)
         self.database = database
         self.interval_s = interval_s
+        self.discover_s = discover_s
+        self._backends: list[int] = []
+        self._discovered_at = -math.inf
         self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
         self._group: dict[int, str] = {}
@@ -260,10 +270,12 @@ class CpuSampler:
         self._own_start = 0.0
         self.own_seconds = 0.0
 
-    def _sample(self, *, initial: bool = False) -> None:
-        pids = [(pid, "server") for pid in self.server_pids]
-        if self.database:
-            pids += [(pid, "postgres") for pid in postgres_backend_pids(self.database)]
+    def _sample(self, *, initial: bool = False, discover: bool = False) -> None:
+        now = time.monotonic()
+        if self.database and (discover or now - self._discovered_at >= self.discover_s):
+            self._backends = postgres_backend_pids(self.database)
+            self._discovered_at = now
+        pids = [(pid, "server") for pid in self.server_pids] + [(pid, "postgres") for pid in self._backends]
         for pid, group in pids:
             cpu = process_cpu_seconds(pid)
             if cpu is None:
@@ -279,7 +291,7 @@ class CpuSampler:
             self._sample()
 
     def __enter__(self) -> CpuSampler:
-        self._sample(initial=True)
+        self._sample(initial=True, discover=True)
         self._own_start = time.process_time()
         self._thread.start()
         return self
@@ -288,7 +300,7 @@ class CpuSampler:
         self.own_seconds = time.process_time() - self._own_start
         self._stop.set()
         self._thread.join()
-        self._sample()
+        self._sample(discover=True)
 
     def seconds(self, group: str) -> float:
         return sum(self._last[pid] - self._first[pid] for pid, g in self._group.items() if g == group)
@@ -302,14 +314,16 @@ def machine_description() -> str:
     )
 
 
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """A plain-text table; the first column is left-aligned, the others right-aligned."""
+def print_table(
+    title: str, headers: Sequence[str], rows: Sequence[Sequence[object]], *, left_columns: int = 1
+) -> None:
+    """A plain-text table; the first ``left_columns`` columns are left-aligned, the others right-aligned."""
     cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
     def line(row: Sequence[str]) -> str:
         return "  ".join(
-            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+            cell.ljust(widths[i]) if i < left_columns else cell.rjust(widths[i]) for i, cell in enumerate(row)
         ).rstrip()
 
     print(f"\n{title}")

@@ -796,8 +796,8 @@ def report(
         [
             [
                 "set-up",
-                f"{args.workers} web worker process(es) (Django WSGI server), {args.concurrency} registration "
-                f"clients, {args.resolve_concurrency} resolution client(s), shared {os.cpu_count()}-CPU machine",
+                f"{args.workers} web workers, {args.concurrency} registration clients, "
+                f"{args.resolve_concurrency} resolution client(s), {os.cpu_count()} CPUs shared",
             ],
             ["clusters registered per second (REST API)", f"{clusters_per_s:,.1f}"],
             ["islands registered per second (REST API)", f"{n_islands / registration_wall_s:,.0f}"],
@@ -809,6 +809,7 @@ def report(
             ["resolution p50 / p99 selector only", f"{ms(direct.p50)} / {ms(direct.p99)} ms"],
             [f"target: resolution p99 < {RESOLUTION_P99_TARGET_S * 1000:.0f} ms", verdict],
         ],
+        left_columns=2,
     )
 
 
