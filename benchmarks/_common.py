@@ -386,7 +386,7 @@ class WsgiServers:
         for port, process in zip(ports, processes, strict=True):
             while True:
                 if process.poll() is not None:
-                    servers.stop()
+                    servers.stop(keep_log=True)
                     raise RuntimeError(f"server on port {port} exited; see {servers.log_path}")
                 try:
                     conn = http.client.HTTPConnection(host, port, timeout=5)
@@ -397,7 +397,7 @@ class WsgiServers:
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    servers.stop()
+                    servers.stop(keep_log=True)
                     raise RuntimeError(f"server on port {port} did not answer in {timeout_s:.0f} s")
                 time.sleep(0.2)
         return servers
@@ -408,7 +408,8 @@ class WsgiServers:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def stop(self, *, keep_log: bool = False) -> None:
+        """Stop the servers (recording their peak RSS first); their log is removed unless ``keep_log``."""
         self.peak_rss_mb = [process_peak_rss_mb(p.pid) for p in self.processes]
         for process in self.processes:
             if process.poll() is None:
@@ -419,6 +420,8 @@ class WsgiServers:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if not keep_log:
+            self.log_path.unlink(missing_ok=True)
 
 
 def _serve(host: str, port: int) -> None:

@@ -541,7 +541,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             return check
 
         print(
-            f"[3/4] resolving {args.resolves:,} identifiers × {args.rounds} rounds over HTTP "
+            f"[3/4] resolving {args.resolves:,} identifiers × {args.rounds} round(s) over HTTP "
             f"({args.resolve_concurrency} client(s), after {args.warmup} warm-up requests) ...",
             flush=True,
         )
@@ -569,10 +569,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             http_rounds.append(result)
             http_cpu.append(cpu)
     finally:
-        servers.stop()
+        servers.stop(keep_log=bool(errors))
+        if errors:
+            errors.append(f"server log: {servers.log_path}")
 
     print(
-        f"[4/4] resolving the same identifiers × {args.rounds} rounds through federation.selectors.resolve ...",
+        f"[4/4] resolving the same identifiers × {args.rounds} round(s) through federation.selectors.resolve ...",
         flush=True,
     )
     page_size = StandardPagination.page_size
