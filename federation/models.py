@@ -200,6 +200,8 @@ class Cluster(models.Model):
         ]
         indexes = [
             models.Index(fields=["operator", "hub"], name="cluster_operator_hub"),
+            # Operator-level resolution pages clusters by identifier within one operator.
+            models.Index(fields=["operator", "cpi"], name="cluster_operator_cpi"),
             models.Index(fields=["hub", "accelerator", "status"], name="cluster_hub_chip_status"),
             models.Index(fields=["status", "last_heartbeat_at"], name="cluster_status_heartbeat"),
         ]

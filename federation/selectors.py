@@ -186,11 +186,10 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
         parsed = identifiers.parse(identifier)
     except identifiers.IdentifierError as exc:
         raise InvalidIdentifierError(str(exc), extra={"cpi": identifier, "reason": exc.reason}) from None
-    operator = Organisation.objects.filter(slug=parsed.operator, is_operator=True).first()
-    if operator is None:
-        raise IdentifierNotFoundError(f"No operator {parsed.operator!r}.", extra={"cpi": identifier})
-
     if parsed.level <= identifiers.Level.HUB:
+        operator = Organisation.objects.filter(slug=parsed.operator, is_operator=True).first()
+        if operator is None:
+            raise IdentifierNotFoundError(f"No operator {parsed.operator!r}.", extra={"cpi": identifier})
         clusters = cluster_list_for_operator(operator=operator).exclude(status="retired")
         hubs = None
         if parsed.level == identifiers.Level.HUB:
@@ -229,7 +228,7 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     return Resolution(
         identifier=identifier,
         level=parsed.level.name.lower(),
-        operator=operator,
+        operator=cluster.operator,
         cluster=description,
         island=island,
     )
