@@ -7,6 +7,7 @@ from core.views import healthz, home
 api_v1 = [
     path("", include("core.api.urls")),
     path("", include("federation.api.urls")),
+    path("", include("metering.api.urls")),
 ]
 
 urlpatterns = [

@@ -4,6 +4,7 @@ Every value that differs between environments comes from an environment variable
 ``env`` object; production secrets have no default (see production.py).
 """
 
+from decimal import Decimal
 from pathlib import Path
 
 import environ
@@ -199,6 +200,24 @@ CARDHOUR_FLEET_IMPORT_MAX_ROWS = env.int("CARDHOUR_FLEET_IMPORT_MAX_ROWS", defau
 CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS = env.int(
     "CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS", default=60
 )
+
+# --- Metering and billing --------------------------------------------------------------------------
+# The platform keeps this share of every operator charge (rate × card-hours × band multiplier).
+CARDHOUR_PLATFORM_COMMISSION = Decimal(env("CARDHOUR_PLATFORM_COMMISSION", default="0.10"))
+# Usage reported this long after its end is still accepted; statements are in this zone's months.
+CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
+CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
+CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
+CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=5_000)
+
+# Stripe. With no secret key, `make run` starts localstripe on loopback and every page says "test mode";
+# with real keys (sk_live_/sk_test_) the platform talks to Stripe itself.
+STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY", default="")
+STRIPE_PUBLISHABLE_KEY = env("STRIPE_PUBLISHABLE_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET", default="")
+# Base URL of the Stripe API; localstripe's when set (e.g. http://127.0.0.1:8420).
+STRIPE_API_BASE = env("STRIPE_API_BASE", default="")
+STRIPE_JS_URL = env("STRIPE_JS_URL", default="https://js.stripe.com/v3/")
 
 LOGGING = {
     "version": 1,

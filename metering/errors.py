@@ -1,0 +1,77 @@
+"""Metering's closed set of failures. Codes are public API: never rename one.
+
+Helpers append new classes at the end of this file (one ``cat >>`` each) so parallel edits do not clash.
+"""
+
+from core.errors import ConflictError, DomainError, InvalidInputError, NotFoundError, PermissionDeniedError
+
+
+class TariffInvalidError(InvalidInputError):
+    """A schedule with a gap, an overlap, an unknown band or zone; ``extra`` names each fault."""
+
+    code = "tariff_invalid"
+
+
+class TariffNotFoundError(NotFoundError):
+    code = "tariff_not_found"
+
+
+class PriceCardNotFoundError(NotFoundError):
+    code = "price_card_not_found"
+
+
+class PriceCardInvalidError(InvalidInputError):
+    code = "price_card_invalid"
+
+
+class UsageBatchTooLargeError(InvalidInputError):
+    code = "usage_batch_too_large"
+
+
+class UsageConflictError(ConflictError):
+    """The idempotency key was used before with a different body."""
+
+    code = "usage_conflict"
+
+
+class PackProductNotFoundError(NotFoundError):
+    code = "pack_product_not_found"
+
+
+class PackOrderNotFoundError(NotFoundError):
+    code = "pack_order_not_found"
+
+
+class PaymentProviderError(DomainError):
+    """Stripe could not be reached or refused the call for a reason that is not the buyer's input."""
+
+    code = "payment_provider_error"
+    http_status = 502
+
+
+class StripeSignatureError(InvalidInputError):
+    code = "stripe_signature_invalid"
+
+
+class LedgerUnbalancedError(DomainError):
+    """A posting whose entries do not sum to zero per unit: a programming error, never user input."""
+
+    code = "ledger_unbalanced"
+    http_status = 500
+
+
+class InsufficientBalanceError(DomainError):
+    code = "insufficient_balance"
+    http_status = 402
+
+
+class InvoiceNotFoundError(NotFoundError):
+    code = "invoice_not_found"
+
+
+class SettlementNotFoundError(NotFoundError):
+    code = "settlement_not_found"
+
+
+class NotABuyerError(PermissionDeniedError):
+    code = "not_a_buyer"

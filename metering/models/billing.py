@@ -1,0 +1,125 @@
+"""Month-end statements: buyer invoices and operator settlements, final once issued."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from core.models import Organisation
+from federation.models import Cluster
+from metering.models.packs import Pack, PackOrder
+from metering.models.tariffs import Band
+
+
+class BillingCloseRun(models.Model):
+    """One month-end close. Unique per period: a second run of the job resumes the first instead of
+    starting again; each statement is itself unique per (organisation, period)."""
+
+    period_start = models.DateField(unique=True, help_text=_("First day of the month closed."))
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    invoices_issued = models.PositiveIntegerField(default=0)
+    settlements_issued = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-period_start"]
+
+    def __str__(self) -> str:
+        return f"close {self.period_start:%Y-%m}"
+
+
+class Invoice(models.Model):
+    buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="invoices")
+    period_start = models.DateField()
+    period_end = models.DateField(help_text=_("First day after the period."))
+    number = models.CharField(max_length=40, unique=True)
+    currency = models.CharField(max_length=3, default="CNY")
+    packs_amount = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    refunds_amount = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    usage_value = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    arrears_amount = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    total_paid = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    amount_due = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    issued_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-period_start", "buyer_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["buyer", "period_start"], name="invoice_unique_period"),
+        ]
+
+    def __str__(self) -> str:
+        return self.number
+
+
+class InvoiceLine(models.Model):
+    class Kind(models.TextChoices):
+        PACK_PURCHASE = "pack_purchase", _("Pack bought")
+        USAGE = "usage", _("Card-hours used")
+        PRIOR_PERIOD = "prior_period", _("Usage from an earlier period, reported late")
+        REFUND = "refund", _("Refund (credit)")
+        ARREARS = "arrears", _("Card-hours used with no pack")
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    description = models.CharField(max_length=300)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    band = models.CharField(max_length=16, choices=Band.choices, blank=True)
+    pack = models.ForeignKey(Pack, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    order = models.ForeignKey(PackOrder, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
+    card_seconds = models.BigIntegerField(default=0)
+    card_hours_drawn = models.DecimalField(max_digits=20, decimal_places=6, default=0)
+    amount = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        ordering = ["invoice_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["invoice", "seq"], name="invoice_line_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.invoice.number} #{self.seq} {self.description}"
+
+
+class Settlement(models.Model):
+    operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="settlements")
+    period_start = models.DateField()
+    period_end = models.DateField()
+    number = models.CharField(max_length=40, unique=True)
+    currency = models.CharField(max_length=3, default="CNY")
+    gross = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    commission = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    payable = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    issued_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-period_start", "operator_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["operator", "period_start"], name="settlement_unique_period"),
+            models.CheckConstraint(condition=Q(payable=models.F("gross") - models.F("commission")),
+                                   name="settlement_payable"),
+        ]
+
+    def __str__(self) -> str:
+        return self.number
+
+
+class SettlementLine(models.Model):
+    settlement = models.ForeignKey(Settlement, on_delete=models.CASCADE, related_name="lines")
+    seq = models.PositiveIntegerField()
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    band = models.CharField(max_length=16, choices=Band.choices)
+    prior_period = models.BooleanField(default=False)
+    card_seconds = models.BigIntegerField()
+    gross = models.DecimalField(max_digits=14, decimal_places=2)
+    commission = models.DecimalField(max_digits=14, decimal_places=2)
+    payable = models.DecimalField(max_digits=14, decimal_places=2)
+
+    class Meta:
+        ordering = ["settlement_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["settlement", "seq"], name="settlement_line_unique_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.settlement.number} #{self.seq}"

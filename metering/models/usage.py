@@ -1,0 +1,127 @@
+"""Usage records reported by operators, their rated segments, and buyers flagged as out of card-hours."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+from django.utils.translation import gettext_lazy as _
+
+from core.models import Organisation
+from federation.models import Cluster
+from metering.models.ledger import LedgerTransfer
+from metering.models.packs import Pack
+from metering.models.tariffs import Band, PriceCard
+
+
+class UsageRecord(models.Model):
+    """N cards of a cluster used by a buyer over ``[start_at, end_at)`` (whole seconds), priced with a
+    locked price card. ``(operator, idempotency_key)`` is unique in the database; ``body_hash`` tells a
+    replay of the same body from a conflicting one."""
+
+    operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="+")
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="usage_records")
+    buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="usage_records")
+    cards = models.PositiveIntegerField()
+    start_at = models.DateTimeField()
+    end_at = models.DateTimeField()
+    price_card = models.ForeignKey(PriceCard, on_delete=models.PROTECT, related_name="usage_records")
+    idempotency_key = models.CharField(max_length=200)
+    reference = models.CharField(max_length=200, blank=True, help_text=_("What produced it, e.g. a lease."))
+    body_hash = models.CharField(max_length=64)
+    received_at = models.DateTimeField()
+    rated_at = models.DateTimeField(null=True, blank=True)
+    rating_transfer = models.ForeignKey(
+        LedgerTransfer, on_delete=models.PROTECT, null=True, blank=True, related_name="usage_records"
+    )
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["operator", "idempotency_key"], name="usage_record_unique_key"),
+            models.CheckConstraint(condition=Q(end_at__gt=F("start_at")), name="usage_record_window"),
+            models.CheckConstraint(condition=Q(cards__gt=0), name="usage_record_cards_positive"),
+        ]
+        indexes = [
+            models.Index(fields=["id"], condition=Q(rated_at__isnull=True), name="usage_record_unrated"),
+            models.Index(fields=["buyer", "start_at"], name="usage_record_buyer_start"),
+            models.Index(fields=["cluster", "start_at"], name="usage_record_cluster_start"),
+            models.Index(fields=["reference"], name="usage_record_reference"),
+        ]
+
+    def __str__(self) -> str:
+        return f"usage {self.pk}: {self.cards} cards on {self.cluster_id} [{self.start_at}, {self.end_at})"
+
+
+class RatedSegment(models.Model):
+    """The part of a usage record inside one tariff band on one local day, priced, and what it drew.
+
+    Amounts are integer micro-units (core.money): ``pack_draw`` micro-card-hours of the pack's class (NULL
+    pack = arrears), ``gross`` micro-CNY at the operator's rate, ``commission`` the platform's part of it,
+    ``buyer_value`` micro-CNY of prepaid value consumed. A segment whose draw crossed from one pack to the
+    next is stored as two rows sharing the time slice, with ``card_seconds`` split between them.
+    """
+
+    usage_record = models.ForeignKey(UsageRecord, on_delete=models.PROTECT, related_name="segments")
+    seq = models.PositiveSmallIntegerField()
+    start_at = models.DateTimeField()
+    end_at = models.DateTimeField()
+    band = models.CharField(max_length=16, choices=Band.choices)
+    multiplier = models.DecimalField(max_digits=8, decimal_places=4)
+    card_seconds = models.BigIntegerField()
+    pack = models.ForeignKey(Pack, on_delete=models.PROTECT, null=True, blank=True, related_name="segments")
+    pack_class = models.CharField(max_length=80)
+    standard_factor = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    pack_draw = models.BigIntegerField()
+    gross = models.BigIntegerField()
+    commission = models.BigIntegerField()
+    buyer_value = models.BigIntegerField()
+    transfer = models.ForeignKey(LedgerTransfer, on_delete=models.PROTECT, related_name="segments")
+    invoice = models.ForeignKey(
+        "metering.Invoice", on_delete=models.PROTECT, null=True, blank=True, related_name="segments"
+    )
+    settlement = models.ForeignKey(
+        "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="segments"
+    )
+
+    class Meta:
+        ordering = ["usage_record_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["usage_record", "seq"], name="rated_segment_unique_seq"),
+            models.CheckConstraint(condition=Q(end_at__gt=F("start_at")), name="rated_segment_window"),
+            models.CheckConstraint(condition=Q(card_seconds__gt=0), name="rated_segment_card_seconds"),
+        ]
+        indexes = [
+            models.Index(fields=["invoice"], condition=Q(invoice__isnull=True), name="rated_segment_uninvoiced"),
+            models.Index(
+                fields=["settlement"], condition=Q(settlement__isnull=True), name="rated_segment_unsettled"
+            ),
+            models.Index(fields=["pack"], name="rated_segment_pack"),
+        ]
+
+    def __str__(self) -> str:
+        return f"segment {self.usage_record_id}.{self.seq} {self.band}"
+
+
+class BuyerExhaustion(models.Model):
+    """A buyer whose packs of a class ran dry while usage kept coming: raised by rating at once, cleared when
+    a pack of the class (or standard cards) is credited. The broker stops the buyer's leases while raised."""
+
+    buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="exhaustions")
+    pack_class = models.CharField(max_length=80)
+    raised_at = models.DateTimeField()
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    usage_record = models.ForeignKey(UsageRecord, on_delete=models.PROTECT, null=True, blank=True)
+    shortfall = models.BigIntegerField(default=0, help_text=_("Micro-card-hours used with no pack."))
+
+    class Meta:
+        ordering = ["-raised_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["buyer", "pack_class"],
+                condition=Q(cleared_at__isnull=True),
+                name="buyer_exhaustion_one_open",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.buyer} out of {self.pack_class} since {self.raised_at}"

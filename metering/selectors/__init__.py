@@ -1,0 +1,1 @@
+"""Every non-trivial metering read, one module per area."""

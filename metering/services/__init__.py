@@ -1,0 +1,1 @@
+"""Every metering write, one module per area."""

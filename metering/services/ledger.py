@@ -1,0 +1,182 @@
+"""The ledger's one write path: named accounts and balanced, idempotent transfers.
+
+Every posting in metering goes through :func:`transfer_post` (or, for rating's set-based batches, through
+the same function with many postings at once). It checks the balance per unit before writing, locks the
+touched accounts in id order (so two postings never deadlock), writes the transfer and its entries, and
+moves the accounts' balances in the same transaction. A pack account is ``non_negative``: the database
+refuses a negative balance even if a caller got the arithmetic wrong.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from core.models import Organisation
+from metering.errors import InsufficientBalanceError, LedgerUnbalancedError
+from metering.models import (
+    CNY_UNIT,
+    AccountKind,
+    LedgerAccount,
+    LedgerEntry,
+    LedgerTransfer,
+    Pack,
+    card_hour_unit,
+)
+
+
+def _account(
+    *,
+    key: str,
+    kind: str,
+    unit: str,
+    organisation: Organisation | None = None,
+    pack: Pack | None = None,
+    non_negative: bool = False,
+) -> LedgerAccount:
+    account, _ = LedgerAccount.objects.get_or_create(
+        key=key,
+        defaults={
+            "kind": kind,
+            "unit": unit,
+            "organisation": organisation,
+            "pack": pack,
+            "non_negative": non_negative,
+        },
+    )
+    return account
+
+
+def account_stripe_clearing() -> LedgerAccount:
+    return _account(key="stripe_clearing", kind=AccountKind.STRIPE_CLEARING, unit=CNY_UNIT)
+
+
+def account_buyer_money(*, buyer: Organisation) -> LedgerAccount:
+    return _account(
+        key=f"buyer_money:{buyer.pk}", kind=AccountKind.BUYER_MONEY, unit=CNY_UNIT, organisation=buyer
+    )
+
+
+def account_pack(*, pack: Pack) -> LedgerAccount:
+    return _account(
+        key=f"pack:{pack.pk}",
+        kind=AccountKind.PACK,
+        unit=card_hour_unit(pack.class_key),
+        organisation=pack.buyer,
+        pack=pack,
+        non_negative=True,
+    )
+
+
+def account_issuance(*, class_key: str) -> LedgerAccount:
+    return _account(
+        key=f"issuance:{class_key}", kind=AccountKind.CARD_HOUR_ISSUANCE, unit=card_hour_unit(class_key)
+    )
+
+
+def account_arrears(*, buyer: Organisation, class_key: str) -> LedgerAccount:
+    return _account(
+        key=f"arrears:{buyer.pk}:{class_key}",
+        kind=AccountKind.ARREARS,
+        unit=card_hour_unit(class_key),
+        organisation=buyer,
+    )
+
+
+def account_operator_earnings(*, operator: Organisation) -> LedgerAccount:
+    return _account(
+        key=f"operator_earnings:{operator.pk}",
+        kind=AccountKind.OPERATOR_EARNINGS,
+        unit=CNY_UNIT,
+        organisation=operator,
+    )
+
+
+def account_platform_commission() -> LedgerAccount:
+    return _account(key="platform_commission", kind=AccountKind.PLATFORM_COMMISSION, unit=CNY_UNIT)
+
+
+def account_platform_spread() -> LedgerAccount:
+    return _account(key="platform_spread", kind=AccountKind.PLATFORM_SPREAD, unit=CNY_UNIT)
+
+
+def account_breakage() -> LedgerAccount:
+    return _account(key="breakage", kind=AccountKind.BREAKAGE, unit=CNY_UNIT)
+
+
+@transaction.atomic
+def transfer_post(
+    *,
+    kind: str,
+    idempotency_key: str,
+    description: str,
+    posted_by: str,
+    postings: Iterable[tuple[LedgerAccount, int]],
+    posted_at: datetime | None = None,
+) -> tuple[LedgerTransfer, bool]:
+    """Post one balanced transfer, at most once per ``idempotency_key``.
+
+    ``postings`` are (account, signed micro-units); several for one account are merged, zeros dropped.
+    Returns ``(transfer, created)``: a key seen before returns the original transfer and posts nothing.
+    Raises LedgerUnbalancedError if a unit does not sum to zero, InsufficientBalanceError if a
+    non-negative account would go below zero (nothing is written in either case).
+    """
+    existing = LedgerTransfer.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return existing, False
+
+    amounts: dict[int, int] = defaultdict(int)
+    by_id: dict[int, LedgerAccount] = {}
+    for account, amount in postings:
+        amounts[account.pk] += int(amount)
+        by_id[account.pk] = account
+    per_unit: dict[str, int] = defaultdict(int)
+    for account_id, amount in amounts.items():
+        per_unit[by_id[account_id].unit] += amount
+    unbalanced = {unit: total for unit, total in per_unit.items() if total != 0}
+    if unbalanced:
+        raise LedgerUnbalancedError(
+            f"Transfer {idempotency_key!r} does not balance.", extra={"unbalanced": unbalanced}
+        )
+    moves = {account_id: amount for account_id, amount in amounts.items() if amount != 0}
+    if not moves:
+        raise LedgerUnbalancedError(f"Transfer {idempotency_key!r} moves nothing.")
+
+    locked = {
+        account.pk: account
+        for account in LedgerAccount.objects.select_for_update().filter(pk__in=moves).order_by("pk")
+    }
+    for account_id, amount in moves.items():
+        account = locked[account_id]
+        if account.non_negative and account.balance + amount < 0:
+            raise InsufficientBalanceError(
+                f"Account {account.key} holds {account.balance} micro-units; the transfer takes {-amount}.",
+                extra={"account": account.key, "balance": account.balance, "amount": amount},
+            )
+
+    try:
+        with transaction.atomic():
+            transfer = LedgerTransfer.objects.create(
+                kind=kind,
+                idempotency_key=idempotency_key,
+                description=description[:500],
+                posted_at=posted_at or timezone.now(),
+                posted_by=posted_by[:200],
+            )
+    except IntegrityError:
+        # Another transaction posted the same key between our check and our insert (it committed
+        # first, since the unique index made us wait for it): the posting happened once, return it.
+        return LedgerTransfer.objects.get(idempotency_key=idempotency_key), False
+
+    LedgerEntry.objects.bulk_create(
+        LedgerEntry(transfer=transfer, account_id=account_id, unit=locked[account_id].unit, amount=amount)
+        for account_id, amount in sorted(moves.items())
+    )
+    for account_id, amount in moves.items():
+        LedgerAccount.objects.filter(pk=account_id).update(balance=F("balance") + amount)
+    return transfer, True
