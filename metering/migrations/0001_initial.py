@@ -374,7 +374,7 @@ class Migration(migrations.Migration):
             name='BuyerExhaustion',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('pack_class', models.CharField(max_length=80)),
+                ('pack_class', models.CharField(help_text='The class of the usage: a chip slug.', max_length=80)),
                 ('raised_at', models.DateTimeField()),
                 ('cleared_at', models.DateTimeField(blank=True, null=True)),
                 ('shortfall', models.BigIntegerField(default=0, help_text='Micro-card-hours used with no pack.')),

@@ -161,12 +161,12 @@ class Pack(models.Model):
         ]
         indexes = [models.Index(fields=["buyer", "status", "expires_at"], name="pack_buyer_status_expiry")]
 
+    def __str__(self) -> str:
+        return f"pack {self.pk} ({self.card_hours} card-hours of {self.class_key}) of {self.buyer}"
+
     @property
     def class_key(self) -> str:
         return pack_class_key(self.accelerator.slug if self.accelerator_id else None)
-
-    def __str__(self) -> str:
-        return f"pack {self.pk} ({self.card_hours} card-hours of {self.class_key}) of {self.buyer}"
 
 
 class StripeEvent(models.Model):

@@ -107,7 +107,7 @@ class BuyerExhaustion(models.Model):
     a pack of the class (or standard cards) is credited. The broker stops the buyer's leases while raised."""
 
     buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="exhaustions")
-    pack_class = models.CharField(max_length=80)
+    pack_class = models.CharField(max_length=80, help_text=_("The class of the usage: a chip slug."))
     raised_at = models.DateTimeField()
     cleared_at = models.DateTimeField(null=True, blank=True)
     usage_record = models.ForeignKey(UsageRecord, on_delete=models.PROTECT, null=True, blank=True)
