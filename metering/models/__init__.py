@@ -16,6 +16,7 @@ from metering.models.packs import (
     Pack,
     PackOrder,
     PackProduct,
+    PackRefund,
     StripeEvent,
     pack_class_key,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Pack",
     "PackOrder",
     "PackProduct",
+    "PackRefund",
     "PriceCard",
     "RatedSegment",
     "Settlement",

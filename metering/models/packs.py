@@ -197,3 +197,23 @@ class StripeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.type} ({self.status})"
+
+
+class PackRefund(models.Model):
+    """A refund of a pack's unused part, recorded when Stripe reports it (``charge.refunded``); the
+    ledger transfer debits the pack's remaining card-hours and Stripe clearing. Unique per Stripe refund."""
+
+    order = models.ForeignKey(PackOrder, on_delete=models.PROTECT, related_name="refunds")
+    pack = models.ForeignKey(Pack, on_delete=models.PROTECT, related_name="refunds")
+    stripe_refund_id = models.CharField(max_length=100, unique=True)
+    amount = models.DecimalField(max_digits=14, decimal_places=2, help_text=_("CNY returned to the buyer."))
+    card_hours_debited = models.BigIntegerField(help_text=_("Micro-card-hours taken off the pack."))
+    refunded_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-refunded_at", "-id"]
+        constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="pack_refund_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"refund {self.stripe_refund_id} of order {self.order_id}: {self.amount} CNY"
