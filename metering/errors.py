@@ -75,3 +75,23 @@ class SettlementNotFoundError(NotFoundError):
 
 class NotABuyerError(PermissionDeniedError):
     code = "not_a_buyer"
+
+
+class UsageBatchInvalidError(InvalidInputError):
+    """At least one record of a usage batch breaks a rule; ``extra.errors`` lists each by index with its
+    own code (end_not_after_start, cards_not_positive, unknown_cluster, cluster_not_yours, ...). Nothing
+    of the batch is written."""
+
+    code = "usage_batch_invalid"
+
+
+class TariffCodeTakenError(ConflictError):
+    """The organisation (or the platform, for presets) already has a tariff with this code."""
+
+    code = "tariff_code_taken"
+
+
+class TariffReadOnlyError(PermissionDeniedError):
+    """A preset (platform tariff) changed by an operator: presets change only by the platform."""
+
+    code = "tariff_read_only"

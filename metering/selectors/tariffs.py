@@ -1,0 +1,143 @@
+"""Tariff and price-card reads, and the process-wide cache of compiled tariff versions."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+from django.db.models import Prefetch, Q, QuerySet
+from django.utils import timezone
+
+from core.models import Organisation
+from federation.models import Cluster
+from metering.errors import PriceCardNotFoundError, TariffNotFoundError
+from metering.models import PriceCard, Tariff, TariffBand, TariffVersion, TariffWindow
+from metering.tariffs import CompiledTariff, TariffSpec, WindowSpec, tariff_compile
+
+_MAX_ID = 2**63 - 1  # BigAutoField; a larger path value cannot name a row and would overflow the query
+
+
+def tariff_list_for(*, organisation: Organisation) -> QuerySet[Tariff]:
+    """The tariffs ``organisation`` may use: the platform's presets, then its own."""
+    return (
+        Tariff.objects.filter(Q(owner__isnull=True) | Q(owner=organisation))
+        .select_related("owner")
+        .order_by("owner_id", "code")
+    )
+
+
+def tariff_get_for(*, organisation: Organisation, tariff_id: int) -> Tariff:
+    """A preset or one of ``organisation``'s tariffs, versions prefetched with bands and windows.
+    Another organisation's tariff raises TariffNotFoundError, exactly as a missing one."""
+    tariff = None
+    if 1 <= tariff_id <= _MAX_ID:
+        tariff = (
+            tariff_list_for(organisation=organisation)
+            .prefetch_related(
+                Prefetch(
+                    "versions",
+                    queryset=TariffVersion.objects.order_by("version").prefetch_related(
+                        Prefetch("bands", queryset=TariffBand.objects.order_by("-multiplier", "band")),
+                        Prefetch("windows", queryset=TariffWindow.objects.order_by("start_minute", "id")),
+                    ),
+                )
+            )
+            .filter(pk=tariff_id)
+            .first()
+        )
+    if tariff is None:
+        raise TariffNotFoundError(f"No tariff {tariff_id}.", extra={"tariff_id": tariff_id})
+    return tariff
+
+
+def tariff_version_current(*, tariff: Tariff, at: datetime | None = None) -> TariffVersion:
+    """The version of ``tariff`` in force at ``at`` (default now): the newest whose effective_from is at or
+    before it. Raises TariffNotFoundError when none is in force yet."""
+    at = at or timezone.now()
+    version = (
+        TariffVersion.objects.filter(tariff=tariff, effective_from__lte=at)
+        .order_by("-effective_from", "-version")
+        .first()
+    )
+    if version is None:
+        raise TariffNotFoundError(
+            f"Tariff {tariff.code} has no version in force at {at.isoformat()}.",
+            extra={"tariff_id": tariff.pk, "at": at.isoformat()},
+        )
+    return version
+
+
+def tariff_version_spec(*, version: TariffVersion) -> TariffSpec:
+    """The schedule stored in one version, as the engine's TariffSpec (uses prefetched rows if any)."""
+    return TariffSpec(
+        time_zone=version.tariff.time_zone,
+        multipliers={row.band: row.multiplier for row in version.bands.all()},
+        windows=tuple(
+            WindowSpec(
+                band=w.band,
+                start_minute=w.start_minute,
+                end_minute=w.end_minute,
+                weekdays=w.weekdays,
+                months=w.months,
+            )
+            for w in sorted(version.windows.all(), key=lambda w: (w.start_minute, w.pk))
+        ),
+    )
+
+
+_compiled: dict[int, CompiledTariff] = {}
+_compiled_lock = threading.Lock()
+
+
+def compiled_tariff(*, tariff_version_id: int) -> CompiledTariff:
+    """The compiled schedule of a tariff version, cached for the life of the process (versions are
+    immutable, so the cache never goes stale). Raises TariffNotFoundError for an unknown id."""
+    compiled = _compiled.get(tariff_version_id)
+    if compiled is not None:
+        return compiled
+    version = (
+        TariffVersion.objects.select_related("tariff")
+        .prefetch_related("bands", "windows")
+        .filter(pk=tariff_version_id)
+        .first()
+    )
+    if version is None:
+        raise TariffNotFoundError(
+            f"No tariff version {tariff_version_id}.", extra={"tariff_version_id": tariff_version_id}
+        )
+    compiled = tariff_compile(tariff_version_spec(version=version))
+    with _compiled_lock:
+        return _compiled.setdefault(tariff_version_id, compiled)
+
+
+def _price_cards(cluster: Cluster) -> QuerySet[PriceCard]:
+    return PriceCard.objects.filter(cluster=cluster).select_related("cluster", "tariff_version__tariff")
+
+
+def price_card_current(*, cluster: Cluster, at: datetime | None = None) -> PriceCard:
+    """The price card in force for ``cluster`` at ``at`` (default now): the newest effective_from at or
+    before it, the newer version on a tie. Raises PriceCardNotFoundError when the cluster has none yet."""
+    at = at or timezone.now()
+    card = _price_cards(cluster).filter(effective_from__lte=at).order_by("-effective_from", "-version").first()
+    if card is None:
+        raise PriceCardNotFoundError(
+            f"Cluster {cluster.cpi} has no price card in force at {at.isoformat()}.",
+            extra={"cpi": cluster.cpi, "at": at.isoformat()},
+        )
+    return card
+
+
+def price_card_list(*, cluster: Cluster) -> QuerySet[PriceCard]:
+    """Every price-card version of ``cluster``, newest first."""
+    return _price_cards(cluster).order_by("-version")
+
+
+def price_card_get(*, cluster: Cluster, version: int) -> PriceCard:
+    """One price-card version of ``cluster``; raises PriceCardNotFoundError."""
+    card = _price_cards(cluster).filter(version=version).first() if 1 <= version <= 2**31 - 1 else None
+    if card is None:
+        raise PriceCardNotFoundError(
+            f"Cluster {cluster.cpi} has no price card version {version}.",
+            extra={"cpi": cluster.cpi, "version": version},
+        )
+    return card

@@ -1,0 +1,434 @@
+"""Rating: price unrated usage records and post them to the ledger, set-based, exactly once.
+
+One batch (default 5,000 records) is one transaction:
+
+1. claim the oldest unrated records ``FOR UPDATE SKIP LOCKED`` (two workers never claim the same record);
+2. split each record at its tariff's band edges and local midnights (metering.tariffs, daylight-saving safe,
+   half-open) into slices, price each slice at the record's *locked* price card —
+   ``gross = rate × card-hours × multiplier``, ``commission = gross × CARDHOUR_PLATFORM_COMMISSION`` — and draw
+   ``card-hours × multiplier`` (× the chip's standard-card factor for a standard pack) from the buyer's usable
+   packs, the one that expires first first; a slice that empties a pack continues on the next as a second
+   row; what no pack covers is *arrears*, and the buyer is flagged at once;
+3. post one balanced transfer for the batch (per account sums of the rows), insert the rated segments that
+   explain it row by row, and mark the records rated.
+
+A crash anywhere rolls the whole batch back, so a rerun produces the same ledger; a record already rated is
+never claimed again. Every amount is an exact integer of micro-units (core.money), rounded half-even once
+per row.
+
+Ledger signs (balance = Σ entries): a pack holds +card-hours; issuance starts at −bought and climbs back as
+packs are used or expire; buyer money is −prepaid value (positive = owed by the buyer, from arrears);
+operator earnings and platform revenues are negative (credits the platform owes or has earned).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from core.models import Organisation
+from core.money import MICROS, round_div, scaled_int, to_micros
+from federation.models import Cluster, StandardCard
+from metering.models import (
+    STANDARD_CLASS,
+    BuyerExhaustion,
+    LedgerAccount,
+    Pack,
+    PriceCard,
+    RatedSegment,
+    TransferKind,
+    UsageRecord,
+)
+from metering.selectors.tariffs import compiled_tariff
+from metering.services import ledger
+from metering.services.packs import pack_value_of_draw
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SECONDS_E4 = 3600 * 10**4  # card-seconds × multiplier (10⁻⁴) → card-hours
+_SEGMENT_COLUMNS = (
+    "usage_record_id",
+    "seq",
+    "start_at",
+    "end_at",
+    "band",
+    "multiplier",
+    "card_seconds",
+    "pack_id",
+    "pack_class",
+    "standard_factor",
+    "pack_draw",
+    "gross",
+    "commission",
+    "buyer_value",
+    "transfer_id",
+)
+
+
+def _epoch(value: datetime) -> int:
+    return (value - _EPOCH) // timedelta(seconds=1)
+
+
+def _at(seconds: int) -> datetime:
+    return _EPOCH + timedelta(seconds=seconds)
+
+
+@dataclass
+class _PackState:
+    pack_id: int
+    account_id: int
+    class_key: str
+    balance: int
+    quantity: int
+    price: int
+    starts: int
+    expires: int
+    drawn: int = 0
+    value: int = 0
+
+
+@dataclass(frozen=True)
+class _StandardCards:
+    """Standard-card versions, for the factor in force when a slice starts."""
+
+    starts: list[int]
+    tflops: list[Decimal]
+
+    @classmethod
+    def load(cls) -> _StandardCards:
+        rows = sorted(StandardCard.objects.values_list("effective_from", "dense_fp16_tflops"))
+        return cls(starts=[_epoch(at) for at, _ in rows], tflops=[tflops for _, tflops in rows])
+
+    def factor_e4(self, chip_tflops: Decimal | None, at: int) -> int | None:
+        if chip_tflops is None or not self.starts:
+            return None
+        index = max(bisect.bisect_right(self.starts, at) - 1, 0)
+        return int((chip_tflops / self.tflops[index]).quantize(Decimal("0.0001")) * 10**4)
+
+
+# A hook for the crash-recovery test: called once per record priced; raising aborts the batch.
+_before_record: Callable[[int], None] | None = None
+
+
+def usage_rate_pending(
+    *,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    buyer: Organisation | None = None,
+    now: datetime | None = None,
+) -> int:
+    """Rate unrated usage records batch by batch until none is left (or ``max_batches``); return how many
+    were rated. Safe to run concurrently and to re-run after a crash. ``buyer`` limits it to one account
+    (the admin's "re-run rating")."""
+    size = batch_size or settings.CARDHOUR_RATING_BATCH_SIZE
+    rated = batches = 0
+    while max_batches is None or batches < max_batches:
+        count = _rate_batch(batch_size=size, buyer_id=buyer.pk if buyer else None, now=now)
+        batches += 1
+        rated += count
+        if count < size:
+            break
+    return rated
+
+
+@transaction.atomic
+def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) -> int:
+    claim = UsageRecord.objects.select_for_update(skip_locked=True).filter(rated_at__isnull=True)
+    if buyer_id is not None:
+        claim = claim.filter(buyer_id=buyer_id)
+    records = list(
+        claim.order_by("id").values_list(
+            "id", "operator_id", "cluster_id", "buyer_id", "cards", "start_at", "end_at", "price_card_id"
+        )[:batch_size]
+    )
+    if not records:
+        return 0
+    now = now or timezone.now()
+
+    price_cards = {
+        pk: (scaled_int(rate, 6), tariff_version_id)
+        for pk, rate, tariff_version_id in PriceCard.objects.filter(
+            pk__in={r[7] for r in records}
+        ).values_list("id", "rate_per_card_hour", "tariff_version_id")
+    }
+    chips = {
+        pk: (slug, tflops)
+        for pk, slug, tflops in Cluster.objects.filter(pk__in={r[2] for r in records}).values_list(
+            "id", "accelerator__slug", "accelerator__dense_fp16_tflops"
+        )
+    }
+    standard = _StandardCards.load()
+    commission_e6 = to_micros(settings.CARDHOUR_PLATFORM_COMMISSION)
+    packs = _lock_packs(buyer_ids={r[3] for r in records})
+
+    rows: list[list] = []
+    # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below.
+    sums: dict[tuple, int] = defaultdict(int)
+    shortfalls: dict[tuple[int, str], tuple[int, int]] = {}
+    hook = _before_record
+    for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
+        if hook is not None:
+            hook(record_id)
+        rate_e6, tariff_version_id = price_cards[price_card_id]
+        tariff = compiled_tariff(tariff_version_id=tariff_version_id)
+        chip_slug, chip_tflops = chips[cluster_id]
+        buyer_packs = packs.get(buyer_id_, ())
+        seq = 0
+        for slice_start, slice_end, band_index in tariff.slices(_epoch(start_at), _epoch(end_at)):
+            m_e4 = tariff.multipliers_e4[band_index]
+            band = tariff.bands[band_index]
+            multiplier = Decimal(m_e4).scaleb(-4)
+            left = cards * (slice_end - slice_start)
+            factor_e4: int | None = None
+            for pack in buyer_packs:
+                if left == 0:
+                    break
+                if pack.balance <= 0 or not (pack.starts <= slice_start < pack.expires):
+                    continue
+                if pack.class_key == STANDARD_CLASS:
+                    if factor_e4 is None:
+                        factor_e4 = standard.factor_e4(chip_tflops, slice_start)
+                    if not factor_e4:
+                        continue
+                    per_second_num, per_second_den = m_e4 * factor_e4 * MICROS, _SECONDS_E4 * 10**4
+                elif pack.class_key == chip_slug:
+                    per_second_num, per_second_den = m_e4 * MICROS, _SECONDS_E4
+                else:
+                    continue
+                draw = round_div(left * per_second_num, per_second_den)
+                covered = left
+                if draw > pack.balance:
+                    # The pack runs out inside this slice: it pays for the card-seconds it fully covers.
+                    covered = pack.balance * per_second_den // per_second_num
+                    if covered == 0:
+                        continue
+                    draw = round_div(covered * per_second_num, per_second_den)
+                value = pack_value_of_draw(
+                    price_micros=pack.price, quantity_micros=pack.quantity, balance_before=pack.balance, draw=draw
+                )
+                pack.balance -= draw
+                pack.drawn += draw
+                pack.value += value
+                gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
+                commission = round_div(gross * commission_e6, MICROS)
+                std = Decimal(factor_e4).scaleb(-4) if pack.class_key == STANDARD_CLASS else None
+                rows.append(
+                    [
+                        record_id,
+                        seq,
+                        slice_start,
+                        slice_end,
+                        band,
+                        multiplier,
+                        covered,
+                        pack.pack_id,
+                        pack.class_key,
+                        std,
+                        draw,
+                        gross,
+                        commission,
+                        value,
+                    ]
+                )
+                seq += 1
+                sums[("buyer_money", buyer_id_, "")] += value
+                sums[("operator", operator_id, "")] -= gross - commission
+                sums[("commission", 0, "")] -= commission
+                sums[("spread", 0, "")] -= value - gross
+                left -= covered
+            if left:
+                draw = round_div(left * m_e4 * MICROS, _SECONDS_E4)
+                gross = round_div(rate_e6 * left * m_e4, _SECONDS_E4)
+                commission = round_div(gross * commission_e6, MICROS)
+                rows.append(
+                    [
+                        record_id,
+                        seq,
+                        slice_start,
+                        slice_end,
+                        band,
+                        multiplier,
+                        left,
+                        None,
+                        chip_slug,
+                        None,
+                        draw,
+                        gross,
+                        commission,
+                        gross,
+                    ]
+                )
+                seq += 1
+                sums[("arrears", buyer_id_, chip_slug)] -= draw
+                sums[("issuance", 0, chip_slug)] += draw
+                sums[("buyer_money", buyer_id_, "")] += gross
+                sums[("operator", operator_id, "")] -= gross - commission
+                sums[("commission", 0, "")] -= commission
+                previous = shortfalls.get((buyer_id_, chip_slug), (record_id, 0))
+                shortfalls[(buyer_id_, chip_slug)] = (previous[0], previous[1] + draw)
+
+    for buyer_packs in packs.values():
+        for pack in buyer_packs:
+            if pack.drawn:
+                sums[("pack", pack.account_id, "")] -= pack.drawn
+                sums[("issuance", 0, pack.class_key)] += pack.drawn
+
+    first_id = records[0][0]
+    transfer, _ = ledger.transfer_post(
+        kind=TransferKind.USAGE,
+        idempotency_key=f"usage:{first_id}",
+        description=f"Rating of {len(records)} usage records from {first_id}",
+        posted_by="rating",
+        postings=_resolve_accounts(sums),
+        posted_at=now,
+    )
+    _insert_segments(rows, transfer_id=transfer.pk)
+    ids = [r[0] for r in records]
+    UsageRecord.objects.filter(pk__in=ids).update(rated_at=now, rating_transfer=transfer)
+
+    emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
+    if emptied:
+        Pack.objects.filter(pk__in=emptied, status=Pack.Status.ACTIVE).update(
+            status=Pack.Status.EXHAUSTED, closed_at=now
+        )
+    _flag_exhaustion(packs=packs, records=records, chips=chips, shortfalls=shortfalls, now=now)
+    return len(records)
+
+
+def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
+    """The buyers' packs with a balance, locked (account rows, in id order), expiring first first."""
+    accounts = (
+        LedgerAccount.objects.select_for_update(of=("self",))
+        .filter(pack__buyer_id__in=buyer_ids, balance__gt=0)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "balance",
+            "pack_id",
+            "pack__buyer_id",
+            "pack__accelerator__slug",
+            "pack__card_hours",
+            "pack__price",
+            "pack__starts_at",
+            "pack__expires_at",
+        )
+    )
+    packs: dict[int, list[_PackState]] = defaultdict(list)
+    for account_id, balance, pack_id, buyer_id, slug, card_hours, price, starts_at, expires_at in accounts:
+        packs[buyer_id].append(
+            _PackState(
+                pack_id=pack_id,
+                account_id=account_id,
+                class_key=slug or STANDARD_CLASS,
+                balance=balance,
+                quantity=card_hours * MICROS,
+                price=to_micros(price),
+                starts=_epoch(starts_at),
+                expires=_epoch(expires_at),
+            )
+        )
+    for buyer_packs in packs.values():
+        buyer_packs.sort(key=lambda p: (p.expires, p.pack_id))
+    return packs
+
+
+def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]:
+    organisations = {
+        org.pk: org
+        for org in Organisation.objects.filter(
+            pk__in={owner for (kind, owner, _), _amount in sums.items() if kind in {"buyer_money", "operator", "arrears"}}
+        )
+    }
+    pack_accounts = {
+        account.pk: account
+        for account in LedgerAccount.objects.filter(pk__in={owner for (kind, owner, _) in sums if kind == "pack"})
+    }
+    postings: list[tuple[LedgerAccount, int]] = []
+    for (kind, owner, class_key), amount in sums.items():
+        if amount == 0:
+            continue
+        if kind == "pack":
+            account = pack_accounts[owner]
+        elif kind == "buyer_money":
+            account = ledger.account_buyer_money(buyer=organisations[owner])
+        elif kind == "operator":
+            account = ledger.account_operator_earnings(operator=organisations[owner])
+        elif kind == "arrears":
+            account = ledger.account_arrears(buyer=organisations[owner], class_key=class_key)
+        elif kind == "issuance":
+            account = ledger.account_issuance(class_key=class_key)
+        elif kind == "commission":
+            account = ledger.account_platform_commission()
+        else:
+            account = ledger.account_platform_spread()
+        postings.append((account, amount))
+    return postings
+
+
+def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
+    if connection.vendor == "postgresql":
+        columns = ", ".join(_SEGMENT_COLUMNS)
+        with connection.cursor() as cursor, cursor.copy(
+            f"COPY metering_ratedsegment ({columns}) FROM STDIN"
+        ) as copy:
+            for row in rows:
+                row[2] = _at(row[2])
+                row[3] = _at(row[3])
+                row.append(transfer_id)
+                copy.write_row(row)
+        return
+    RatedSegment.objects.bulk_create(
+        [
+            RatedSegment(
+                **dict(zip(_SEGMENT_COLUMNS, [*row[:2], _at(row[2]), _at(row[3]), *row[4:], transfer_id], strict=True))
+            )
+            for row in rows
+        ],
+        batch_size=1000,
+    )
+
+
+def _flag_exhaustion(
+    *,
+    packs: dict[int, list[_PackState]],
+    records: list[tuple],
+    chips: dict[int, tuple[str, Decimal | None]],
+    shortfalls: dict[tuple[int, str], tuple[int, int]],
+    now: datetime,
+) -> None:
+    """Raise a flag for every (buyer, chip class) whose usable packs are now empty — at once, whether or not
+    this batch already ran into arrears — so the broker stops the buyer's leases."""
+    used: dict[tuple[int, str], int] = {}
+    for record_id, _op, cluster_id, buyer_id, *_rest in records:
+        used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
+    for (buyer_id, chip_slug), first_record in used.items():
+        left = any(
+            p.balance > 0 and p.expires > _epoch(now) and p.class_key in (chip_slug, STANDARD_CLASS)
+            for p in packs.get(buyer_id, ())
+        )
+        if left:
+            continue
+        record_id, shortfall = shortfalls.get((buyer_id, chip_slug), (first_record, 0))
+        open_flag = (
+            BuyerExhaustion.objects.select_for_update()
+            .filter(buyer_id=buyer_id, pack_class=chip_slug, cleared_at__isnull=True)
+            .first()
+        )
+        if open_flag is None:
+            BuyerExhaustion.objects.create(
+                buyer_id=buyer_id,
+                pack_class=chip_slug,
+                raised_at=now,
+                usage_record_id=record_id,
+                shortfall=shortfall,
+            )
+        elif shortfall:
+            open_flag.shortfall += shortfall
+            open_flag.save(update_fields=["shortfall"])

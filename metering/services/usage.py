@@ -1,0 +1,355 @@
+"""Usage records in: one batch service for every producer (the broker's usage API, the admin's CSV import,
+tests and the benchmark).
+
+Rules, in order:
+
+1. Every record of the batch is validated first (whole-second aware timestamps, ``end > start``, cards > 0,
+   not older than the late window, not in the future, a known cluster of *this* operator, a known buyer, a
+   price card version of that cluster). One bad record rejects the batch with ``usage_batch_invalid`` and
+   every fault listed by index: nothing is written.
+2. ``(operator, idempotency_key)`` is unique in the database. A key seen before with the same body (same
+   ``body_hash``) answers ``duplicate`` with the original record; with a different body, ``conflict`` and
+   nothing is written for that record. The same key twice inside one batch follows the same rule.
+3. The insert is set-based: on PostgreSQL one ``INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING
+   RETURNING`` per batch, so a concurrent writer of the same key can never produce a second row and the
+   loser learns which record won; elsewhere ``bulk_create(ignore_conflicts=True)`` and a read-back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from core.models import Organisation
+from federation.models import Cluster
+from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
+from metering.models import PriceCard, UsageRecord
+from metering.types import UsageBatchResult, UsageRecordError, UsageRecordInput, UsageRecordOutcome
+
+# An agent's clock may run a little ahead; usage ending further in the future than this is refused.
+USAGE_MAX_CLOCK_SKEW = timedelta(minutes=5)
+IDEMPOTENCY_KEY_MAX_LENGTH = 200
+REFERENCE_MAX_LENGTH = 200
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_seconds(value: datetime) -> int:
+    return (value - _EPOCH) // timedelta(seconds=1)
+
+
+def usage_body_hash(
+    *, cluster_id: int, buyer_id: int, cards: int, start: int, end: int, price_card_id: int, reference: str
+) -> str:
+    """The fingerprint of a record's body: what must match for a replay to count as the same record."""
+    body = f"{cluster_id}|{buyer_id}|{cards}|{start}|{end}|{price_card_id}|{reference}"
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class _Validated:
+    __slots__ = ("buyer_id", "cards", "cluster_id", "end", "hash", "key", "price_card_id", "reference", "start")
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        cluster_id: int,
+        buyer_id: int,
+        cards: int,
+        start: datetime,
+        end: datetime,
+        price_card_id: int,
+        reference: str,
+    ):
+        self.key = key
+        self.cluster_id = cluster_id
+        self.buyer_id = buyer_id
+        self.cards = cards
+        self.start = start
+        self.end = end
+        self.price_card_id = price_card_id
+        self.reference = reference
+        self.hash = usage_body_hash(
+            cluster_id=cluster_id,
+            buyer_id=buyer_id,
+            cards=cards,
+            start=_epoch_seconds(start),
+            end=_epoch_seconds(end),
+            price_card_id=price_card_id,
+            reference=reference,
+        )
+
+
+def _price_card_index(cluster_ids: set[int]) -> dict[int, list[tuple[int, datetime, int]]]:
+    """Per cluster, its price cards as (version, effective_from, id), oldest first."""
+    index: dict[int, list[tuple[int, datetime, int]]] = {}
+    rows = (
+        PriceCard.objects.filter(cluster_id__in=cluster_ids)
+        .order_by("cluster_id", "version")
+        .values_list("cluster_id", "version", "effective_from", "id")
+    )
+    for cluster_id, version, effective_from, pk in rows:
+        index.setdefault(cluster_id, []).append((version, effective_from, pk))
+    return index
+
+
+def _validate(
+    *, operator: Organisation, records: Sequence[UsageRecordInput], now: datetime
+) -> list[_Validated]:
+    errors: list[UsageRecordError] = []
+
+    def fail(index: int, key: str, code: str, message: str, field: str = "") -> None:
+        errors.append(UsageRecordError(index=index, idempotency_key=key, code=code, message=message, field=field))
+
+    cpis = {record.cluster for record in records}
+    clusters = {
+        cpi: (pk, operator_id)
+        for cpi, pk, operator_id in Cluster.objects.filter(cpi__in=cpis).values_list("cpi", "id", "operator_id")
+    }
+    slugs = {record.buyer for record in records}
+    buyers = dict(Organisation.objects.filter(slug__in=slugs, is_buyer=True).values_list("slug", "id"))
+    price_cards = _price_card_index({pk for pk, owner in clusters.values() if owner == operator.pk})
+    oldest_end = now - timedelta(days=settings.CARDHOUR_LATE_USAGE_DAYS)
+    newest_end = now + USAGE_MAX_CLOCK_SKEW
+
+    valid: list[_Validated] = []
+    for index, record in enumerate(records):
+        key = record.idempotency_key
+        bad = len(errors)
+        if not isinstance(key, str) or not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or "\x00" in key:
+            fail(index, str(key)[:50], "invalid_idempotency_key", "1–200 characters, no NUL.", "idempotency_key")
+        if not isinstance(record.reference, str) or len(record.reference) > REFERENCE_MAX_LENGTH or (
+            "\x00" in record.reference
+        ):
+            fail(index, key, "invalid_reference", "At most 200 characters, no NUL.", "reference")
+        cards = record.cards
+        if isinstance(cards, bool) or not isinstance(cards, int) or cards <= 0:
+            fail(index, key, "cards_not_positive", f"cards must be a positive integer, not {cards!r}.", "cards")
+        elif cards > settings.CARDHOUR_MAX_CARDS_PER_CLUSTER:
+            fail(index, key, "cards_too_many", f"{cards} cards is more than any cluster holds.", "cards")
+        start, end = record.start_at, record.end_at
+        times_ok = True
+        for name, value in (("start_at", start), ("end_at", end)):
+            if not isinstance(value, datetime) or timezone.is_naive(value):
+                fail(index, key, "naive_timestamp", f"{name} must carry a time zone.", name)
+                times_ok = False
+            elif value.microsecond:
+                fail(index, key, "subsecond_timestamp", f"{name} must be a whole second.", name)
+                times_ok = False
+        if times_ok:
+            if end <= start:
+                fail(index, key, "end_not_after_start", "end_at must be after start_at.", "end_at")
+            elif end < oldest_end:
+                fail(
+                    index,
+                    key,
+                    "usage_too_late",
+                    f"Usage ending before {oldest_end.isoformat()} is past the "
+                    f"{settings.CARDHOUR_LATE_USAGE_DAYS}-day late window.",
+                    "end_at",
+                )
+            elif end > newest_end:
+                fail(index, key, "usage_in_future", "end_at is in the future.", "end_at")
+        cluster = clusters.get(record.cluster)
+        price_card_id = 0
+        if cluster is None:
+            fail(index, key, "unknown_cluster", f"No cluster {record.cluster!r}.", "cluster")
+        elif cluster[1] != operator.pk:
+            fail(index, key, "cluster_not_yours", f"{record.cluster} belongs to another operator.", "cluster")
+        else:
+            cards_of_cluster = price_cards.get(cluster[0], [])
+            version = record.price_card_version
+            if version is not None:
+                match = [pk for v, _, pk in cards_of_cluster if v == version]
+                if not match:
+                    fail(
+                        index,
+                        key,
+                        "unknown_price_card",
+                        f"{record.cluster} has no price card version {version}.",
+                        "price_card_version",
+                    )
+                else:
+                    price_card_id = match[0]
+            elif times_ok:
+                in_force = [pk for _, effective_from, pk in cards_of_cluster if effective_from <= start]
+                if not in_force:
+                    fail(
+                        index,
+                        key,
+                        "no_price_card",
+                        f"{record.cluster} had no price card in force at {start.isoformat()}.",
+                        "price_card_version",
+                    )
+                else:
+                    price_card_id = in_force[-1]
+        buyer_id = buyers.get(record.buyer)
+        if buyer_id is None:
+            fail(index, key, "unknown_buyer", f"No buyer organisation {record.buyer!r}.", "buyer")
+        if len(errors) == bad:
+            assert cluster is not None and buyer_id is not None
+            valid.append(
+                _Validated(
+                    key=key,
+                    cluster_id=cluster[0],
+                    buyer_id=buyer_id,
+                    cards=cards,
+                    start=start,
+                    end=end,
+                    price_card_id=price_card_id,
+                    reference=record.reference,
+                )
+            )
+    if errors:
+        shown = errors[:100]
+        raise UsageBatchInvalidError(
+            f"{len(errors)} fault(s) in the batch; nothing was written. First: record {shown[0].index}: "
+            f"{shown[0].message}",
+            extra={
+                "error_count": len(errors),
+                "errors": [
+                    {
+                        "index": e.index,
+                        "idempotency_key": e.idempotency_key,
+                        "code": e.code,
+                        "message": e.message,
+                        "field": e.field,
+                    }
+                    for e in shown
+                ],
+            },
+        )
+    return valid
+
+
+def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at: datetime) -> dict[str, int]:
+    """Insert ``rows``; return {key: id} of the rows this statement inserted."""
+    sql = """
+        INSERT INTO metering_usagerecord (operator_id, cluster_id, buyer_id, cards, start_at, end_at,
+            price_card_id, idempotency_key, reference, body_hash, received_at)
+        SELECT %s, s.cluster_id, s.buyer_id, s.cards, s.start_at, s.end_at, s.price_card_id, s.key,
+            s.reference, s.body_hash, %s
+          FROM unnest(%s::bigint[], %s::bigint[], %s::integer[], %s::timestamptz[], %s::timestamptz[],
+                      %s::bigint[], %s::text[], %s::text[], %s::text[])
+               AS s(cluster_id, buyer_id, cards, start_at, end_at, price_card_id, key, reference, body_hash)
+        ON CONFLICT (operator_id, idempotency_key) DO NOTHING
+        RETURNING idempotency_key, id
+    """
+    params = [
+        operator_id,
+        received_at,
+        [r.cluster_id for r in rows],
+        [r.buyer_id for r in rows],
+        [r.cards for r in rows],
+        [r.start for r in rows],
+        [r.end for r in rows],
+        [r.price_card_id for r in rows],
+        [r.key for r in rows],
+        [r.reference for r in rows],
+        [r.hash for r in rows],
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return dict(cursor.fetchall())
+
+
+def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: datetime) -> dict[str, int]:
+    UsageRecord.objects.bulk_create(
+        [
+            UsageRecord(
+                operator_id=operator_id,
+                cluster_id=r.cluster_id,
+                buyer_id=r.buyer_id,
+                cards=r.cards,
+                start_at=r.start,
+                end_at=r.end,
+                price_card_id=r.price_card_id,
+                idempotency_key=r.key,
+                reference=r.reference,
+                body_hash=r.hash,
+                received_at=received_at,
+            )
+            for r in rows
+        ],
+        batch_size=2000,
+        ignore_conflicts=True,
+    )
+    wanted = {r.key: r.hash for r in rows}
+    inserted = (
+        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=wanted, received_at=received_at)
+        .values_list("idempotency_key", "id", "body_hash")
+    )
+    return {key: pk for key, pk, body_hash in inserted if wanted[key] == body_hash}
+
+
+def _existing(*, operator_id: int, keys: list[str]) -> dict[str, tuple[int, str]]:
+    found: dict[str, tuple[int, str]] = {}
+    for offset in range(0, len(keys), 5000):
+        chunk = keys[offset : offset + 5000]
+        for key, pk, body_hash in UsageRecord.objects.filter(
+            operator_id=operator_id, idempotency_key__in=chunk
+        ).values_list("idempotency_key", "id", "body_hash"):
+            found[key] = (pk, body_hash)
+    return found
+
+
+@transaction.atomic
+def usage_record_create_batch(
+    *, operator: Organisation, records: Sequence[UsageRecordInput], now: datetime | None = None
+) -> UsageBatchResult:
+    """Store up to ``CARDHOUR_USAGE_BATCH_MAX`` usage records of one operator, answering per record.
+
+    Raises UsageBatchTooLargeError, UsageBatchInvalidError (nothing written). Records are stored unrated;
+    the rating task prices them. See the module docstring for the idempotency rules.
+    """
+    limit = settings.CARDHOUR_USAGE_BATCH_MAX
+    if len(records) > limit:
+        raise UsageBatchTooLargeError(
+            f"A batch holds at most {limit} records, not {len(records)}.", extra={"max": limit}
+        )
+    now = now or timezone.now()
+    valid = _validate(operator=operator, records=records, now=now)
+
+    first_of_key: dict[str, int] = {}
+    fresh: list[_Validated] = []
+    for position, row in enumerate(valid):
+        if row.key not in first_of_key:
+            first_of_key[row.key] = position
+            fresh.append(row)
+    before = _existing(operator_id=operator.pk, keys=list(first_of_key))
+    to_insert = [row for row in fresh if row.key not in before]
+    insert = _insert_postgresql if connection.vendor == "postgresql" else _insert_generic
+    inserted = insert(operator_id=operator.pk, rows=to_insert, received_at=now) if to_insert else {}
+    lost = [row.key for row in to_insert if row.key not in inserted]
+    if lost:  # a concurrent batch inserted these keys between our read and our insert
+        before.update(_existing(operator_id=operator.pk, keys=lost))
+
+    outcomes: list[UsageRecordOutcome] = []
+    created = duplicates = conflicts = 0
+    for index, row in enumerate(valid):
+        first = first_of_key[row.key] == index
+        if first and row.key in inserted:
+            status, record_id = "created", inserted[row.key]
+            created += 1
+        else:
+            if row.key in inserted:
+                record_id, stored_hash = inserted[row.key], valid[first_of_key[row.key]].hash
+            else:
+                record_id, stored_hash = before[row.key]
+            if stored_hash == row.hash:
+                status = "duplicate"
+                duplicates += 1
+            else:
+                status = "conflict"
+                conflicts += 1
+        outcomes.append(
+            UsageRecordOutcome(index=index, idempotency_key=row.key, status=status, record_id=record_id)
+        )
+    return UsageBatchResult(
+        outcomes=tuple(outcomes), created=created, duplicates=duplicates, conflicts=conflicts
+    )

@@ -1,0 +1,679 @@
+"""The time-of-use schedule engine: validation, compilation and band slicing. Pure Python, no ORM.
+
+A tariff maps every *wall-clock minute* of every local calendar day (in the tariff's IANA zone) to exactly
+one band. Windows are minutes ``[start_minute, end_minute)`` of the local day; ``end_minute <=
+start_minute`` wraps midnight, meaning ``[start, 1440) ∪ [0, end)`` of each day the masks select (the masks
+apply to the calendar day of each minute, so a wrapping window never "carries" a mask into the next day).
+
+Because masks are per month and per weekday, every day of the calendar behaves like one of at most 84
+*profiles* (month × weekday). Validation checks each distinct set of applicable windows once, so it costs
+the same for a tariff with three windows as for one with three hundred profiles.
+
+Rating asks :meth:`CompiledTariff.slices` for the band pieces of ``[start, end)`` in UTC epoch seconds. The
+band of an instant is the band of its local wall-clock time: on a fall-back day the repeated hour follows
+the wall clock twice; on a spring-forward day the skipped wall times do not occur. Slices are also cut at
+every local midnight, so one slice never spans two local days (rating and invoices group by local day).
+
+Day bounds: local day ``d`` is the half-open UTC range from the first instant whose wall-clock time is at
+or after ``d 00:00`` to the first instant whose wall-clock time is at or after ``d+1 00:00``; where midnight
+itself does not exist (a zone that springs forward at 00:00), the day starts at the transition.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from itertools import pairwise
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from metering.errors import TariffInvalidError
+
+# The same values as metering.models.tariffs (a test keeps them equal); repeated here so this module
+# never imports the ORM.
+MINUTES_PER_DAY = 1440
+ALL_WEEKDAYS = 0b111_1111  # bit 0 = Monday … bit 6 = Sunday
+ALL_MONTHS = 0b1111_1111_1111  # bit 0 = January … bit 11 = December
+BANDS: tuple[str, ...] = ("critical_peak", "peak", "flat", "valley", "deep_valley")
+
+MULTIPLIER_PLACES = 4
+MULTIPLIER_MAX = Decimal("9999.9999")  # DecimalField(max_digits=8, decimal_places=4)
+MAX_WINDOWS = 200
+DEFAULT_TIME_ZONE = "Asia/Shanghai"
+
+WEEKDAY_NAMES: tuple[str, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+MONTH_NAMES: tuple[str, ...] = (
+    "Jan",
+    "Feb",
+    "Mar",
+    "Apr",
+    "May",
+    "Jun",
+    "Jul",
+    "Aug",
+    "Sep",
+    "Oct",
+    "Nov",
+    "Dec",
+)
+
+_SECONDS_PER_DAY = 86_400
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_MAX_FAULTS = 50  # per kind in ``extra``; the message names the first few
+_MAX_CACHED_DAYS = 40_000  # ~110 years of days per compiled tariff before the cache starts over
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    band: str
+    start_minute: int
+    end_minute: int
+    weekdays: int = ALL_WEEKDAYS
+    months: int = ALL_MONTHS
+
+
+@dataclass(frozen=True)
+class TariffSpec:
+    time_zone: str
+    multipliers: Mapping[str, Decimal]
+    windows: tuple[WindowSpec, ...]
+
+
+@dataclass(frozen=True)
+class Preset:
+    code: str
+    name: str
+    source: str
+    spec: TariffSpec
+
+
+# --- Formatting -------------------------------------------------------------------------------------
+
+
+def minute_label(minute: int) -> str:
+    """``615`` → ``"10:15"``; ``1440`` → ``"24:00"``."""
+    return f"{minute // 60:02d}:{minute % 60:02d}"
+
+
+def _ranges(indices: Iterable[int]) -> list[tuple[int, int]]:
+    ordered = sorted(set(indices))
+    runs: list[tuple[int, int]] = []
+    for index in ordered:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return runs
+
+
+def _label_ranges(indices: Iterable[int], names: Sequence[str]) -> str:
+    parts = []
+    for first, last in _ranges(indices):
+        if first == last:
+            parts.append(names[first])
+        elif last == first + 1:
+            parts.append(f"{names[first]}, {names[last]}")
+        else:
+            parts.append(f"{names[first]}–{names[last]}")
+    return ", ".join(parts)
+
+
+def weekdays_label(mask: int) -> str:
+    """``0b0011111`` → ``"Mon–Fri"``."""
+    return _label_ranges((i for i in range(7) if mask >> i & 1), WEEKDAY_NAMES)
+
+
+def months_label(mask: int) -> str:
+    """``0b111000000`` → ``"Jul–Sep"``."""
+    return _label_ranges((i for i in range(12) if mask >> i & 1), MONTH_NAMES)
+
+
+def weekdays_mask(indices: Iterable[int]) -> int:
+    """Weekday indices (0 = Monday) as a mask."""
+    mask = 0
+    for index in indices:
+        mask |= 1 << index
+    return mask
+
+
+def months_mask(months: Iterable[int]) -> int:
+    """Month numbers (1 = January) as a mask."""
+    mask = 0
+    for month in months:
+        mask |= 1 << (month - 1)
+    return mask
+
+
+# --- Validation -------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _known_zones() -> frozenset[str]:
+    return frozenset(available_timezones())
+
+
+def time_zone_is_valid(name: str) -> bool:
+    """An IANA zone name known to this machine's tz database (``zoneinfo``)."""
+    if not isinstance(name, str) or not name or name not in _known_zones():
+        return False
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
+
+
+def _multiplier_fault(value: Any) -> str | None:
+    if isinstance(value, float | bool):
+        return "must be a Decimal (or an integer), not a float"
+    try:
+        amount = Decimal(value)
+    except (InvalidOperation, TypeError, ValueError):
+        return "is not a number"
+    if not amount.is_finite():
+        return "is not a finite number"
+    if amount <= 0:
+        return "must be greater than 0"
+    if amount > MULTIPLIER_MAX:
+        return f"must be at most {MULTIPLIER_MAX}"
+    if amount != amount.quantize(Decimal(1).scaleb(-MULTIPLIER_PLACES)):
+        return f"has more than {MULTIPLIER_PLACES} decimal places"
+    return None
+
+
+def _window_faults(window: WindowSpec) -> list[str]:
+    faults = []
+    for name in ("start_minute", "end_minute", "weekdays", "months"):
+        if not isinstance(getattr(window, name), int) or isinstance(getattr(window, name), bool):
+            faults.append(f"{name} must be an integer")
+    if faults:
+        return faults
+    if not 0 <= window.start_minute < MINUTES_PER_DAY:
+        faults.append(f"start_minute must be 0–{MINUTES_PER_DAY - 1} (00:00–23:59)")
+    if not 1 <= window.end_minute <= MINUTES_PER_DAY:
+        faults.append(f"end_minute must be 1–{MINUTES_PER_DAY} (00:01–24:00); midnight as an end is 24:00")
+    if window.start_minute == window.end_minute:
+        faults.append("start and end are equal; for the whole day use 00:00–24:00")
+    if not 1 <= window.weekdays <= ALL_WEEKDAYS:
+        faults.append("weekdays must select at least one day (mask 1–127, bit 0 = Monday)")
+    if not 1 <= window.months <= ALL_MONTHS:
+        faults.append("months must select at least one month (mask 1–4095, bit 0 = January)")
+    return faults
+
+
+def _day_intervals(window: WindowSpec) -> list[tuple[int, int]]:
+    """The window's minutes of one selected calendar day, as up to two non-wrapping intervals."""
+    if window.end_minute > window.start_minute:
+        return [(window.start_minute, window.end_minute)]
+    pieces = [(window.start_minute, MINUTES_PER_DAY)]
+    if window.end_minute > 0:
+        pieces.append((0, window.end_minute))
+    return pieces
+
+
+def _profile_groups(windows: Sequence[WindowSpec]) -> dict[tuple[int, ...], list[tuple[int, int]]]:
+    """Distinct sets of applicable window indices → the (month 0–11, weekday 0–6) profiles using them."""
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = defaultdict(list)
+    for month in range(12):
+        for weekday in range(7):
+            applicable = tuple(
+                i for i, w in enumerate(windows) if w.months >> month & 1 and w.weekdays >> weekday & 1
+            )
+            groups[applicable].append((month, weekday))
+    return groups
+
+
+def _coverage_faults(
+    windows: Sequence[WindowSpec], indices: tuple[int, ...]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int, tuple[str, ...]]]]:
+    """Gaps [(from, to)] and overlaps [(from, to, bands)] in minutes of a day covered by ``indices``."""
+    edges = {0, MINUTES_PER_DAY}
+    pieces: list[tuple[int, int, int]] = []
+    for index in indices:
+        for start, end in _day_intervals(windows[index]):
+            pieces.append((start, end, index))
+            edges.update((start, end))
+    cuts = sorted(edges)
+    gaps: list[tuple[int, int]] = []
+    overlaps: list[tuple[int, int, tuple[str, ...]]] = []
+    for lo, hi in pairwise(cuts):
+        covering = [index for start, end, index in pieces if start <= lo and hi <= end]
+        if not covering:
+            if gaps and gaps[-1][1] == lo:
+                gaps[-1] = (gaps[-1][0], hi)
+            else:
+                gaps.append((lo, hi))
+        elif len(covering) > 1:
+            bands = tuple(sorted({windows[i].band for i in covering}, key=_band_order))
+            if overlaps and overlaps[-1][1] == lo and overlaps[-1][2] == bands:
+                overlaps[-1] = (overlaps[-1][0], hi, bands)
+            else:
+                overlaps.append((lo, hi, bands))
+    return gaps, overlaps
+
+
+def _band_order(band: str) -> tuple[int, str]:
+    return (BANDS.index(band), band) if band in BANDS else (len(BANDS), band)
+
+
+def _describe_profiles(profiles: Iterable[tuple[int, int]]) -> list[dict[str, str]]:
+    """A set of (month, weekday) profiles as a few {"months", "weekdays"} rectangles."""
+    months_by_weekday: dict[int, int] = defaultdict(int)
+    for month, weekday in profiles:
+        months_by_weekday[weekday] |= 1 << month
+    weekdays_by_months: dict[int, int] = defaultdict(int)
+    for weekday, mask in months_by_weekday.items():
+        weekdays_by_months[mask] |= 1 << weekday
+    rectangles = sorted(weekdays_by_months.items(), key=lambda item: (item[1] & -item[1], item[0] & -item[0]))
+    return [{"months": months_label(m), "weekdays": weekdays_label(w)} for m, w in rectangles]
+
+
+def tariff_spec_validate(spec: TariffSpec) -> None:
+    """Check a schedule; raise TariffInvalidError naming every fault, or return None.
+
+    Rules: a known IANA zone; multipliers only for known bands, each > 0 with at most four decimal places;
+    1–MAX_WINDOWS windows, each of a known band that has a multiplier, start 00:00–23:59, end 00:01–24:00,
+    start ≠ end (whole day is 00:00–24:00), non-empty masks; every band with a multiplier used by some
+    window; and every minute of every day in exactly one window. ``extra`` carries the faults by kind
+    (``time_zone``, ``multipliers``, ``windows``, ``unknown_bands``, ``missing_multipliers``,
+    ``unused_bands``, ``gaps``, ``overlaps``), gaps and overlaps as {"months", "weekdays", "from", "to"}
+    (overlaps also name their ``bands``).
+    """
+    extra: dict[str, Any] = {}
+    sentences: list[str] = []
+
+    if not time_zone_is_valid(spec.time_zone):
+        extra["time_zone"] = spec.time_zone
+        sentences.append(f"{spec.time_zone!r} is not an IANA time zone (e.g. Asia/Shanghai).")
+
+    multiplier_faults = {}
+    for band, value in spec.multipliers.items():
+        if band not in BANDS:
+            continue
+        fault = _multiplier_fault(value)
+        if fault is not None:
+            multiplier_faults[band] = f"multiplier {fault}"
+    if multiplier_faults:
+        extra["multipliers"] = multiplier_faults
+        sentences.extend(f"The {band} {fault}." for band, fault in multiplier_faults.items())
+
+    windows = tuple(spec.windows)
+    if not windows:
+        extra["windows"] = [{"index": None, "errors": ["at least one window is required"]}]
+        sentences.append("A tariff needs at least one window.")
+    elif len(windows) > MAX_WINDOWS:
+        extra["windows"] = [{"index": None, "errors": [f"at most {MAX_WINDOWS} windows"]}]
+        sentences.append(f"A tariff may have at most {MAX_WINDOWS} windows; this one has {len(windows)}.")
+    else:
+        window_faults = []
+        for index, window in enumerate(windows):
+            faults = _window_faults(window)
+            if faults:
+                window_faults.append({"index": index, "errors": faults})
+                sentences.append(f"Window {index + 1} ({window.band}): {'; '.join(faults)}.")
+        if window_faults:
+            extra["windows"] = window_faults
+
+    unknown = sorted(
+        {b for b in spec.multipliers if b not in BANDS} | {w.band for w in windows if w.band not in BANDS}
+    )
+    if unknown:
+        extra["unknown_bands"] = unknown
+        sentences.append(f"Unknown band {', '.join(unknown)}; bands are {', '.join(BANDS)}.")
+    missing = sorted(
+        {w.band for w in windows if w.band in BANDS and w.band not in spec.multipliers}, key=_band_order
+    )
+    if missing:
+        extra["missing_multipliers"] = missing
+        sentences.append(f"No multiplier for {', '.join(missing)}, which a window uses.")
+    used = {w.band for w in windows}
+    unused = sorted((b for b in spec.multipliers if b in BANDS and b not in used), key=_band_order)
+    if unused:
+        extra["unused_bands"] = unused
+        sentences.append(f"No window uses {', '.join(unused)}; drop its multiplier or give it a window.")
+
+    # Coverage only means something once every window is well-formed.
+    if windows and "windows" not in extra:
+        gap_profiles: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+        overlap_profiles: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, int]]] = defaultdict(list)
+        for indices, profiles in _profile_groups(windows).items():
+            gaps, overlaps = _coverage_faults(windows, indices)
+            for gap in gaps:
+                gap_profiles[gap].extend(profiles)
+            for overlap in overlaps:
+                overlap_profiles[overlap].extend(profiles)
+        gap_rows = [
+            {**where, "from": minute_label(lo), "to": minute_label(hi)}
+            for (lo, hi), profiles in sorted(gap_profiles.items())
+            for where in _describe_profiles(profiles)
+        ]
+        overlap_rows = [
+            {**where, "from": minute_label(lo), "to": minute_label(hi), "bands": list(bands)}
+            for (lo, hi, bands), profiles in sorted(overlap_profiles.items())
+            for where in _describe_profiles(profiles)
+        ]
+        if gap_rows or overlap_rows:
+            described = [
+                f"{row['from']}–{row['to']} on {row['weekdays']} in {row['months']} has no band"
+                for row in gap_rows
+            ] + [
+                f"{row['from']}–{row['to']} on {row['weekdays']} in {row['months']} is in both "
+                f"{' and '.join(row['bands'])}"
+                for row in overlap_rows
+            ]
+            shown = "; ".join(described[:5])
+            more = f" (and {len(described) - 5} more)" if len(described) > 5 else ""
+            sentences.append(f"Every minute must belong to exactly one band: {shown}{more}.")
+        if gap_rows:
+            extra["gaps"] = gap_rows[:_MAX_FAULTS]
+        if overlap_rows:
+            extra["overlaps"] = overlap_rows[:_MAX_FAULTS]
+
+    if extra:
+        raise TariffInvalidError(" ".join(sentences), extra=extra)
+
+
+# --- Compilation and slicing ------------------------------------------------------------------------
+
+# One compiled local day: (utc_start, utc_end, segment starts, segment ends, segment band indices).
+_Day = tuple[int, int, list[int], list[int], list[int]]
+
+
+class CompiledTariff:
+    """A validated schedule ready for rating: fast band lookups over UTC epoch seconds.
+
+    Thread-safe for readers: the per-day cache only grows (or is swapped wholesale), and a day, once
+    built, never changes. Build one with :func:`tariff_compile`.
+    """
+
+    bands: tuple[str, ...]
+    multipliers_e4: tuple[int, ...]
+
+    def __init__(self, spec: TariffSpec):
+        self.time_zone = spec.time_zone
+        self._zone = ZoneInfo(spec.time_zone)
+        used = {w.band for w in spec.windows}
+        self.bands = tuple(sorted(used, key=_band_order))
+        self.multipliers_e4 = tuple(
+            int(Decimal(spec.multipliers[band]).scaleb(MULTIPLIER_PLACES)) for band in self.bands
+        )
+        band_index = {band: i for i, band in enumerate(self.bands)}
+        windows = tuple(spec.windows)
+        # Wall-clock runs (start_minute, end_minute, band index) for each of the 84 profiles.
+        self._profiles: list[tuple[tuple[int, int, int], ...]] = [()] * 84
+        for indices, profiles in _profile_groups(windows).items():
+            pieces = sorted(
+                (start, end, band_index[windows[i].band])
+                for i in indices
+                for start, end in _day_intervals(windows[i])
+            )
+            runs: list[tuple[int, int, int]] = []
+            for start, end, band in pieces:
+                if runs and runs[-1][2] == band and runs[-1][1] == start:
+                    runs[-1] = (runs[-1][0], end, band)
+                else:
+                    runs.append((start, end, band))
+            for month, weekday in profiles:
+                self._profiles[month * 7 + weekday] = tuple(runs)
+        self._lock = threading.Lock()
+        self._day_starts: list[int] = []
+        self._days: list[_Day] = []
+        self._last: _Day = (0, 0, [0], [0], [0])
+
+    # The hot path. Everything here is integers and lists: no datetime objects.
+    def slices(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """Band pieces of ``[start, end)`` (UTC epoch seconds) as consecutive half-open
+        ``(slice_start, slice_end, band_index)``, cut at every band edge and every local midnight.
+        An empty interval gives ``[]``; ``end < start`` is a ValueError."""
+        if end <= start:
+            if end < start:
+                raise ValueError(f"end {end} is before start {start}")
+            return []
+        day = self._last
+        if not day[0] <= start < day[1]:
+            day = self._day_containing(start)
+        seg_starts = day[2]
+        seg_ends = day[3]
+        seg_bands = day[4]
+        i = bisect_right(seg_starts, start) - 1
+        out = []
+        t = start
+        while True:
+            seg_end = seg_ends[i]
+            if end <= seg_end:
+                out.append((t, end, seg_bands[i]))
+                return out
+            out.append((t, seg_end, seg_bands[i]))
+            t = seg_end
+            i += 1
+            if i == len(seg_ends):
+                day = self._day_containing(t)
+                seg_starts, seg_ends, seg_bands = day[2], day[3], day[4]
+                i = 0
+
+    def band_at(self, instant: int) -> int:
+        """The band index of the UTC epoch second ``instant`` (by its local wall-clock time)."""
+        day = self._last
+        if not day[0] <= instant < day[1]:
+            day = self._day_containing(instant)
+        return day[4][bisect_right(day[2], instant) - 1]
+
+    def day_strip(self, local_date: date) -> list[tuple[int, int, str]]:
+        """The wall-clock day of ``local_date`` as (start_minute, end_minute, band) runs over 0–1440.
+
+        Wall-clock minutes, not elapsed ones: on a daylight-saving day the skipped or repeated hour is
+        drawn once, where the clock shows it."""
+        runs = self._profiles[(local_date.month - 1) * 7 + local_date.weekday()]
+        return [(start, end, self.bands[band]) for start, end, band in runs]
+
+    def day_bounds(self, local_date: date) -> tuple[int, int]:
+        """UTC epoch seconds ``[start, end)`` of the local day ``local_date``."""
+        return self._first_instant_at_or_after(local_date), self._first_instant_at_or_after(
+            local_date + timedelta(days=1)
+        )
+
+    # --- The per-day cache (cold path) ---
+
+    def _day_containing(self, instant: int) -> _Day:
+        index = bisect_right(self._day_starts, instant) - 1
+        if index >= 0:
+            day = self._days[index]
+            if instant < day[1]:
+                self._last = day
+                return day
+        wall_date = datetime.fromtimestamp(instant, self._zone).date()
+        for candidate in (wall_date, wall_date - timedelta(days=1), wall_date + timedelta(days=1)):
+            day = self._build_day(candidate)
+            if day[0] <= instant < day[1]:
+                self._store(day)
+                self._last = day
+                return day
+        raise AssertionError(f"no local day contains {instant} in {self.time_zone}")  # pragma: no cover
+
+    def _store(self, day: _Day) -> None:
+        with self._lock:
+            if len(self._days) >= _MAX_CACHED_DAYS:
+                self._day_starts, self._days = [], []
+            index = bisect_right(self._day_starts, day[0])
+            if index > 0 and self._day_starts[index - 1] == day[0]:
+                return
+            # Build new lists and swap them in, so a reader never sees starts and days out of step.
+            starts = [*self._day_starts[:index], day[0], *self._day_starts[index:]]
+            days = [*self._days[:index], day, *self._days[index:]]
+            self._days, self._day_starts = days, starts
+
+    def _offset(self, instant: int) -> int:
+        moment = datetime.fromtimestamp(instant, UTC).astimezone(self._zone)
+        offset = moment.utcoffset()
+        assert offset is not None
+        return int(offset.total_seconds())
+
+    def _first_instant_at_or_after(self, local_date: date) -> int:
+        """The first UTC second whose wall-clock time is at or after ``local_date`` 00:00."""
+        wall = (local_date.toordinal() - _EPOCH_ORDINAL) * _SECONDS_PER_DAY
+        midnight = datetime.combine(local_date, time(0), tzinfo=self._zone)
+        candidate = int(midnight.timestamp())  # fold=0: the earlier instant when ambiguous
+        if candidate + self._offset(candidate) == wall:
+            return candidate
+        # Midnight falls in a gap: the day starts at the transition. fold=0 resolved with the offset
+        # before the gap, so ``candidate`` is after the transition; search back for the first instant
+        # whose wall time is at or after midnight.
+        low = int(midnight.replace(fold=1).timestamp()) - 1
+        low = min(low, candidate - 1)
+        while low + self._offset(low) >= wall:
+            low -= 3600
+        high = candidate
+        while high - low > 1:  # invariant: wall(low) < midnight <= wall(high)
+            middle = (low + high) // 2
+            if middle + self._offset(middle) >= wall:
+                high = middle
+            else:
+                low = middle
+        return high
+
+    def _offset_pieces(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """``[start, end)`` split where the zone's UTC offset changes: (from, to, offset).
+
+        Probes hourly and bisects to the second between two probes that disagree; two transitions
+        less than an hour apart would be missed, and no zone has them."""
+        pieces = []
+        piece_start = start
+        offset = self._offset(start)
+        probe = start
+        while probe < end - 1:
+            following = min(probe + 3600, end - 1)
+            if self._offset(following) == offset:
+                probe = following
+                continue
+            low, high = probe, following  # offset(low) == offset != offset(high)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self._offset(middle) == offset:
+                    low = middle
+                else:
+                    high = middle
+            pieces.append((piece_start, high, offset))
+            piece_start, offset, probe = high, self._offset(high), high
+        pieces.append((piece_start, end, offset))
+        return pieces
+
+    def _build_day(self, local_date: date) -> _Day:
+        day_start, day_end = self.day_bounds(local_date)
+        seg_starts: list[int] = []
+        seg_ends: list[int] = []
+        seg_bands: list[int] = []
+        for piece_start, piece_end, offset in self._offset_pieces(day_start, day_end):
+            wall = piece_start + offset
+            wall_end = piece_end + offset
+            while wall < wall_end:
+                wall_day, second = divmod(wall, _SECONDS_PER_DAY)
+                calendar_day = date.fromordinal(wall_day + _EPOCH_ORDINAL)
+                runs = self._profiles[(calendar_day.month - 1) * 7 + calendar_day.weekday()]
+                minute = second // 60
+                run = next(r for r in runs if r[0] <= minute < r[1])
+                run_end = wall_day * _SECONDS_PER_DAY + run[1] * 60
+                segment_end = min(run_end, wall_end)
+                utc_start, utc_end = wall - offset, segment_end - offset
+                if seg_bands and seg_bands[-1] == run[2] and seg_ends[-1] == utc_start:
+                    seg_ends[-1] = utc_end
+                else:
+                    seg_starts.append(utc_start)
+                    seg_ends.append(utc_end)
+                    seg_bands.append(run[2])
+                wall = segment_end
+        return (day_start, day_end, seg_starts, seg_ends, seg_bands)
+
+
+def tariff_compile(spec: TariffSpec) -> CompiledTariff:
+    """Compile a schedule that :func:`tariff_spec_validate` accepted."""
+    return CompiledTariff(spec)
+
+
+# --- Presets ----------------------------------------------------------------------------------------
+
+_SUMMER = months_mask([7, 8, 9])
+_NOT_SUMMER = ALL_MONTHS & ~_SUMMER
+
+
+def _hm(text: str) -> int:
+    hours, minutes = text.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def _w(band: str, start: str, end: str, months: int = ALL_MONTHS) -> WindowSpec:
+    return WindowSpec(band=band, start_minute=_hm(start), end_minute=_hm(end), months=months)
+
+
+PRESETS: dict[str, Preset] = {
+    "cn-gd": Preset(
+        code="cn-gd",
+        name="Guangdong time-of-use (industrial and commercial)",
+        source=(
+            "Guangdong Provincial Development and Reform Commission, notice on further improving the "
+            "province's peak-valley time-of-use electricity prices (粤发改价格〔2021〕331号). Taken from it: "
+            "peak 10:00–12:00 and 14:00–19:00, valley 00:00–08:00, flat otherwise, peak : flat : valley "
+            "= 1.7 : 1 : 0.38, critical peak at peak × 1.25 in July–September 11:00–12:00 and "
+            "15:00–17:00. Not modelled: the notice's critical-peak days triggered by temperature outside "
+            "those months, and which customer classes it applies to."
+        ),
+        spec=TariffSpec(
+            time_zone=DEFAULT_TIME_ZONE,
+            multipliers={
+                "critical_peak": Decimal("2.125"),
+                "peak": Decimal("1.7"),
+                "flat": Decimal("1"),
+                "valley": Decimal("0.38"),
+            },
+            windows=(
+                _w("valley", "00:00", "08:00"),
+                _w("flat", "08:00", "10:00"),
+                _w("peak", "10:00", "12:00", _NOT_SUMMER),
+                _w("peak", "10:00", "11:00", _SUMMER),
+                _w("critical_peak", "11:00", "12:00", _SUMMER),
+                _w("flat", "12:00", "14:00"),
+                _w("peak", "14:00", "19:00", _NOT_SUMMER),
+                _w("peak", "14:00", "15:00", _SUMMER),
+                _w("critical_peak", "15:00", "17:00", _SUMMER),
+                _w("peak", "17:00", "19:00", _SUMMER),
+                _w("flat", "19:00", "24:00"),
+            ),
+        ),
+    ),
+    "cn-nx": Preset(
+        code="cn-nx",
+        name="Ningxia time-of-use",
+        source=(
+            "Ningxia Hui Autonomous Region Development and Reform Commission time-of-use tariff, as "
+            "summarised in the metering issue: peak 08:00–12:00 and 18:30–22:30, valley 22:30–06:30, "
+            "flat otherwise, peak : flat : valley = 1.5 : 1 : 0.5. The document number is not cited "
+            "because it could not be confirmed; check the current notice before relying on it."
+        ),
+        spec=TariffSpec(
+            time_zone=DEFAULT_TIME_ZONE,
+            multipliers={"peak": Decimal("1.5"), "flat": Decimal("1"), "valley": Decimal("0.5")},
+            windows=(
+                _w("valley", "22:30", "06:30"),
+                _w("flat", "06:30", "08:00"),
+                _w("peak", "08:00", "12:00"),
+                _w("flat", "12:00", "18:30"),
+                _w("peak", "18:30", "22:30"),
+            ),
+        ),
+    ),
+    "flat": Preset(
+        code="flat",
+        name="Flat (no time of use)",
+        source="Cardhour platform default: every hour at 1.0, for operators that do not pass on time of use.",
+        spec=TariffSpec(
+            time_zone=DEFAULT_TIME_ZONE,
+            multipliers={"flat": Decimal("1")},
+            windows=(_w("flat", "00:00", "24:00"),),
+        ),
+    ),
+}
