@@ -95,3 +95,54 @@ class TariffReadOnlyError(PermissionDeniedError):
     """A preset (platform tariff) changed by an operator: presets change only by the platform."""
 
     code = "tariff_read_only"
+
+
+class BillingPeriodInvalidError(InvalidInputError):
+    """A billing period must start on the first day of a month (in the billing time zone)."""
+
+    code = "billing_period_invalid"
+
+
+class BillingPeriodOpenError(ConflictError):
+    """A month cannot be closed before it has ended in the billing time zone."""
+
+    code = "billing_period_open"
+
+
+class UnknownPackProductError(InvalidInputError):
+    """The order names a product that is not in the catalogue (or no longer on sale)."""
+
+    code = "unknown_pack_product"
+
+
+class PackOrderConflictError(ConflictError):
+    """The order's idempotency key was used before with a different product or quantity."""
+
+    code = "pack_order_conflict"
+
+
+class PackNotRefundableError(ConflictError):
+    """The pack has nothing left to refund, or was not paid through Stripe."""
+
+    code = "pack_not_refundable"
+
+
+class LiveModeTestPaymentError(PermissionDeniedError):
+    """Test payment methods are refused when the platform runs on live Stripe keys."""
+
+    code = "test_payment_not_allowed"
+
+
+class StripePaymentMismatchError(DomainError):
+    """A Stripe payment that does not match its order (amount, currency, or no such order)."""
+
+    code = "stripe_payment_mismatch"
+    http_status = 500
+
+
+class StripeEventFailedError(DomainError):
+    """A verified webhook event could not be processed; it is stored as failed, and the 500 makes Stripe
+    deliver it again."""
+
+    code = "stripe_event_failed"
+    http_status = 500

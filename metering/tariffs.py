@@ -198,7 +198,7 @@ def _window_faults(window: WindowSpec) -> list[str]:
         faults.append(f"start_minute must be 0–{MINUTES_PER_DAY - 1} (00:00–23:59)")
     if not 1 <= window.end_minute <= MINUTES_PER_DAY:
         faults.append(f"end_minute must be 1–{MINUTES_PER_DAY} (00:01–24:00); midnight as an end is 24:00")
-    if window.start_minute == window.end_minute:
+    if not faults and window.start_minute == window.end_minute:
         faults.append("start and end are equal; for the whole day use 00:00–24:00")
     if not 1 <= window.weekdays <= ALL_WEEKDAYS:
         faults.append("weekdays must select at least one day (mask 1–127, bit 0 = Monday)")

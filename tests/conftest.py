@@ -48,6 +48,12 @@ def _reference_data(request: pytest.FixtureRequest) -> None:
     if not Hub.objects.exists():
         load_reference_data(apps)
 
+    from metering.models import Tariff
+    from metering.services.tariffs import tariff_presets_load
+
+    if not Tariff.objects.filter(owner__isnull=True).exists():
+        tariff_presets_load(apps)
+
 
 @pytest.fixture
 def is_postgres() -> bool:

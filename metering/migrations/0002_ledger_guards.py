@@ -52,12 +52,12 @@ DROP FUNCTION IF EXISTS metering_ledger_append_only();
 
 def forwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(APPEND_ONLY)
+        schema_editor.execute(APPEND_ONLY, params=None)
 
 
 def backwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP)
+        schema_editor.execute(DROP, params=None)
 
 
 class Migration(migrations.Migration):

@@ -96,8 +96,9 @@ class Settlement(models.Model):
         ordering = ["-period_start", "operator_id"]
         constraints = [
             models.UniqueConstraint(fields=["operator", "period_start"], name="settlement_unique_period"),
-            models.CheckConstraint(condition=Q(payable=models.F("gross") - models.F("commission")),
-                                   name="settlement_payable"),
+            models.CheckConstraint(
+                condition=Q(payable=models.F("gross") - models.F("commission")), name="settlement_payable"
+            ),
         ]
 
     def __str__(self) -> str:

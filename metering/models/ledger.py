@@ -42,9 +42,7 @@ class LedgerAccount(models.Model):
     organisation = models.ForeignKey(
         Organisation, on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_accounts"
     )
-    pack = models.OneToOneField(
-        Pack, on_delete=models.PROTECT, null=True, blank=True, related_name="account"
-    )
+    pack = models.OneToOneField(Pack, on_delete=models.PROTECT, null=True, blank=True, related_name="account")
     balance = models.BigIntegerField(default=0, help_text=_("Micro-units of the account's unit."))
     non_negative = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)

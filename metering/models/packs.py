@@ -20,7 +20,9 @@ def pack_class_key(accelerator_slug: str | None) -> str:
 class BillingProfile(models.Model):
     """What a buyer organisation needs to be billed: invoice details and its Stripe customer."""
 
-    organisation = models.OneToOneField(Organisation, on_delete=models.PROTECT, related_name="billing_profile")
+    organisation = models.OneToOneField(
+        Organisation, on_delete=models.PROTECT, related_name="billing_profile"
+    )
     currency = models.CharField(max_length=3, default="CNY")
     legal_name = models.CharField(max_length=200, blank=True)
     tax_id = models.CharField(_("tax id"), max_length=64, blank=True)

@@ -148,7 +148,9 @@ class PriceCard(models.Model):
         ordering = ["cluster_id", "version"]
         constraints = [
             models.UniqueConstraint(fields=["cluster", "version"], name="price_card_version_unique"),
-            models.CheckConstraint(condition=Q(rate_per_card_hour__gte=0), name="price_card_rate_non_negative"),
+            models.CheckConstraint(
+                condition=Q(rate_per_card_hour__gte=0), name="price_card_rate_non_negative"
+            ),
             models.CheckConstraint(condition=Q(currency="CNY"), name="price_card_currency_cny"),
         ]
         indexes = [models.Index(fields=["cluster", "-effective_from"], name="price_card_cluster_effective")]

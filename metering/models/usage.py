@@ -91,7 +91,9 @@ class RatedSegment(models.Model):
             models.CheckConstraint(condition=Q(card_seconds__gt=0), name="rated_segment_card_seconds"),
         ]
         indexes = [
-            models.Index(fields=["invoice"], condition=Q(invoice__isnull=True), name="rated_segment_uninvoiced"),
+            models.Index(
+                fields=["invoice"], condition=Q(invoice__isnull=True), name="rated_segment_uninvoiced"
+            ),
             models.Index(
                 fields=["settlement"], condition=Q(settlement__isnull=True), name="rated_segment_unsettled"
             ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from core.models import Organisation
@@ -17,13 +17,21 @@ from metering.tariffs import CompiledTariff, TariffSpec, WindowSpec, tariff_comp
 _MAX_ID = 2**63 - 1  # BigAutoField; a larger path value cannot name a row and would overflow the query
 
 
-def tariff_list_for(*, organisation: Organisation) -> QuerySet[Tariff]:
-    """The tariffs ``organisation`` may use: the platform's presets, then its own."""
-    return (
+def tariff_list_for(*, organisation: Organisation, with_current_version: bool = False) -> QuerySet[Tariff]:
+    """The tariffs ``organisation`` may use: the platform's presets, then its own. With
+    ``with_current_version`` each carries ``current_version``: the number of the version in force now
+    (None before its first version takes effect)."""
+    tariffs = (
         Tariff.objects.filter(Q(owner__isnull=True) | Q(owner=organisation))
         .select_related("owner")
-        .order_by("owner_id", "code")
+        .order_by(F("owner_id").asc(nulls_first=True), "code")
     )
+    if with_current_version:
+        in_force = TariffVersion.objects.filter(tariff=OuterRef("pk"), effective_from__lte=timezone.now())
+        tariffs = tariffs.annotate(
+            current_version=Subquery(in_force.order_by("-effective_from", "-version").values("version")[:1])
+        )
+    return tariffs
 
 
 def tariff_get_for(*, organisation: Organisation, tariff_id: int) -> Tariff:
@@ -65,6 +73,18 @@ def tariff_version_current(*, tariff: Tariff, at: datetime | None = None) -> Tar
             extra={"tariff_id": tariff.pk, "at": at.isoformat()},
         )
     return version
+
+
+def tariff_version_for_day(*, tariff: Tariff, at: datetime) -> TariffVersion:
+    """The version to show for a day starting at ``at``: the one in force then, or the first version
+    for a day before any is in force (a preview)."""
+    try:
+        return tariff_version_current(tariff=tariff, at=at)
+    except TariffNotFoundError:
+        first = TariffVersion.objects.filter(tariff=tariff).order_by("effective_from", "version").first()
+        if first is None:
+            raise
+        return first
 
 
 def tariff_version_spec(*, version: TariffVersion) -> TariffSpec:
@@ -118,7 +138,9 @@ def price_card_current(*, cluster: Cluster, at: datetime | None = None) -> Price
     """The price card in force for ``cluster`` at ``at`` (default now): the newest effective_from at or
     before it, the newer version on a tie. Raises PriceCardNotFoundError when the cluster has none yet."""
     at = at or timezone.now()
-    card = _price_cards(cluster).filter(effective_from__lte=at).order_by("-effective_from", "-version").first()
+    card = (
+        _price_cards(cluster).filter(effective_from__lte=at).order_by("-effective_from", "-version").first()
+    )
     if card is None:
         raise PriceCardNotFoundError(
             f"Cluster {cluster.cpi} has no price card in force at {at.isoformat()}.",

@@ -42,7 +42,11 @@ def pack_issue(
     every class the pack can serve. Returns ``(pack, created)``.
     """
     try:
-        order = PackOrder.objects.select_for_update().select_related("buyer", "accelerator").get(pk=order.pk)
+        order = (
+            PackOrder.objects.select_for_update(of=("self",))
+            .select_related("buyer", "accelerator")
+            .get(pk=order.pk)
+        )
     except PackOrder.DoesNotExist:
         raise PackOrderNotFoundError(f"Pack order {order.pk} does not exist.") from None
     existing = Pack.objects.filter(order=order).first()

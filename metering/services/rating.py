@@ -39,6 +39,7 @@ from core.money import MICROS, round_div, scaled_int, to_micros
 from federation.models import Cluster, StandardCard
 from metering.models import (
     STANDARD_CLASS,
+    AccountKind,
     BuyerExhaustion,
     LedgerAccount,
     Pack,
@@ -211,7 +212,10 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                         continue
                     draw = round_div(covered * per_second_num, per_second_den)
                 value = pack_value_of_draw(
-                    price_micros=pack.price, quantity_micros=pack.quantity, balance_before=pack.balance, draw=draw
+                    price_micros=pack.price,
+                    quantity_micros=pack.quantity,
+                    balance_before=pack.balance,
+                    draw=draw,
                 )
                 pack.balance -= draw
                 pack.drawn += draw
@@ -304,21 +308,22 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
 
 def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
     """The buyers' packs with a balance, locked (account rows, in id order), expiring first first."""
-    accounts = (
-        LedgerAccount.objects.select_for_update(of=("self",))
-        .filter(pack__buyer_id__in=buyer_ids, balance__gt=0)
+    locked = list(
+        LedgerAccount.objects.select_for_update()
+        .filter(kind=AccountKind.PACK, organisation_id__in=buyer_ids, balance__gt=0)
         .order_by("pk")
-        .values_list(
-            "pk",
-            "balance",
-            "pack_id",
-            "pack__buyer_id",
-            "pack__accelerator__slug",
-            "pack__card_hours",
-            "pack__price",
-            "pack__starts_at",
-            "pack__expires_at",
-        )
+        .values_list("pk", flat=True)
+    )
+    accounts = LedgerAccount.objects.filter(pk__in=locked).values_list(
+        "pk",
+        "balance",
+        "pack_id",
+        "pack__buyer_id",
+        "pack__accelerator__slug",
+        "pack__card_hours",
+        "pack__price",
+        "pack__starts_at",
+        "pack__expires_at",
     )
     packs: dict[int, list[_PackState]] = defaultdict(list)
     for account_id, balance, pack_id, buyer_id, slug, card_hours, price, starts_at, expires_at in accounts:
@@ -343,12 +348,18 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
     organisations = {
         org.pk: org
         for org in Organisation.objects.filter(
-            pk__in={owner for (kind, owner, _), _amount in sums.items() if kind in {"buyer_money", "operator", "arrears"}}
+            pk__in={
+                owner
+                for (kind, owner, _), _amount in sums.items()
+                if kind in {"buyer_money", "operator", "arrears"}
+            }
         )
     }
     pack_accounts = {
         account.pk: account
-        for account in LedgerAccount.objects.filter(pk__in={owner for (kind, owner, _) in sums if kind == "pack"})
+        for account in LedgerAccount.objects.filter(
+            pk__in={owner for (kind, owner, _) in sums if kind == "pack"}
+        )
     }
     postings: list[tuple[LedgerAccount, int]] = []
     for (kind, owner, class_key), amount in sums.items():
@@ -375,9 +386,10 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
 def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
     if connection.vendor == "postgresql":
         columns = ", ".join(_SEGMENT_COLUMNS)
-        with connection.cursor() as cursor, cursor.copy(
-            f"COPY metering_ratedsegment ({columns}) FROM STDIN"
-        ) as copy:
+        with (
+            connection.cursor() as cursor,
+            cursor.copy(f"COPY metering_ratedsegment ({columns}) FROM STDIN") as copy,
+        ):
             for row in rows:
                 row[2] = _at(row[2])
                 row[3] = _at(row[3])
@@ -387,7 +399,13 @@ def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
     RatedSegment.objects.bulk_create(
         [
             RatedSegment(
-                **dict(zip(_SEGMENT_COLUMNS, [*row[:2], _at(row[2]), _at(row[3]), *row[4:], transfer_id], strict=True))
+                **dict(
+                    zip(
+                        _SEGMENT_COLUMNS,
+                        [*row[:2], _at(row[2]), _at(row[3]), *row[4:], transfer_id],
+                        strict=True,
+                    )
+                )
             )
             for row in rows
         ],

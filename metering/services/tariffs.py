@@ -16,7 +16,7 @@ from django.apps import apps as django_apps
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.errors import PermissionDeniedError
+from core.errors import DomainError, PermissionDeniedError
 from core.models import Organisation
 from core.types import Actor
 from federation.errors import ClusterNotFoundError
@@ -44,7 +44,7 @@ def _is_platform(actor: Actor) -> bool:
     return actor.organisation is None or actor.organisation.is_platform
 
 
-def _check_not_past(*, effective_from: datetime, now: datetime, what: str, error: type[Exception]) -> None:
+def _check_not_past(*, effective_from: datetime, now: datetime, what: str, error: type[DomainError]) -> None:
     if timezone.is_naive(effective_from):
         raise error(
             f"The {what} effective_from must carry a UTC offset.",
@@ -106,7 +106,11 @@ def _spec_of(*, apps: Any, version: Any) -> TariffSpec:
         multipliers={row.band: row.multiplier for row in bands},
         windows=tuple(
             WindowSpec(
-                band=w.band, start_minute=w.start_minute, end_minute=w.end_minute, weekdays=w.weekdays, months=w.months
+                band=w.band,
+                start_minute=w.start_minute,
+                end_minute=w.end_minute,
+                weekdays=w.weekdays,
+                months=w.months,
             )
             for w in windows
         ),
@@ -174,7 +178,9 @@ def tariff_create(
         raise TariffCodeTakenError(f"You already have a tariff {code!r}.", extra={"code": code})
     try:
         with transaction.atomic():  # a savepoint, so a concurrent create's IntegrityError leaves us usable
-            tariff = Tariff.objects.create(owner=owner, code=code, name=name, time_zone=time_zone, source=source)
+            tariff = Tariff.objects.create(
+                owner=owner, code=code, name=name, time_zone=time_zone, source=source
+            )
     except IntegrityError as exc:
         raise TariffCodeTakenError(f"You already have a tariff {code!r}.", extra={"code": code}) from exc
     _write_version(
@@ -319,7 +325,10 @@ def price_card_set(
         raise PriceCardInvalidError(
             f"Tariff {tariff.code} has no version in force at {effective_from.isoformat()}"
             + (f"; its first version takes effect at {starts}." if starts else "."),
-            extra={"fields": {"effective_from": ["no tariff version in force then"]}, "tariff_starts": starts},
+            extra={
+                "fields": {"effective_from": ["no tariff version in force then"]},
+                "tariff_starts": starts,
+            },
         )
     return PriceCard.objects.create(
         cluster=cluster,

@@ -52,7 +52,17 @@ def usage_body_hash(
 
 
 class _Validated:
-    __slots__ = ("buyer_id", "cards", "cluster_id", "end", "hash", "key", "price_card_id", "reference", "start")
+    __slots__ = (
+        "buyer_id",
+        "cards",
+        "cluster_id",
+        "end",
+        "hash",
+        "key",
+        "price_card_id",
+        "reference",
+        "start",
+    )
 
     def __init__(
         self,
@@ -104,12 +114,16 @@ def _validate(
     errors: list[UsageRecordError] = []
 
     def fail(index: int, key: str, code: str, message: str, field: str = "") -> None:
-        errors.append(UsageRecordError(index=index, idempotency_key=key, code=code, message=message, field=field))
+        errors.append(
+            UsageRecordError(index=index, idempotency_key=key, code=code, message=message, field=field)
+        )
 
     cpis = {record.cluster for record in records}
     clusters = {
         cpi: (pk, operator_id)
-        for cpi, pk, operator_id in Cluster.objects.filter(cpi__in=cpis).values_list("cpi", "id", "operator_id")
+        for cpi, pk, operator_id in Cluster.objects.filter(cpi__in=cpis).values_list(
+            "cpi", "id", "operator_id"
+        )
     }
     slugs = {record.buyer for record in records}
     buyers = dict(Organisation.objects.filter(slug__in=slugs, is_buyer=True).values_list("slug", "id"))
@@ -122,14 +136,24 @@ def _validate(
         key = record.idempotency_key
         bad = len(errors)
         if not isinstance(key, str) or not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or "\x00" in key:
-            fail(index, str(key)[:50], "invalid_idempotency_key", "1–200 characters, no NUL.", "idempotency_key")
-        if not isinstance(record.reference, str) or len(record.reference) > REFERENCE_MAX_LENGTH or (
-            "\x00" in record.reference
+            fail(
+                index,
+                str(key)[:50],
+                "invalid_idempotency_key",
+                "1–200 characters, no NUL.",
+                "idempotency_key",
+            )
+        if (
+            not isinstance(record.reference, str)
+            or len(record.reference) > REFERENCE_MAX_LENGTH
+            or ("\x00" in record.reference)
         ):
             fail(index, key, "invalid_reference", "At most 200 characters, no NUL.", "reference")
         cards = record.cards
         if isinstance(cards, bool) or not isinstance(cards, int) or cards <= 0:
-            fail(index, key, "cards_not_positive", f"cards must be a positive integer, not {cards!r}.", "cards")
+            fail(
+                index, key, "cards_not_positive", f"cards must be a positive integer, not {cards!r}.", "cards"
+            )
         elif cards > settings.CARDHOUR_MAX_CARDS_PER_CLUSTER:
             fail(index, key, "cards_too_many", f"{cards} cards is more than any cluster holds.", "cards")
         start, end = record.start_at, record.end_at
@@ -280,10 +304,9 @@ def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: da
         ignore_conflicts=True,
     )
     wanted = {r.key: r.hash for r in rows}
-    inserted = (
-        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=wanted, received_at=received_at)
-        .values_list("idempotency_key", "id", "body_hash")
-    )
+    inserted = UsageRecord.objects.filter(
+        operator_id=operator_id, idempotency_key__in=wanted, received_at=received_at
+    ).values_list("idempotency_key", "id", "body_hash")
     return {key: pk for key, pk, body_hash in inserted if wanted[key] == body_hash}
 
 

@@ -1,0 +1,556 @@
+"""Month-end close: buyer invoices and operator settlements, each issued exactly once per period.
+
+Periods are calendar months in ``CARDHOUR_BILLING_TIME_ZONE`` (Asia/Shanghai): the period of
+``period_start`` is ``[local midnight of period_start, local midnight of the first of the next month)``.
+
+**Rounding.** Every amount on a rated segment is an exact integer of micro-units (core.money). A statement
+line sums the exact integers of its segments and is quantised once, to the fen, half to even, with
+``core.money.micros_to_fen``. A statement's totals are the sums of its quantised lines, never a re-rounded
+grand total, so a printed statement adds up to the fen. A settlement line quantises ``gross`` and
+``commission`` and takes ``payable`` as their difference, so ``payable = gross − commission`` holds on every
+line and on the totals (the database checks it on the settlement).
+
+**Exactly once.** A close is one ``BillingCloseRun`` per period (unique); a run that finished is never
+repeated. Each statement is issued in its own transaction and is unique per (organisation, period): the
+statement row is inserted *first*, so a second issuer of the same statement waits on the unique index and
+then returns the first one. The segments, orders and refunds a statement covers are attached to it in the
+same transaction (a segment's ``invoice`` / ``settlement`` is set by an ``UPDATE … WHERE invoice IS NULL``),
+so a segment lands on exactly one invoice and one settlement. A crash half-way leaves whole statements
+behind; the next run issues the rest.
+
+**Late usage.** Whatever was rated before a close and is not yet on a statement goes on that close's
+statement. Usage that starts before the period (an earlier, already-closed month, reported late within
+``CARDHOUR_LATE_USAGE_DAYS``) becomes ``prior_period`` lines: an issued statement never changes.
+
+**Amounts on an invoice.** Packs are paid through Stripe when bought, so ``packs_amount`` (one line per order
+paid) and ``refunds_amount`` (negative credit lines) make ``total_paid``; usage drawn from packs is
+informational (``usage_value``: the prepaid value consumed). What is owed is ``amount_due`` =
+``arrears_amount``: card-hours used with no pack, at the operator's price (gross).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import (
+    BooleanField,
+    Case,
+    CharField,
+    Exists,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Concat
+from django.utils import timezone
+
+from core.models import Organisation
+from core.money import from_micros, micros_to_fen
+from federation.models import Cluster
+from metering.errors import BillingPeriodInvalidError, BillingPeriodOpenError
+from metering.models import (
+    Band,
+    BillingCloseRun,
+    Invoice,
+    InvoiceLine,
+    PackOrder,
+    PackRefund,
+    RatedSegment,
+    Settlement,
+    SettlementLine,
+    UsageRecord,
+)
+
+logger = logging.getLogger("cardhour.billing")
+
+ZERO = Decimal("0.00")
+STATEMENT_NUMBER_MAX_LENGTH = 40  # Invoice.number / Settlement.number
+
+
+# --- Periods ----------------------------------------------------------------------------------------
+
+
+def billing_zone() -> ZoneInfo:
+    return ZoneInfo(settings.CARDHOUR_BILLING_TIME_ZONE)
+
+
+def billing_period_end(*, period_start: date) -> date:
+    """The first day after the month that starts at ``period_start``."""
+    return (period_start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+def billing_period_bounds(*, period_start: date) -> tuple[datetime, datetime]:
+    """The period ``[start, end)`` as aware datetimes at local midnight in the billing zone.
+
+    Raises BillingPeriodInvalidError unless ``period_start`` is the first day of a month.
+    """
+    if period_start.day != 1:
+        raise BillingPeriodInvalidError(
+            f"A billing period starts on the first day of a month, not {period_start.isoformat()}.",
+            extra={"period_start": period_start.isoformat()},
+        )
+    zone = billing_zone()
+    end = billing_period_end(period_start=period_start)
+    return datetime.combine(period_start, time(), tzinfo=zone), datetime.combine(end, time(), tzinfo=zone)
+
+
+def billing_previous_period_start(*, now: datetime | None = None) -> date:
+    """The first day of the month before the one ``now`` (default: now) falls in, in the billing zone."""
+    local = (now or timezone.now()).astimezone(billing_zone()).date()
+    return (local.replace(day=1) - timedelta(days=1)).replace(day=1)
+
+
+def _statement_number(prefix: str, period_start: date, organisation: Organisation) -> str:
+    """``INV-YYYYMM-<slug>`` / ``STL-YYYYMM-<slug>``. A slug may be 32 characters and the number column
+    holds 40: a slug too long to fit is cut and suffixed with the organisation's id, which keeps the number
+    unique (two slugs can share a prefix, never an id)."""
+    head = f"{prefix}-{period_start:%Y%m}-"
+    slug = organisation.slug
+    if len(head) + len(slug) > STATEMENT_NUMBER_MAX_LENGTH:
+        suffix = f"-{organisation.pk}"
+        slug = slug[: STATEMENT_NUMBER_MAX_LENGTH - len(head) - len(suffix)].rstrip("-") + suffix
+    return head + slug
+
+
+def invoice_number(*, buyer: Organisation, period_start: date) -> str:
+    return _statement_number("INV", period_start, buyer)
+
+
+def settlement_number(*, operator: Organisation, period_start: date) -> str:
+    return _statement_number("STL", period_start, operator)
+
+
+# --- What is still to be stated ---------------------------------------------------------------------
+
+
+def _refund_description(refund: PackRefund) -> str:
+    return f"Refund {refund.stripe_refund_id}, order {refund.order_id}"
+
+
+# The same text in SQL. InvoiceLine has no refund foreign key, so a refund line is recognised by this
+# description (the Stripe refund id in it is unique): a refund is stated once, on the first close after
+# it was recorded, even when Stripe reports it late.
+_REFUND_DESCRIPTION_SQL = Concat(
+    Value("Refund "),
+    "stripe_refund_id",
+    Value(", order "),
+    Cast("order_id", CharField()),
+    output_field=CharField(),
+)
+
+
+def _unstated_orders(*, end_at: datetime) -> QuerySet[PackOrder]:
+    """Orders paid before ``end_at`` and on no invoice yet (a late webhook's order goes on the next one)."""
+    stated = InvoiceLine.objects.filter(kind=InvoiceLine.Kind.PACK_PURCHASE, order_id=OuterRef("pk"))
+    return PackOrder.objects.filter(paid_at__isnull=False, paid_at__lt=end_at).exclude(Exists(stated))
+
+
+def _unstated_refunds(*, end_at: datetime) -> QuerySet[PackRefund]:
+    stated = InvoiceLine.objects.filter(
+        kind=InvoiceLine.Kind.REFUND, order_id=OuterRef("order_id"), description=OuterRef("line_description")
+    )
+    return (
+        PackRefund.objects.filter(refunded_at__lt=end_at)
+        .annotate(line_description=_REFUND_DESCRIPTION_SQL)
+        .exclude(Exists(stated))
+    )
+
+
+def _uninvoiced_segments(*, end_at: datetime) -> QuerySet[RatedSegment]:
+    return RatedSegment.objects.filter(invoice__isnull=True, start_at__lt=end_at)
+
+
+def _unsettled_segments(*, end_at: datetime) -> QuerySet[RatedSegment]:
+    return RatedSegment.objects.filter(settlement__isnull=True, start_at__lt=end_at)
+
+
+def _distinct(values: Iterable[int | None]) -> set[int]:
+    return {value for value in values if value is not None}
+
+
+def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
+    """Ids of the buyers with anything not yet invoiced up to the end of the period: rated segments, paid
+    orders, refunds."""
+    _, end_at = billing_period_bounds(period_start=period_start)
+    ids = _distinct(
+        _uninvoiced_segments(end_at=end_at)
+        .order_by()
+        .values_list("usage_record__buyer_id", flat=True)
+        .distinct()
+    )
+    ids |= _distinct(_unstated_orders(end_at=end_at).order_by().values_list("buyer_id", flat=True).distinct())
+    ids |= _distinct(
+        _unstated_refunds(end_at=end_at).order_by().values_list("order__buyer_id", flat=True).distinct()
+    )
+    return sorted(ids)
+
+
+def billing_operators_to_settle(*, period_start: date) -> list[int]:
+    _, end_at = billing_period_bounds(period_start=period_start)
+    return sorted(
+        _distinct(
+            _unsettled_segments(end_at=end_at)
+            .order_by()
+            .values_list("usage_record__operator_id", flat=True)
+            .distinct()
+        )
+    )
+
+
+# --- Grouping segments into lines -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _SegmentGroup:
+    cluster_id: int
+    band: str
+    pack_class: str
+    prior: bool
+    arrears: bool
+    card_seconds: int
+    pack_draw: int
+    gross: int
+    commission: int
+    buyer_value: int
+
+
+_BAND_ORDER = {band.value: position for position, band in enumerate(Band)}
+
+
+def _segment_groups(
+    segments: QuerySet[RatedSegment], *, start_at: datetime, by_pack_class: bool
+) -> list[_SegmentGroup]:
+    """Exact integer sums of ``segments`` per (cluster, band[, pack class], prior period?, arrears?), in SQL."""
+    keys = ["usage_record__cluster_id", "band", "prior", "arrears"] + (
+        ["pack_class"] if by_pack_class else []
+    )
+    rows = (
+        segments.annotate(
+            prior=Case(
+                When(start_at__lt=start_at, then=Value(True)),
+                default=Value(False),
+                output_field=BooleanField(),
+            ),
+            arrears=Case(
+                When(pack__isnull=True, then=Value(True)), default=Value(False), output_field=BooleanField()
+            ),
+        )
+        .order_by()
+        .values(*keys)
+        .annotate(
+            s_card_seconds=Sum("card_seconds"),
+            s_pack_draw=Sum("pack_draw"),
+            s_gross=Sum("gross"),
+            s_commission=Sum("commission"),
+            s_buyer_value=Sum("buyer_value"),
+        )
+    )
+    # PostgreSQL sums bigints as numeric (Decimal in Python): back to exact ints.
+    groups = [
+        _SegmentGroup(
+            cluster_id=row["usage_record__cluster_id"],
+            band=row["band"],
+            pack_class=row.get("pack_class", ""),
+            prior=bool(row["prior"]),
+            arrears=bool(row["arrears"]),
+            card_seconds=int(row["s_card_seconds"]),
+            pack_draw=int(row["s_pack_draw"]),
+            gross=int(row["s_gross"]),
+            commission=int(row["s_commission"]),
+            buyer_value=int(row["s_buyer_value"]),
+        )
+        for row in rows
+    ]
+    cpis = _cluster_cpis(groups)
+    groups.sort(
+        key=lambda g: (
+            g.prior,
+            g.arrears,
+            cpis.get(g.cluster_id, ""),
+            _BAND_ORDER.get(g.band, 99),
+            g.pack_class,
+        )
+    )
+    return groups
+
+
+def _cluster_cpis(groups: Iterable[_SegmentGroup]) -> dict[int, str]:
+    return dict(Cluster.objects.filter(pk__in={g.cluster_id for g in groups}).values_list("pk", "cpi"))
+
+
+# --- Invoices ---------------------------------------------------------------------------------------
+
+
+def _invoice_lines(
+    *, invoice: Invoice, buyer: Organisation, start_at: datetime, end_at: datetime
+) -> tuple[list[InvoiceLine], set[int]]:
+    """Attach what the invoice covers and build its lines (not saved); also the seqs of the owed lines.
+    Must run inside the issuing transaction, after the invoice row exists."""
+    lines: list[InvoiceLine] = []
+    owed: set[int] = set()
+
+    def add(**fields: object) -> None:
+        lines.append(InvoiceLine(invoice=invoice, seq=len(lines) + 1, **fields))
+
+    orders = list(
+        _unstated_orders(end_at=end_at)
+        .filter(buyer=buyer)
+        .select_related("product", "accelerator", "pack")
+        .order_by("paid_at", "pk")
+    )
+    for order in orders:
+        pack = getattr(order, "pack", None)
+        kind_of = order.accelerator.slug if order.accelerator_id and order.accelerator else "standard cards"
+        add(
+            kind=InvoiceLine.Kind.PACK_PURCHASE,
+            description=(
+                f"Pack: {order.product.name}, {order.card_hours} card-hours of {kind_of}, "
+                f"paid {timezone.localtime(order.paid_at, billing_zone()):%Y-%m-%d}"
+            )[:300],
+            order=order,
+            pack=pack,
+            amount=order.amount,
+        )
+
+    # Usage: the UPDATE re-checks ``invoice IS NULL`` on each row it changes, so a segment another
+    # transaction attached first is skipped, never attached twice.
+    RatedSegment.objects.filter(
+        invoice__isnull=True,
+        start_at__lt=end_at,
+        usage_record_id__in=Subquery(UsageRecord.objects.filter(buyer=buyer).values("pk")),
+    ).update(invoice=invoice)
+    groups = _segment_groups(
+        RatedSegment.objects.filter(invoice=invoice), start_at=start_at, by_pack_class=True
+    )
+    cpis = _cluster_cpis(groups)
+    for group in groups:
+        where = f"{cpis.get(group.cluster_id, group.cluster_id)}, {Band(group.band).label.lower()}"
+        if group.arrears:
+            description = f"Card-hours used with no pack (owed): {where}"
+            amount = micros_to_fen(group.gross)
+        else:
+            description = f"Card-hours used from {group.pack_class} packs: {where}"
+            amount = micros_to_fen(group.buyer_value)
+        if group.prior:
+            kind = InvoiceLine.Kind.PRIOR_PERIOD
+            description = f"Late, from before {start_at:%Y-%m}: {description}"
+        else:
+            kind = InvoiceLine.Kind.ARREARS if group.arrears else InvoiceLine.Kind.USAGE
+        add(
+            kind=kind,
+            description=description[:300],
+            cluster_id=group.cluster_id,
+            band=group.band,
+            card_seconds=group.card_seconds,
+            card_hours_drawn=from_micros(group.pack_draw),
+            amount=amount,
+        )
+        if group.arrears:
+            owed.add(len(lines))
+
+    refunds = list(_unstated_refunds(end_at=end_at).filter(order__buyer=buyer).order_by("refunded_at", "pk"))
+    for refund in refunds:
+        add(
+            kind=InvoiceLine.Kind.REFUND,
+            description=_refund_description(refund),
+            order_id=refund.order_id,
+            pack_id=refund.pack_id,
+            card_hours_drawn=from_micros(refund.card_hours_debited),
+            amount=-refund.amount,
+        )
+    return lines, owed
+
+
+def invoice_totals(lines: Iterable[InvoiceLine], *, owed: set[int]) -> dict[str, Decimal]:
+    """The invoice's totals as sums of its (already quantised) lines; ``owed`` are the seqs of the lines
+    for card-hours used with no pack (arrears, including late arrears from an earlier period)."""
+    totals = dict.fromkeys(("packs_amount", "refunds_amount", "usage_value", "arrears_amount"), ZERO)
+    for line in lines:
+        if line.kind == InvoiceLine.Kind.PACK_PURCHASE:
+            totals["packs_amount"] += line.amount
+        elif line.kind == InvoiceLine.Kind.REFUND:
+            totals["refunds_amount"] += line.amount
+        elif line.seq in owed:
+            totals["arrears_amount"] += line.amount
+        else:
+            totals["usage_value"] += line.amount
+    totals["total_paid"] = totals["packs_amount"] + totals["refunds_amount"]
+    totals["amount_due"] = totals["arrears_amount"]
+    return totals
+
+
+@transaction.atomic
+def invoice_issue(
+    *, buyer: Organisation, period_start: date, now: datetime | None = None
+) -> tuple[Invoice, bool]:
+    """Issue the buyer's invoice for the period, once: ``(invoice, created)``.
+
+    An invoice that exists is returned unchanged (it is final). Otherwise, in one transaction: insert the
+    invoice (unique per buyer and period, so a concurrent issuer waits and then gets this one), attach every
+    rated segment of the buyer not yet invoiced that starts before the period's end (earlier ones become
+    ``prior_period`` lines), add a line per order paid and per refund not yet invoiced, and store the
+    totals. Raises BillingPeriodInvalidError for a period that does not start on the 1st.
+    """
+    start_at, end_at = billing_period_bounds(period_start=period_start)
+    existing = Invoice.objects.filter(buyer=buyer, period_start=period_start).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            invoice = Invoice.objects.create(
+                buyer=buyer,
+                period_start=period_start,
+                period_end=billing_period_end(period_start=period_start),
+                number=invoice_number(buyer=buyer, period_start=period_start),
+                issued_at=now or timezone.now(),
+            )
+    except IntegrityError:
+        # Issued by a concurrent run that committed first (the unique index made us wait for it).
+        return Invoice.objects.get(buyer=buyer, period_start=period_start), False
+
+    lines, owed = _invoice_lines(invoice=invoice, buyer=buyer, start_at=start_at, end_at=end_at)
+    InvoiceLine.objects.bulk_create(lines)
+    for field, value in invoice_totals(lines, owed=owed).items():
+        setattr(invoice, field, value)
+    invoice.save(
+        update_fields=[
+            "packs_amount",
+            "refunds_amount",
+            "usage_value",
+            "arrears_amount",
+            "total_paid",
+            "amount_due",
+        ]
+    )
+    logger.info("invoice %s issued: %d lines, amount due %s", invoice.number, len(lines), invoice.amount_due)
+    return invoice, True
+
+
+# --- Settlements ------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def settlement_issue(
+    *, operator: Organisation, period_start: date, now: datetime | None = None
+) -> tuple[Settlement, bool]:
+    """Issue the operator's settlement for the period, once: ``(settlement, created)``.
+
+    Same rules as invoice_issue: an existing settlement is returned unchanged; otherwise every rated
+    segment of the operator's usage not yet settled that starts before the period's end is attached, and
+    summed per (cluster, band, prior period?) into lines of gross, commission and payable.
+    """
+    start_at, end_at = billing_period_bounds(period_start=period_start)
+    existing = Settlement.objects.filter(operator=operator, period_start=period_start).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            settlement = Settlement.objects.create(
+                operator=operator,
+                period_start=period_start,
+                period_end=billing_period_end(period_start=period_start),
+                number=settlement_number(operator=operator, period_start=period_start),
+                issued_at=now or timezone.now(),
+            )
+    except IntegrityError:
+        return Settlement.objects.get(operator=operator, period_start=period_start), False
+
+    RatedSegment.objects.filter(
+        settlement__isnull=True,
+        start_at__lt=end_at,
+        usage_record_id__in=Subquery(UsageRecord.objects.filter(operator=operator).values("pk")),
+    ).update(settlement=settlement)
+    groups = _segment_groups(
+        RatedSegment.objects.filter(settlement=settlement), start_at=start_at, by_pack_class=False
+    )
+    # Arrears and pack usage are the same to an operator: merge the groups that differ only by that.
+    merged: dict[tuple[bool, int, str], list[int]] = {}
+    for group in groups:
+        sums = merged.setdefault((group.prior, group.cluster_id, group.band), [0, 0, 0])
+        sums[0] += group.card_seconds
+        sums[1] += group.gross
+        sums[2] += group.commission
+    lines: list[SettlementLine] = []
+    for (prior, cluster_id, band), (card_seconds, gross_micros, commission_micros) in merged.items():
+        gross = micros_to_fen(gross_micros)
+        commission = micros_to_fen(commission_micros)
+        lines.append(
+            SettlementLine(
+                settlement=settlement,
+                seq=len(lines) + 1,
+                cluster_id=cluster_id,
+                band=band,
+                prior_period=prior,
+                card_seconds=card_seconds,
+                gross=gross,
+                commission=commission,
+                payable=gross - commission,
+            )
+        )
+    SettlementLine.objects.bulk_create(lines)
+    settlement.gross = sum((line.gross for line in lines), ZERO)
+    settlement.commission = sum((line.commission for line in lines), ZERO)
+    settlement.payable = settlement.gross - settlement.commission
+    settlement.save(update_fields=["gross", "commission", "payable"])
+    logger.info(
+        "settlement %s issued: %d lines, payable %s", settlement.number, len(lines), settlement.payable
+    )
+    return settlement, True
+
+
+# --- The close --------------------------------------------------------------------------------------
+
+
+def billing_close_period(*, period_start: date, now: datetime | None = None) -> BillingCloseRun:
+    """Close a month: issue every buyer's invoice and every operator's settlement for it, exactly once.
+
+    Resumable and safe to run twice: the run is unique per period and a finished run returns at once; each
+    statement is issued in its own transaction (invoice_issue / settlement_issue), so a crash half-way
+    leaves whole statements and the next run issues the rest. Raises BillingPeriodInvalidError for a
+    period not starting on the 1st, BillingPeriodOpenError for a month that has not ended yet.
+    """
+    now = now or timezone.now()
+    _, end_at = billing_period_bounds(period_start=period_start)
+    if now < end_at:
+        raise BillingPeriodOpenError(
+            f"The period {period_start:%Y-%m} ends at {end_at.isoformat()}; it cannot be closed before.",
+            extra={"period_start": period_start.isoformat(), "period_end_at": end_at.isoformat()},
+        )
+    run, _ = BillingCloseRun.objects.get_or_create(period_start=period_start, defaults={"started_at": now})
+    if run.finished_at is not None:
+        return run
+
+    for buyer_id in billing_buyers_to_invoice(period_start=period_start):
+        invoice_issue(buyer=Organisation.objects.get(pk=buyer_id), period_start=period_start, now=now)
+    for operator_id in billing_operators_to_settle(period_start=period_start):
+        settlement_issue(
+            operator=Organisation.objects.get(pk=operator_id), period_start=period_start, now=now
+        )
+
+    run.invoices_issued = Invoice.objects.filter(period_start=period_start).count()
+    run.settlements_issued = Settlement.objects.filter(period_start=period_start).count()
+    run.finished_at = timezone.now()
+    run.save(update_fields=["invoices_issued", "settlements_issued", "finished_at"])
+    logger.info(
+        "billing close %s finished: %d invoices, %d settlements",
+        period_start.strftime("%Y-%m"),
+        run.invoices_issued,
+        run.settlements_issued,
+    )
+    return run
+
+
+def billing_close_previous_month(*, now: datetime | None = None) -> BillingCloseRun:
+    """Close the month before the one ``now`` (default: now) falls in, in the billing zone."""
+    now = now or timezone.now()
+    return billing_close_period(period_start=billing_previous_period_start(now=now), now=now)

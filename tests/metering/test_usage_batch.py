@@ -1,0 +1,195 @@
+"""usage_record_create_batch: validation, idempotency per operator, conflicts, nothing half-written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import override_settings
+
+from core.models import Organisation
+from federation.models import Cluster
+from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
+from metering.models import PriceCard, UsageRecord
+from metering.services.usage import usage_record_create_batch
+from metering.types import UsageRecordInput
+from tests.factories import BuyerFactory, OperatorFactory, make_cluster
+from tests.metering.conftest import local
+from tests.metering.factories import make_price_card
+
+CPI = "cpi:cucc:nx:zw-ai01"
+
+
+def record(key: str = "r-1", **changes: object) -> UsageRecordInput:
+    base = UsageRecordInput(
+        idempotency_key=key,
+        cluster=CPI,
+        buyer="acme",
+        cards=8,
+        start_at=local(3, 7),
+        end_at=local(3, 9),
+        price_card_version=1,
+        reference="lease:1",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def world(
+    seller: Organisation, a800_cluster: Cluster, gd_price_card: PriceCard, buyer: Organisation
+) -> Organisation:
+    return seller
+
+
+def test_a_new_record_is_created_unrated(world: Organisation) -> None:
+    result = usage_record_create_batch(operator=world, records=[record()])
+
+    assert result.created == 1 and result.duplicates == 0 and result.conflicts == 0
+    (outcome,) = result.outcomes
+    stored = UsageRecord.objects.get(pk=outcome.record_id)
+    assert outcome.status == "created"
+    assert stored.cards == 8 and stored.reference == "lease:1" and stored.rated_at is None
+    assert stored.start_at == local(3, 7) and stored.end_at == local(3, 9)
+    assert stored.price_card.version == 1 and stored.operator == world
+
+
+def test_same_key_same_body_answers_the_original(world: Organisation) -> None:
+    first = usage_record_create_batch(operator=world, records=[record()])
+    again = usage_record_create_batch(operator=world, records=[record()])
+
+    assert again.outcomes[0].status == "duplicate"
+    assert again.outcomes[0].record_id == first.outcomes[0].record_id
+    assert UsageRecord.objects.count() == 1
+
+
+def test_same_key_different_body_is_a_conflict_and_writes_nothing(world: Organisation) -> None:
+    first = usage_record_create_batch(operator=world, records=[record()])
+    result = usage_record_create_batch(operator=world, records=[record(cards=9), record("r-2")])
+
+    assert [o.status for o in result.outcomes] == ["conflict", "created"]
+    assert result.outcomes[0].record_id == first.outcomes[0].record_id
+    assert UsageRecord.objects.get(pk=first.outcomes[0].record_id).cards == 8
+    assert UsageRecord.objects.count() == 2
+
+
+def test_a_key_repeated_inside_one_batch(world: Organisation) -> None:
+    result = usage_record_create_batch(operator=world, records=[record(), record(), record(cards=2)])
+
+    assert [o.status for o in result.outcomes] == ["created", "duplicate", "conflict"]
+    assert len({o.record_id for o in result.outcomes}) == 1
+    assert UsageRecord.objects.count() == 1
+
+
+def test_keys_are_unique_per_operator_not_globally(world: Organisation) -> None:
+    other = OperatorFactory(slug="cmcc")
+    make_cluster(operator=other, name="zw-ai02")
+    make_price_card(cluster=Cluster.objects.get(cpi="cpi:cmcc:nx:zw-ai02"), rate="8", tariff_code="flat")
+
+    usage_record_create_batch(operator=world, records=[record()])
+    theirs = usage_record_create_batch(operator=other, records=[record(cluster="cpi:cmcc:nx:zw-ai02")])
+
+    assert theirs.outcomes[0].status == "created"
+    assert UsageRecord.objects.count() == 2
+
+
+def test_without_a_version_the_price_card_in_force_at_the_start_is_used(
+    world: Organisation, gd_price_card: PriceCard
+) -> None:
+    start = gd_price_card.effective_from.replace(microsecond=0) + timedelta(seconds=1)
+    result = usage_record_create_batch(
+        operator=world,
+        records=[record(price_card_version=None, start_at=start, end_at=start + timedelta(seconds=60))],
+    )
+    assert UsageRecord.objects.get(pk=result.outcomes[0].record_id).price_card == gd_price_card
+
+
+def test_without_a_version_usage_before_any_price_card_is_refused(world: Organisation) -> None:
+    with pytest.raises(UsageBatchInvalidError) as caught:
+        usage_record_create_batch(operator=world, records=[record(price_card_version=None)])
+    assert caught.value.extra["errors"][0]["code"] == "no_price_card"
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "field"),
+    [
+        ({"end_at": local(3, 7)}, "end_not_after_start", "end_at"),
+        ({"end_at": local(3, 6)}, "end_not_after_start", "end_at"),
+        ({"cards": 0}, "cards_not_positive", "cards"),
+        ({"cards": -4}, "cards_not_positive", "cards"),
+        ({"cards": True}, "cards_not_positive", "cards"),
+        ({"cards": 10_000_000}, "cards_too_many", "cards"),
+        ({"cluster": "cpi:cucc:nx:zw-ai99"}, "unknown_cluster", "cluster"),
+        ({"cluster": "cpi:cmcc:nx:zw-ai02"}, "cluster_not_yours", "cluster"),
+        ({"buyer": "nobody"}, "unknown_buyer", "buyer"),
+        ({"buyer": "cucc"}, "unknown_buyer", "buyer"),  # an operator that is not a buyer
+        ({"price_card_version": 7}, "unknown_price_card", "price_card_version"),
+        ({"idempotency_key": ""}, "invalid_idempotency_key", "idempotency_key"),
+        ({"idempotency_key": "k" * 201}, "invalid_idempotency_key", "idempotency_key"),
+        ({"idempotency_key": "a\x00b"}, "invalid_idempotency_key", "idempotency_key"),
+        ({"reference": "r" * 201}, "invalid_reference", "reference"),
+        ({"start_at": datetime(2026, 1, 1, 7)}, "naive_timestamp", "start_at"),
+        ({"end_at": local(3, 9) + timedelta(microseconds=5)}, "subsecond_timestamp", "end_at"),
+        ({"start_at": local(60, 7), "end_at": local(60, 9)}, "usage_too_late", "end_at"),
+        ({"start_at": local(-1, 7), "end_at": local(-1, 9)}, "usage_in_future", "end_at"),
+    ],
+)
+def test_a_bad_record_rejects_the_whole_batch(
+    world: Organisation, changes: dict[str, object], code: str, field: str
+) -> None:
+    other = OperatorFactory(slug="cmcc")
+    make_cluster(operator=other, name="zw-ai02")
+    with pytest.raises(UsageBatchInvalidError) as caught:
+        usage_record_create_batch(operator=world, records=[record("good"), record("bad", **changes)])
+
+    (error,) = caught.value.extra["errors"]
+    assert (error["index"], error["code"], error["field"]) == (1, code, field)
+    assert caught.value.code == "usage_batch_invalid"
+    assert not UsageRecord.objects.exists()
+
+
+def test_every_fault_is_listed_by_index(world: Organisation) -> None:
+    with pytest.raises(UsageBatchInvalidError) as caught:
+        usage_record_create_batch(
+            operator=world, records=[record("a", cards=0), record("b"), record("c", buyer="x", cards=-1)]
+        )
+    codes = [(e["index"], e["code"]) for e in caught.value.extra["errors"]]
+    assert codes == [(0, "cards_not_positive"), (2, "cards_not_positive"), (2, "unknown_buyer")]
+    assert caught.value.extra["error_count"] == 3
+
+
+@override_settings(CARDHOUR_USAGE_BATCH_MAX=3)
+def test_a_batch_over_the_limit_is_refused(world: Organisation) -> None:
+    with pytest.raises(UsageBatchTooLargeError):
+        usage_record_create_batch(operator=world, records=[record(f"k{n}") for n in range(4)])
+    assert not UsageRecord.objects.exists()
+
+
+def test_a_full_batch_of_ten_thousand(world: Organisation) -> None:
+    records = [
+        record(
+            f"k{n}",
+            start_at=local(9, 0) + timedelta(seconds=60 * n),
+            end_at=local(9, 0) + timedelta(seconds=60 * n + 60),
+        )
+        for n in range(10_000)
+    ]
+    result = usage_record_create_batch(operator=world, records=records)
+    assert result.created == 10_000
+    again = usage_record_create_batch(operator=world, records=records)
+    assert again.duplicates == 10_000
+    assert [o.record_id for o in again.outcomes] == [o.record_id for o in result.outcomes]
+    assert UsageRecord.objects.count() == 10_000
+
+
+def test_timestamps_in_any_zone_are_stored_as_the_same_instant(world: Organisation) -> None:
+    start = local(3, 7).astimezone(UTC)
+    usage_record_create_batch(operator=world, records=[record(start_at=start)])
+    again = usage_record_create_batch(operator=world, records=[record(start_at=local(3, 7))])
+    assert again.outcomes[0].status == "duplicate"
+
+
+def test_a_buyer_organisation_must_exist_as_a_buyer(world: Organisation) -> None:
+    BuyerFactory(slug="globex")
+    result = usage_record_create_batch(operator=world, records=[record(buyer="globex")])
+    assert UsageRecord.objects.get(pk=result.outcomes[0].record_id).buyer.slug == "globex"
