@@ -46,13 +46,14 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connection, transaction
-from django.db.models import Count, Max, QuerySet, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -71,7 +72,6 @@ from metering.models import (
     ALL_MONTHS,
     ALL_WEEKDAYS,
     CNY_UNIT,
-    AccountKind,
     BillingCloseRun,
     BillingProfile,
     BuyerExhaustion,
@@ -98,7 +98,6 @@ from metering.models import (
 )
 from metering.tariffs import (
     BANDS,
-    MONTH_NAMES,
     WEEKDAY_NAMES,
     TariffSpec,
     WindowSpec,
@@ -140,7 +139,7 @@ _SERVICE_FORM_TEMPLATE = "admin/metering/service_form.html"
 
 def _staff_actor(request: HttpRequest) -> Actor:
     """Staff act for the platform (no organisation), as themselves."""
-    return Actor(organisation=None, user=request.user if request.user.is_authenticated else None)  # type: ignore[arg-type]
+    return Actor(organisation=None, user=request.user if request.user.is_authenticated else None)
 
 
 def _changelist_url(model: type[Any], **params: object) -> str:
@@ -210,7 +209,7 @@ class _EstimatedCountPaginator(Paginator):
     def count(self) -> int:
         query = getattr(self.object_list, "query", None)
         if connection.vendor == "postgresql" and query is not None and not query.where:
-            table = self.object_list.model._meta.db_table  # type: ignore[union-attr]
+            table = query.model._meta.db_table
             with connection.cursor() as cursor:
                 cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
                 row = cursor.fetchone()
@@ -299,8 +298,6 @@ _WINDOW_LINE = re.compile(
     r"^(?P<band>[a-z_]+)\s+(?P<start>\d{1,2}:\d{2})\s*[-–]\s*(?P<end>\d{1,2}:\d{2})(?P<rest>.*)$"
 )
 _MASK_TOKEN = re.compile(r"\[?\s*(?P<key>weekdays|months)\s*=\s*(?P<value>[^\]\s]+)\s*\]?")
-_WEEKDAY_INDEX = {name.lower(): i for i, name in enumerate(WEEKDAY_NAMES)}
-_MONTH_INDEX = {name.lower(): i + 1 for i, name in enumerate(MONTH_NAMES)}
 _WINDOWS_HELP = (
     "One window per line: <code>band HH:MM-HH:MM [weekdays=mon-fri] [months=7,8,9]</code>, e.g. "
     "<code>peak 10:00-12:00 weekdays=mon,tue months=7-9</code>. Bands: "
@@ -322,15 +319,34 @@ def _minute(text: str) -> int:
     return hours * 60 + minutes
 
 
-def _mask_items(value: str, names: dict[str, int], *, first: int, last: int, what: str) -> list[int]:
-    """``mon-fri,sun`` / ``7-9,12`` → the indices (names or numbers, ranges inclusive)."""
+_WEEKDAY_FULL = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_MONTH_FULL = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+
+
+def _mask_items(value: str, *, names: Sequence[str], numbers: bool, what: str) -> list[int]:
+    """``mon-fri,sun`` / ``7-9,dec`` → 0-based indices into ``names`` (full names, any prefix of three
+    letters or more; 1-based numbers where ``numbers``), ranges inclusive."""
 
     def one(token: str) -> int:
         token = token.strip().lower()
-        if token.isdigit() and first <= int(token) <= last:
-            return int(token)
-        if token[:3] in names and token in (token[:3], *[n for n in names if n.startswith(token)]):
-            return names[token[:3]]
+        if numbers and token.isdigit() and 1 <= int(token) <= len(names):
+            return int(token) - 1
+        for index, name in enumerate(names):
+            if len(token) >= 3 and name.startswith(token):
+                return index
         raise ValueError(f"{token!r} is not a {what}")
 
     items: list[int] = []
@@ -359,7 +375,9 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
             continue
         match = _WINDOW_LINE.match(line.lower())
         if match is None:
-            problems.append(f"Line {number}: {raw.strip()!r} is not “band HH:MM-HH:MM [weekdays=…] [months=…]”.")
+            problems.append(
+                f"Line {number}: {raw.strip()!r} is not “band HH:MM-HH:MM [weekdays=…] [months=…]”."
+            )
             continue
         try:
             start, end = _minute(match["start"]), _minute(match["end"])
@@ -367,11 +385,11 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
             rest = match["rest"]
             for token in _MASK_TOKEN.finditer(rest):
                 if token["key"] == "weekdays":
-                    days = _mask_items(token["value"], _WEEKDAY_INDEX, first=-1, last=-1, what="weekday")
+                    days = _mask_items(token["value"], names=_WEEKDAY_FULL, numbers=False, what="weekday")
                     weekdays = sum({1 << day for day in days})
                 else:
-                    numbers = _mask_items(token["value"], _MONTH_INDEX, first=1, last=12, what="month")
-                    months = sum({1 << (month - 1) for month in numbers})
+                    chosen = _mask_items(token["value"], names=_MONTH_FULL, numbers=True, what="month")
+                    months = sum({1 << month for month in chosen})
             leftover = _MASK_TOKEN.sub("", rest).strip()
             if leftover:
                 raise ValueError(f"unexpected {leftover!r}")
@@ -379,7 +397,9 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
             problems.append(f"Line {number}: {exc}.")
             continue
         windows.append(
-            WindowSpec(band=match["band"], start_minute=start, end_minute=end, weekdays=weekdays, months=months)
+            WindowSpec(
+                band=match["band"], start_minute=start, end_minute=end, weekdays=weekdays, months=months
+            )
         )
     if problems:
         raise forms.ValidationError(problems)
@@ -420,7 +440,7 @@ def _mask_text(mask: int, *, count: int, names: Sequence[str] | None) -> str:
     return ",".join(names[i].lower() if names else str(i + 1) for i in items)
 
 
-def windows_text(windows: Iterable[TariffWindow | WindowSpec]) -> str:
+def windows_text(windows: Iterable[TariffWindow] | Iterable[WindowSpec]) -> str:
     """Windows in the admin's text format (the inverse of :func:`parse_windows`)."""
     lines = []
     for window in windows:
@@ -449,7 +469,8 @@ class _ScheduleForm(forms.Form):
         help_text=_WINDOWS_HELP,
     )
     multipliers = forms.CharField(
-        widget=forms.TextInput(attrs={"size": 80, "style": "font-family:monospace"}), help_text=_MULTIPLIERS_HELP
+        widget=forms.TextInput(attrs={"size": 80, "style": "font-family:monospace"}),
+        help_text=_MULTIPLIERS_HELP,
     )
     effective_from = forms.SplitDateTimeField(
         widget=AdminSplitDateTime,
@@ -560,14 +581,18 @@ class TariffVersionInline(_ReadOnlyInline):
 def _bands_html(version: TariffVersion) -> SafeString:
     bands = sorted(version.bands.all(), key=lambda b: BANDS.index(b.band) if b.band in BANDS else 99)
     return format_html_join(
-        "", '<div style="white-space:nowrap">{} × {}</div>', ((b.band, b.multiplier.normalize()) for b in bands)
+        "",
+        '<div style="white-space:nowrap">{} × {}</div>',
+        ((b.band, b.multiplier.normalize()) for b in bands),
     )
 
 
 def _windows_html(version: TariffVersion) -> SafeString:
     windows = sorted(version.windows.all(), key=lambda w: (w.start_minute, w.pk))
     return format_html_join(
-        "", '<div style="white-space:nowrap;font-family:monospace">{}</div>', ((_window_label(w),) for w in windows)
+        "",
+        '<div style="white-space:nowrap;font-family:monospace">{}</div>',
+        ((_window_label(w),) for w in windows),
     )
 
 
@@ -580,8 +605,15 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
     list_filter = [PresetFilter, ("owner", admin.RelatedOnlyFieldListFilter), "time_zone"]
     search_fields = ["code", "name", "owner__slug", "owner__name"]
     list_select_related = ["owner"]
-    readonly_fields = ["code", "name", "owner_label", "time_zone", "source", "created_at", "new_version"]
-    fields = readonly_fields
+    fields = readonly_fields = (
+        "code",
+        "name",
+        "owner_label",
+        "time_zone",
+        "source",
+        "created_at",
+        "new_version",
+    )
     inlines = [TariffVersionInline]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tariff]:
@@ -666,7 +698,9 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
             raise PermissionDenied
         tariff = get_object_or_404(Tariff.objects.select_related("owner"), pk=object_id)
         if tariff.owner_id is None:
-            messages.error(request, f"{tariff.code} is a platform preset: it changes in code, not in the admin.")
+            messages.error(
+                request, f"{tariff.code} is a platform preset: it changes in code, not in the admin."
+            )
             return HttpResponseRedirect(_change_url(tariff))
         latest = (
             TariffVersion.objects.filter(tariff=tariff)
@@ -676,8 +710,12 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
         )
         initial: dict[str, Any] = {}
         if latest is not None:
-            initial["windows"] = windows_text(sorted(latest.windows.all(), key=lambda w: (w.start_minute, w.pk)))
-            initial["multipliers"] = ", ".join(f"{b.band}={b.multiplier.normalize()}" for b in latest.bands.all())
+            initial["windows"] = windows_text(
+                sorted(latest.windows.all(), key=lambda w: (w.start_minute, w.pk))
+            )
+            initial["multipliers"] = ", ".join(
+                f"{b.band}={b.multiplier.normalize()}" for b in latest.bands.all()
+            )
         form = TariffVersionCreateForm(request.POST or None, initial=initial)
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
@@ -695,7 +733,8 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
             else:
                 self.log_change(request, tariff, f"Added version {version.version} in the admin.")
                 messages.success(
-                    request, f"{tariff.code} v{version.version} in force from {_local(version.effective_from)}."
+                    request,
+                    f"{tariff.code} v{version.version} in force from {_local(version.effective_from)}.",
                 )
                 return HttpResponseRedirect(_change_url(tariff))
         return self._render_service_form(
@@ -745,7 +784,7 @@ class TariffVersionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [("tariff__owner", admin.RelatedOnlyFieldListFilter), "tariff__time_zone"]
     search_fields = ["tariff__code", "tariff__owner__slug"]
     list_select_related = ["tariff", "tariff__owner"]
-    fields = readonly_fields = ["tariff", "version", "effective_from", "created_by", "created_at", "as_text"]
+    fields = readonly_fields = ("tariff", "version", "effective_from", "created_by", "created_at", "as_text")
     inlines = [TariffBandInline, TariffWindowInline]
 
     @admin.display(description="Owner", ordering="tariff__owner__slug")
@@ -769,7 +808,10 @@ class TariffVersionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 class PriceCardCreateForm(forms.Form):
     cluster = forms.CharField(
-        label="Cluster CPI", max_length=200, help_text="e.g. cpi:cucc:nx:zw-ai01", widget=forms.TextInput({"size": 50})
+        label="Cluster CPI",
+        max_length=200,
+        help_text="e.g. cpi:cucc:nx:zw-ai01",
+        widget=forms.TextInput({"size": 50}),
     )
     rate_per_card_hour = forms.DecimalField(
         label="Rate per card-hour (CNY)", min_value=Decimal(0), max_digits=12, decimal_places=4
@@ -811,7 +853,7 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
     ]
     search_fields = ["cluster__cpi"]
     list_select_related = ["cluster", "tariff_version", "tariff_version__tariff"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "cluster",
         "version",
         "rate",
@@ -820,7 +862,7 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
         "created_by",
         "created_at",
         "usage_link",
-    ]
+    )
 
     def has_change_permission(self, request: HttpRequest, obj: PriceCard | None = None) -> bool:
         return False
@@ -881,13 +923,22 @@ class PackProductAdmin(admin.ModelAdmin):
     """The pack catalogue. An order copies the product's figures, so editing a product never changes a sold
     pack; a product with orders cannot be deleted (retire it by unticking *active*)."""
 
-    list_display = ["code", "name", "chip", "card_hours", "price_cny", "validity_days", "sort_order", "active"]
+    list_display = [
+        "code",
+        "name",
+        "chip",
+        "card_hours",
+        "price_cny",
+        "validity_days",
+        "sort_order",
+        "active",
+    ]
     list_display_links = ["code", "name"]
     list_editable = ["active"]
     list_filter = ["active", ("accelerator", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["code", "name"]
     list_select_related = ["accelerator"]
-    fields = [
+    fields = (
         "code",
         "name",
         "accelerator",
@@ -898,7 +949,7 @@ class PackProductAdmin(admin.ModelAdmin):
         "active",
         "sort_order",
         "created_at",
-    ]
+    )
 
     def get_readonly_fields(self, request: HttpRequest, obj: PackProduct | None = None) -> list[str]:
         # The code names the product in orders and the portal's links: fixed once created.
@@ -917,7 +968,14 @@ class PackProductAdmin(admin.ModelAdmin):
 class BillingProfileAdmin(admin.ModelAdmin):
     """Invoice details are editable; the Stripe customer is Stripe's and stays read-only."""
 
-    list_display = ["organisation", "legal_name", "tax_id", "billing_email", "stripe_customer_id", "updated_at"]
+    list_display = [
+        "organisation",
+        "legal_name",
+        "tax_id",
+        "billing_email",
+        "stripe_customer_id",
+        "updated_at",
+    ]
     search_fields = [
         "organisation__slug",
         "organisation__name",
@@ -928,7 +986,7 @@ class BillingProfileAdmin(admin.ModelAdmin):
     ]
     list_select_related = ["organisation"]
     autocomplete_fields = ["organisation"]
-    fields = [
+    fields = (
         "organisation",
         "currency",
         "legal_name",
@@ -938,7 +996,7 @@ class BillingProfileAdmin(admin.ModelAdmin):
         "stripe_customer_id",
         "created_at",
         "updated_at",
-    ]
+    )
 
     def get_readonly_fields(self, request: HttpRequest, obj: BillingProfile | None = None) -> list[str]:
         fixed = ["currency", "stripe_customer_id", "created_at", "updated_at"]
@@ -968,8 +1026,8 @@ class PackOrderAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["status", "livemode", ("product", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["stripe_payment_intent_id__exact", "idempotency_key__exact", "buyer__slug"]
     list_select_related = ["buyer", "product"]
-    readonly_fields = ["pack_link"]
-    fields = [
+    readonly_fields = ("pack_link",)
+    fields = (
         "buyer",
         "product",
         "quantity",
@@ -988,7 +1046,7 @@ class PackOrderAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "created_by",
         "paid_at",
         "pack_link",
-    ]
+    )
     show_full_result_count = False
 
     @admin.display(description="Product", ordering="product__code")
@@ -1043,8 +1101,8 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     ]
     list_filter = ["status", "accelerator"]
     search_fields = ["buyer__slug", "order__stripe_payment_intent_id__exact"]
-    list_select_related = ["buyer", "accelerator", "account"]
-    fields = readonly_fields = [
+    list_select_related = ["buyer", "accelerator"]
+    fields = readonly_fields = (
         "buyer",
         "order",
         "class_label",
@@ -1057,7 +1115,7 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "closed_at",
         "created_at",
         "ledger_link",
-    ]
+    )
     inlines = [PackRefundInline]
     actions = ["refund_unused"]
     show_full_result_count = False
@@ -1071,7 +1129,7 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         try:
             account = obj.account
         except LedgerAccount.DoesNotExist:
-            return format_html("—")
+            return format_html("{}", "—")
         return _amount_cell(account.balance, account.unit)
 
     @admin.display(description="Price", ordering="price")
@@ -1123,24 +1181,28 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
             "title": "Refund the unused part of these packs?",
             "packs": [(pack, self.remaining(pack)) for pack in packs],
             "form": form,
-            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "action": "refund_unused",
             "media": self.media,
         }
         return TemplateResponse(request, "admin/metering/pack/refund_confirm.html", context)
 
 
+class PackBuyerFilter(BuyerFilter):
+    field_name = "pack__buyer"
+
+
 @admin.register(PackRefund)
 class PackRefundAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["stripe_refund_id", "order_id", "pack_link", "amount_cny", "debited", "refunded_at"]
+    list_display = ["stripe_refund_id", "order_link", "pack_link", "amount_cny", "debited", "refunded_at"]
     search_fields = ["stripe_refund_id__exact", "order__stripe_payment_intent_id__exact", "pack__buyer__slug"]
-    list_filter = [BuyerFilter]
+    list_filter = [PackBuyerFilter]
     list_select_related = ["pack", "pack__accelerator"]
 
-    class BuyerFilter(BuyerFilter):
-        field_name = "pack__buyer"
-
-    list_filter = [BuyerFilter]
+    @admin.display(description="Order", ordering="order_id")
+    def order_link(self, obj: PackRefund) -> SafeString:
+        url = reverse("admin:metering_packorder_change", args=[obj.order_id])
+        return _link(url, f"order {obj.order_id}")
 
     @admin.display(description="Pack", ordering="pack_id")
     def pack_link(self, obj: PackRefund) -> SafeString:
@@ -1162,7 +1224,7 @@ class StripeEventAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["event_id", "type", "status", "attempts", "object_id", "received_at", "processed_at"]
     list_filter = ["status", "type", "livemode"]
     search_fields = ["event_id__exact", "object_id__exact"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "event_id",
         "type",
         "livemode",
@@ -1174,7 +1236,7 @@ class StripeEventAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "received_at",
         "processed_at",
         "payload_pretty",
-    ]
+    )
     actions = ["reprocess_failed"]
     show_full_result_count = False
 
@@ -1196,12 +1258,13 @@ class StripeEventAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 stripe_event_process(event=event)
             except DomainError as exc:
                 messages.warning(request, f"{event.event_id}: {exc.message}")
-        statuses = dict(
-            StripeEvent.objects.filter(pk__in=[e.pk for e in failed])
-            .values_list("status")
+        statuses = {
+            row["status"]: row["n"]
+            for row in StripeEvent.objects.filter(pk__in=[e.pk for e in failed])
+            .order_by()
+            .values("status")
             .annotate(n=Count("pk"))
-            .values_list("status", "n")
-        )
+        }
         if failed:
             summary = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
             messages.success(request, f"Re-processed {len(failed)} failed event(s): now {summary}.")
@@ -1218,7 +1281,7 @@ class LedgerAccountAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["kind", UnitFilter, "non_negative"]
     search_fields = ["^key", "organisation__slug"]
     list_select_related = ["organisation"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "key",
         "kind",
         "unit_name",
@@ -1228,7 +1291,7 @@ class LedgerAccountAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "non_negative",
         "created_at",
         "entries_link",
-    ]
+    )
 
     @admin.display(description="Unit", ordering="unit")
     def unit_name(self, obj: LedgerAccount) -> str:
@@ -1271,7 +1334,7 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "kind", "idempotency_key", "description", "posted", "posted_by"]
     list_filter = ["kind"]
     search_fields = ["^idempotency_key"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "kind",
         "idempotency_key",
         "description",
@@ -1279,7 +1342,7 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "posted_by",
         "totals",
         "entries_link",
-    ]
+    )
     inlines = [LedgerEntryInline]
     ordering = ["-id"]
     paginator = _EstimatedCountPaginator
@@ -1295,7 +1358,7 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
             LedgerEntry.objects.filter(transfer=obj)
             .order_by("unit")
             .values("unit")
-            .annotate(total=Sum("amount"), moved=Sum("amount", filter=models_q_positive()), n=Count("pk"))
+            .annotate(total=Sum("amount"), moved=Sum("amount", filter=Q(amount__gt=0)), n=Count("pk"))
         )
         lines = []
         balanced = True
@@ -1310,27 +1373,21 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 )
             )
         verdict = (
-            format_html('<strong style="color:#15803d">balanced</strong>')
+            format_html('<strong style="color:{}">{}</strong>', "#15803d", "balanced")
             if balanced
-            else format_html('<strong style="color:#b91c1c">NOT BALANCED</strong>')
+            else format_html('<strong style="color:{}">{}</strong>', "#b91c1c", "NOT BALANCED")
         )
         return format_html(
             "{}{}",
             verdict,
-            format_html_join(
-                "", "<div>{}: {} entries, {} moved, sum {}</div>", lines
-            ),
+            format_html_join("", "<div>{}: {} entries, {} moved, sum {}</div>", lines),
         )
 
     @admin.display(description="Entries")
     def entries_link(self, obj: LedgerTransfer) -> SafeString:
-        return _link(_changelist_url(LedgerEntry, transfer__id__exact=obj.pk), "All entries of this transfer →")
-
-
-def models_q_positive() -> Any:
-    from django.db.models import Q
-
-    return Q(amount__gt=0)
+        return _link(
+            _changelist_url(LedgerEntry, transfer__id__exact=obj.pk), "All entries of this transfer →"
+        )
 
 
 @admin.register(LedgerEntry)
@@ -1339,7 +1396,7 @@ class LedgerEntryAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["account__kind", UnitFilter, "transfer__kind"]
     search_fields = ["account__key__exact", "transfer__idempotency_key__exact"]
     list_select_related = ["transfer", "account"]
-    fields = readonly_fields = ["transfer", "account", "unit_name", "amount_display"]
+    fields = readonly_fields = ("transfer", "account", "unit_name", "amount_display")
     ordering = ["-id"]
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
@@ -1498,14 +1555,14 @@ def parse_usage_csv(text: str) -> tuple[list[_CsvRow], list[_LineError]]:
     missing = [c for c in USAGE_CSV_COLUMNS if c not in header and c not in USAGE_CSV_OPTIONAL]
     unknown = [c for c in header if c not in USAGE_CSV_COLUMNS]
     if missing or unknown or len(set(header)) != len(header):
-        problems = []
+        header_problems = []
         if missing:
-            problems.append(f"missing {', '.join(missing)}")
+            header_problems.append(f"missing {', '.join(missing)}")
         if unknown:
-            problems.append(f"unknown {', '.join(unknown)}")
+            header_problems.append(f"unknown {', '.join(unknown)}")
         if len(set(header)) != len(header):
-            problems.append("a column is repeated")
-        message = f"The header must be {','.join(USAGE_CSV_COLUMNS)}: {'; '.join(problems)}."
+            header_problems.append("a column is repeated")
+        message = f"The header must be {','.join(USAGE_CSV_COLUMNS)}: {'; '.join(header_problems)}."
         return [], [_LineError(1, "", "bad_header", message)]
 
     rows: list[_CsvRow] = []
@@ -1515,7 +1572,9 @@ def parse_usage_csv(text: str) -> tuple[list[_CsvRow], list[_LineError]]:
         if not any(cell.strip() for cell in cells):
             continue
         if len(rows) + len(errors) >= USAGE_CSV_MAX_ROWS:
-            errors.append(_LineError(line, "", "too_many_rows", f"At most {USAGE_CSV_MAX_ROWS} rows per file."))
+            errors.append(
+                _LineError(line, "", "too_many_rows", f"At most {USAGE_CSV_MAX_ROWS} rows per file.")
+            )
             break
         if len(cells) != len(header):
             errors.append(
@@ -1655,7 +1714,7 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [RatedFilter, OperatorFilter, BuyerFilter]
     search_fields = ["idempotency_key__exact", "reference__exact"]
     list_select_related = ["operator", "cluster", "buyer"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "operator",
         "cluster",
         "buyer",
@@ -1671,7 +1730,7 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "rated_at",
         "rating_transfer",
         "segments_link",
-    ]
+    )
     inlines = [RatedSegmentInline]
     actions = ["rerate_buyers"]
     ordering = ["-id"]
@@ -1691,11 +1750,11 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        context = {"can_import_usage": request.user.has_perm("metering.add_usagerecord"), **(extra_context or {})}
+        context = {
+            "can_import_usage": request.user.has_perm("metering.add_usagerecord"),
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra_context=context)
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
-        return super().get_object(request, object_id, from_field)
 
     @admin.display(description="Operator", ordering="operator__slug")
     def operator_slug(self, obj: UsageRecord) -> str:
@@ -1744,7 +1803,9 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 rated += usage_rate_pending(buyer=buyer)
             except DomainError as exc:
                 messages.warning(request, f"{buyer.slug}: {exc.message}")
-        logger.info("admin re-rating by %s for %s: %s record(s)", request.user, [b.slug for b in buyers], rated)
+        logger.info(
+            "admin re-rating by %s for %s: %s record(s)", request.user, [b.slug for b in buyers], rated
+        )
         messages.success(
             request,
             f"Rating re-run for {len(buyers)} buyer(s) ({', '.join(b.slug for b in buyers)}): "
@@ -1779,7 +1840,8 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 )
                 if result.error_count:
                     messages.error(
-                        request, f"{result.error_count} bad line(s): nothing was imported. Fix them and retry."
+                        request,
+                        f"{result.error_count} bad line(s): nothing was imported. Fix them and retry.",
                     )
                 else:
                     messages.success(
@@ -1810,7 +1872,7 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "band",
         "start",
         "card_hours",
-        "pack_id",
+        "pack_number",
         "draw",
         "gross_cny",
         "commission_cny",
@@ -1824,7 +1886,7 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         ("pack", admin.EmptyFieldListFilter),
     ]
     search_fields = ["usage_record__idempotency_key__exact"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "usage_record",
         "seq",
         "band",
@@ -1842,7 +1904,7 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "transfer",
         "invoice",
         "settlement",
-    ]
+    )
     ordering = ["-id"]
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
@@ -1877,6 +1939,10 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     def value_cny(self, obj: RatedSegment) -> SafeString:
         return _amount_cell(obj.buyer_value, CNY_UNIT)
 
+    @admin.display(description="Pack", ordering="pack_id")
+    def pack_number(self, obj: RatedSegment) -> str:
+        return "arrears" if obj.pack_id is None else str(obj.pack_id)
+
     @admin.display(description="Invoiced", boolean=True)
     def invoiced(self, obj: RatedSegment) -> bool:
         return obj.invoice_id is not None
@@ -1888,18 +1954,22 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(BuyerExhaustion)
 class BuyerExhaustionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["buyer", "pack_class", "raised_at", "cleared_at", "shortfall_display", "usage_record_id"]
+    list_display = ["buyer", "pack_class", "raised_at", "cleared_at", "shortfall_display", "usage_number"]
     list_filter = [("cleared_at", admin.EmptyFieldListFilter), "pack_class", BuyerFilter]
     search_fields = ["buyer__slug", "pack_class"]
     list_select_related = ["buyer"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "buyer",
         "pack_class",
         "raised_at",
         "cleared_at",
         "usage_record",
         "shortfall_display",
-    ]
+    )
+
+    @admin.display(description="Usage record", ordering="usage_record_id")
+    def usage_number(self, obj: BuyerExhaustion) -> str:
+        return "—" if obj.usage_record_id is None else str(obj.usage_record_id)
 
     @admin.display(description="Shortfall", ordering="shortfall")
     def shortfall_display(self, obj: BuyerExhaustion) -> SafeString:
@@ -1911,7 +1981,14 @@ class BuyerExhaustionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(BillingCloseRun)
 class BillingCloseRunAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ["__str__", "period_start", "started_at", "finished_at", "invoices_issued", "settlements_issued"]
+    list_display = [
+        "__str__",
+        "period_start",
+        "started_at",
+        "finished_at",
+        "invoices_issued",
+        "settlements_issued",
+    ]
     list_filter = [("finished_at", admin.EmptyFieldListFilter)]
     date_hierarchy = "period_start"
 
@@ -1925,8 +2002,8 @@ class InvoiceLineInline(_ReadOnlyInline):
         "description",
         "cluster_cpi",
         "band",
-        "pack_id",
-        "order_id",
+        "pack_number",
+        "order_number",
         "card_hours",
         "card_hours_drawn",
         "amount",
@@ -1939,6 +2016,14 @@ class InvoiceLineInline(_ReadOnlyInline):
     @admin.display(description="Cluster")
     def cluster_cpi(self, obj: InvoiceLine) -> str:
         return obj.cluster.cpi if obj.cluster else "—"
+
+    @admin.display(description="Pack")
+    def pack_number(self, obj: InvoiceLine) -> str:
+        return "—" if obj.pack_id is None else str(obj.pack_id)
+
+    @admin.display(description="Order")
+    def order_number(self, obj: InvoiceLine) -> str:
+        return "—" if obj.order_id is None else str(obj.order_id)
 
     @admin.display(description="Card-hours used")
     def card_hours(self, obj: InvoiceLine) -> str:
@@ -1972,17 +2057,8 @@ class SettlementLineInline(_ReadOnlyInline):
         return _card_hours_of_seconds(obj.card_seconds)
 
 
-def _rendering() -> Any:
-    """metering.rendering, if it is installed (statement CSV and PDF); None otherwise."""
-    try:
-        from metering import rendering
-    except ImportError:
-        return None
-    return rendering
-
-
 class _StatementDownloadsMixin:
-    """CSV / PDF downloads of a statement, through metering.rendering, on the statement's page."""
+    """CSV and PDF downloads of a final statement, rendered by metering.rendering."""
 
     admin_site: admin.AdminSite
     model: type[Any]
@@ -2000,25 +2076,25 @@ class _StatementDownloadsMixin:
         ]
 
     @admin.display(description="Download")
-    def downloads(self, obj: Any) -> str | SafeString:
-        if _rendering() is None:
-            return "—"
+    def downloads(self, obj: Any) -> SafeString:
         name = f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_download"
         return format_html(
-            '<a href="{}">CSV</a> · <a href="{}">PDF</a>',
+            '<a href="{}">CSV</a>&nbsp;·&nbsp;<a href="{}">PDF</a>',
             reverse(name, args=[obj.pk, "csv"]),
             reverse(name, args=[obj.pk, "pdf"]),
         )
 
     def download_view(self, request: HttpRequest, object_id: str, fmt: str) -> HttpResponse:
-        rendering = _rendering()
-        if not self.has_view_permission(request) or rendering is None:  # type: ignore[attr-defined]
-            raise PermissionDenied
+        from metering import rendering
+
         if fmt not in ("csv", "pdf"):
+            raise Http404("CSV or PDF only.")
+        obj = self.get_object(request, object_id)  # type: ignore[attr-defined]
+        if obj is None:
+            raise Http404(f"No {self.model._meta.verbose_name} {object_id}.")
+        if not self.has_view_permission(request, obj):  # type: ignore[attr-defined]
             raise PermissionDenied
-        obj = get_object_or_404(self.model, pk=object_id)
-        render = getattr(rendering, f"{self.render_prefix}_{fmt}")
-        body = render(obj)
+        body = getattr(rendering, f"{self.render_prefix}_{fmt}")(**{self.render_prefix: obj})
         content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/pdf"
         response = HttpResponse(body, content_type=content_type)
         response["Content-Disposition"] = f'attachment; filename="{obj.number}.{fmt}"'
@@ -2041,12 +2117,13 @@ class InvoiceAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.ModelAdm
         "amount_due",
         "currency",
         "issued_at",
+        "downloads",
     ]
     list_filter = [BuyerFilter]
     date_hierarchy = "period_start"
     search_fields = ["number", "buyer__slug"]
     list_select_related = ["buyer"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "number",
         "buyer",
         "period_start",
@@ -2060,7 +2137,7 @@ class InvoiceAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.ModelAdm
         "amount_due",
         "issued_at",
         "downloads",
-    ]
+    )
     inlines = [InvoiceLineInline]
 
 
@@ -2069,12 +2146,22 @@ class SettlementAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.Model
     """An operator's monthly payout statement: final once issued."""
 
     render_prefix = "settlement"
-    list_display = ["number", "operator", "period_start", "gross", "commission", "payable", "currency", "issued_at"]
+    list_display = [
+        "number",
+        "operator",
+        "period_start",
+        "gross",
+        "commission",
+        "payable",
+        "currency",
+        "issued_at",
+        "downloads",
+    ]
     list_filter = [OperatorFilter]
     date_hierarchy = "period_start"
     search_fields = ["number", "operator__slug"]
     list_select_related = ["operator"]
-    fields = readonly_fields = [
+    fields = readonly_fields = (
         "number",
         "operator",
         "period_start",
@@ -2085,17 +2172,5 @@ class SettlementAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.Model
         "payable",
         "issued_at",
         "downloads",
-    ]
+    )
     inlines = [SettlementLineInline]
-
-
-__all__ = [
-    "AccountKind",  # re-exported for the admin templates' tests
-    "micros_display",
-    "parse_multipliers",
-    "parse_windows",
-    "parse_usage_csv",
-    "unit_label",
-    "usage_csv_import",
-    "windows_text",
-]

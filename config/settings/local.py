@@ -7,3 +7,13 @@ DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="local-development-only-not-a-secret")
 EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 WHITENOISE_USE_FINDERS = True  # serve static files straight from the apps in development
+
+# Stripe: with no STRIPE_SECRET_KEY in the environment, `make run` starts localstripe on loopback
+# (Procfile.dev, `manage.py run_localstripe`) and the platform talks to it in test mode; these keys are
+# placeholders localstripe accepts. Set real test or live keys to talk to Stripe itself.
+if not env("STRIPE_SECRET_KEY", default=""):
+    STRIPE_API_BASE = env("STRIPE_API_BASE", default="http://127.0.0.1:8420")
+    STRIPE_SECRET_KEY = "sk_test_localstripe"  # noqa: S105
+    STRIPE_PUBLISHABLE_KEY = "pk_test_localstripe"
+    STRIPE_WEBHOOK_SECRET = "whsec_localstripe"  # noqa: S105
+    STRIPE_JS_URL = f"{STRIPE_API_BASE}/js.stripe.com/v3/"

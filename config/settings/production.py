@@ -31,3 +31,10 @@ EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.s
 EMAIL_CONFIG = env.email_url("EMAIL_URL", default="smtp://localhost:25")
 vars().update(EMAIL_CONFIG)
 DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", default="cardhour@localhost")
+
+# Stripe itself, never localstripe: the keys have no defaults, and the API base is Stripe's own.
+STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY")
+STRIPE_PUBLISHABLE_KEY = env("STRIPE_PUBLISHABLE_KEY")
+STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET")
+STRIPE_API_BASE = ""
+STRIPE_JS_URL = "https://js.stripe.com/v3/"

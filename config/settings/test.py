@@ -16,3 +16,11 @@ REST_FRAMEWORK = {
     **REST_FRAMEWORK,
     "DEFAULT_THROTTLE_RATES": {"organisation": "100000/min", "anon": "100000/min"},
 }
+# Stripe: tests that pay start localstripe on a free loopback port and point STRIPE_API_BASE at it
+# (tests/metering/localstripe.py). The default is a loopback port nothing listens on, so a test that
+# forgets the fixture fails at once instead of reaching the network.
+STRIPE_SECRET_KEY = "sk_test_cardhour_tests"  # noqa: S105
+STRIPE_PUBLISHABLE_KEY = "pk_test_cardhour_tests"
+STRIPE_WEBHOOK_SECRET = "whsec_cardhour_tests"  # noqa: S105
+STRIPE_API_BASE = "http://127.0.0.1:9"
+STRIPE_JS_URL = "http://127.0.0.1:9/js.stripe.com/v3/"

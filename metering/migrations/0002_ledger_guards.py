@@ -1,5 +1,5 @@
 """PostgreSQL guards on the ledger: entries and transfers are append-only, and every transfer's entries sum
-to zero per unit when the transaction commits (a deferred constraint trigger). SQLite relies on the posting
+to zero per unit when the transaction commits (a deferred constraint trigger, once per transfer). SQLite relies on the posting
 service and the reconciliation task for the same rules."""
 
 from django.db import migrations
@@ -24,25 +24,26 @@ DECLARE
     bad_unit text;
 BEGIN
     SELECT unit INTO bad_unit FROM metering_ledgerentry
-     WHERE transfer_id = NEW.transfer_id
+     WHERE transfer_id = NEW.id
      GROUP BY unit HAVING SUM(amount) <> 0
      LIMIT 1;
     IF bad_unit IS NOT NULL THEN
-        RAISE EXCEPTION 'ledger transfer % does not balance in %', NEW.transfer_id, bad_unit
+        RAISE EXCEPTION 'ledger transfer % does not balance in %', NEW.id, bad_unit
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
     RETURN NULL;
 END;
 $$ LANGUAGE plpgsql;
 
-CREATE CONSTRAINT TRIGGER metering_ledgerentry_balanced
-    AFTER INSERT ON metering_ledgerentry
+-- Once per transfer, at commit, when all of its entries are in.
+CREATE CONSTRAINT TRIGGER metering_ledgertransfer_balanced
+    AFTER INSERT ON metering_ledgertransfer
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION metering_ledger_transfer_balanced();
 """
 
 DROP = """
-DROP TRIGGER IF EXISTS metering_ledgerentry_balanced ON metering_ledgerentry;
+DROP TRIGGER IF EXISTS metering_ledgertransfer_balanced ON metering_ledgertransfer;
 DROP TRIGGER IF EXISTS metering_ledgerentry_append_only ON metering_ledgerentry;
 DROP TRIGGER IF EXISTS metering_ledgertransfer_append_only ON metering_ledgertransfer;
 DROP FUNCTION IF EXISTS metering_ledger_transfer_balanced();

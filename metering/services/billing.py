@@ -43,6 +43,7 @@ from django.db.models import (
     BooleanField,
     Case,
     CharField,
+    DecimalField,
     Exists,
     OuterRef,
     QuerySet,
@@ -498,10 +499,18 @@ def settlement_issue(
             )
         )
     SettlementLine.objects.bulk_create(lines)
-    settlement.gross = sum((line.gross for line in lines), ZERO)
-    settlement.commission = sum((line.commission for line in lines), ZERO)
-    settlement.payable = settlement.gross - settlement.commission
-    settlement.save(update_fields=["gross", "commission", "payable"])
+    gross = sum((line.gross for line in lines), ZERO)
+    commission = sum((line.commission for line in lines), ZERO)
+    money = DecimalField(max_digits=14, decimal_places=2)
+    Settlement.objects.filter(pk=settlement.pk).update(
+        gross=gross,
+        commission=commission,
+        # Computed by the database, in one statement: SQLite keeps decimals as floating point and checks
+        # ``payable = gross − commission`` in floating point (94.40 − 9.44 ≠ 84.96 there), so payable
+        # must be the database's own difference. Read back, it is quantised to the fen again.
+        payable=Value(gross, output_field=money) - Value(commission, output_field=money),
+    )
+    settlement.refresh_from_db()
     logger.info(
         "settlement %s issued: %d lines, payable %s", settlement.number, len(lines), settlement.payable
     )

@@ -265,14 +265,17 @@ def _purchase_key(field_name: str) -> Concat:
 
 def _check_paid_orders() -> list[Breach]:
     breaches: list[Breach | None] = []
-    paid = PackOrder.objects.filter(paid_at__isnull=False).annotate(
-        has_pack=Exists(Pack.objects.filter(order_id=OuterRef("pk"))),
-        has_transfer=Exists(
-            LedgerTransfer.objects.filter(
-                kind=TransferKind.PACK_PURCHASE, idempotency_key=OuterRef("purchase_key")
-            )
-        ),
-        purchase_key=_purchase_key("pk"),
+    paid = (
+        PackOrder.objects.filter(paid_at__isnull=False)
+        .annotate(purchase_key=_purchase_key("pk"))
+        .annotate(
+            has_pack=Exists(Pack.objects.filter(order_id=OuterRef("pk"))),
+            has_transfer=Exists(
+                LedgerTransfer.objects.filter(
+                    kind=TransferKind.PACK_PURCHASE, idempotency_key=OuterRef("purchase_key")
+                )
+            ),
+        )
     )
     # The key is unique, so "exactly one" is "exists"; the order's one-to-one pack likewise.
     breaches.append(
@@ -388,16 +391,16 @@ def _check_usage_transfers() -> list[Breach]:
     record has segments on the transfer that rated it."""
     names = list(_USAGE_FLOWS)
     from_segments: dict[int, dict[str, int]] = {
-        row["transfer_id"]: {name: int(row[name]) for name in names}
+        row["transfer_id"]: {name: int(row[f"flow_{name}"]) for name in names}
         for row in cast(
             Iterable[dict[str, Any]],
             RatedSegment.objects.order_by()
             .values("transfer_id")
-            .annotate(**{name: _sum(expr) for name, (expr, _kind) in _USAGE_FLOWS.items()}),
+            .annotate(**{f"flow_{name}": _sum(expr) for name, (expr, _kind) in _USAGE_FLOWS.items()}),
         )
     }
     from_entries: dict[int, dict[str, int]] = {
-        row["transfer_id"]: {name: int(row[name]) for name in names}
+        row["transfer_id"]: {name: int(row[f"flow_{name}"]) for name in names}
         for row in cast(
             Iterable[dict[str, Any]],
             LedgerEntry.objects.filter(transfer__kind=TransferKind.USAGE)
@@ -405,7 +408,7 @@ def _check_usage_transfers() -> list[Breach]:
             .values("transfer_id")
             .annotate(
                 **{
-                    name: _sum(
+                    f"flow_{name}": _sum(
                         Case(
                             When(account__kind=kind, then=F("amount")),
                             default=Value(0),

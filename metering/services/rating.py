@@ -38,6 +38,7 @@ from core.models import Organisation
 from core.money import MICROS, round_div, scaled_int, to_micros
 from federation.models import Cluster, StandardCard
 from metering.models import (
+    CNY_UNIT,
     STANDARD_CLASS,
     AccountKind,
     BuyerExhaustion,
@@ -47,6 +48,7 @@ from metering.models import (
     RatedSegment,
     TransferKind,
     UsageRecord,
+    card_hour_unit,
 )
 from metering.selectors.tariffs import compiled_tariff
 from metering.services import ledger
@@ -93,6 +95,7 @@ class _PackState:
     expires: int
     drawn: int = 0
     value: int = 0
+    dust: bool = False  # what is left cannot pay for a single card-second any more
 
 
 @dataclass(frozen=True)
@@ -141,14 +144,7 @@ def usage_rate_pending(
 
 @transaction.atomic
 def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) -> int:
-    claim = UsageRecord.objects.select_for_update(skip_locked=True).filter(rated_at__isnull=True)
-    if buyer_id is not None:
-        claim = claim.filter(buyer_id=buyer_id)
-    records = list(
-        claim.order_by("id").values_list(
-            "id", "operator_id", "cluster_id", "buyer_id", "cards", "start_at", "end_at", "price_card_id"
-        )[:batch_size]
-    )
+    records = _claim(batch_size=batch_size, buyer_id=buyer_id)
     if not records:
         return 0
     now = now or timezone.now()
@@ -182,7 +178,7 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         chip_slug, chip_tflops = chips[cluster_id]
         buyer_packs = packs.get(buyer_id_, ())
         seq = 0
-        for slice_start, slice_end, band_index in tariff.slices(_epoch(start_at), _epoch(end_at)):
+        for slice_start, slice_end, band_index in tariff.slices(start_at, end_at):
             m_e4 = tariff.multipliers_e4[band_index]
             band = tariff.bands[band_index]
             multiplier = Decimal(m_e4).scaleb(-4)
@@ -209,6 +205,7 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     # The pack runs out inside this slice: it pays for the card-seconds it fully covers.
                     covered = pack.balance * per_second_den // per_second_num
                     if covered == 0:
+                        pack.dust = True
                         continue
                     draw = round_div(covered * per_second_num, per_second_den)
                 value = pack_value_of_draw(
@@ -294,8 +291,7 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         posted_at=now,
     )
     _insert_segments(rows, transfer_id=transfer.pk)
-    ids = [r[0] for r in records]
-    UsageRecord.objects.filter(pk__in=ids).update(rated_at=now, rating_transfer=transfer)
+    _mark_rated([r[0] for r in records], transfer_id=transfer.pk, now=now)
 
     emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
     if emptied:
@@ -304,6 +300,46 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         )
     _flag_exhaustion(packs=packs, records=records, chips=chips, shortfalls=shortfalls, now=now)
     return len(records)
+
+
+def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
+    """The oldest unrated records, locked, skipping those another worker holds; times as epoch seconds."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT id, operator_id, cluster_id, buyer_id, cards,
+                       extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint, price_card_id
+                  FROM metering_usagerecord
+                 WHERE rated_at IS NULL AND (%s::bigint IS NULL OR buyer_id = %s::bigint)
+                 ORDER BY id
+                 LIMIT %s
+                   FOR UPDATE SKIP LOCKED
+                """,
+                [buyer_id, buyer_id, batch_size],
+            )
+            return cursor.fetchall()
+    claim = UsageRecord.objects.select_for_update(skip_locked=True).filter(rated_at__isnull=True)
+    if buyer_id is not None:
+        claim = claim.filter(buyer_id=buyer_id)
+    rows = claim.order_by("id").values_list(
+        "id", "operator_id", "cluster_id", "buyer_id", "cards", "start_at", "end_at", "price_card_id"
+    )[:batch_size]
+    return [(*row[:5], _epoch(row[5]), _epoch(row[6]), row[7]) for row in rows]
+
+
+def _mark_rated(ids: list[int], *, transfer_id: int, now: datetime) -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE metering_usagerecord SET rated_at = %s, rating_transfer_id = %s WHERE id = ANY(%s)",
+                [now, transfer_id, ids],
+            )
+        return
+    for offset in range(0, len(ids), 500):
+        UsageRecord.objects.filter(pk__in=ids[offset : offset + 500]).update(
+            rated_at=now, rating_transfer_id=transfer_id
+        )
 
 
 def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
@@ -345,42 +381,43 @@ def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
 
 
 def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]:
-    organisations = {
-        org.pk: org
-        for org in Organisation.objects.filter(
-            pk__in={
-                owner
-                for (kind, owner, _), _amount in sums.items()
-                if kind in {"buyer_money", "operator", "arrears"}
-            }
-        )
-    }
-    pack_accounts = {
-        account.pk: account
-        for account in LedgerAccount.objects.filter(
-            pk__in={owner for (kind, owner, _) in sums if kind == "pack"}
-        )
-    }
-    postings: list[tuple[LedgerAccount, int]] = []
+    """Turn the batch's per-account sums into (account, amount) postings, with one query for the named
+    accounts (the same keys as metering.services.ledger's helpers) and one for the packs'."""
+    specs: dict[str, dict[str, object]] = {}
+    keyed: list[tuple[str, int]] = []
+    pack_moves: list[tuple[int, int]] = []
     for (kind, owner, class_key), amount in sums.items():
         if amount == 0:
             continue
         if kind == "pack":
-            account = pack_accounts[owner]
-        elif kind == "buyer_money":
-            account = ledger.account_buyer_money(buyer=organisations[owner])
+            pack_moves.append((owner, amount))
+            continue
+        if kind == "buyer_money":
+            key, fields = f"buyer_money:{owner}", {"kind": AccountKind.BUYER_MONEY, "unit": CNY_UNIT}
         elif kind == "operator":
-            account = ledger.account_operator_earnings(operator=organisations[owner])
+            key, fields = (
+                f"operator_earnings:{owner}",
+                {"kind": AccountKind.OPERATOR_EARNINGS, "unit": CNY_UNIT},
+            )
         elif kind == "arrears":
-            account = ledger.account_arrears(buyer=organisations[owner], class_key=class_key)
+            key = f"arrears:{owner}:{class_key}"
+            fields = {"kind": AccountKind.ARREARS, "unit": card_hour_unit(class_key)}
         elif kind == "issuance":
-            account = ledger.account_issuance(class_key=class_key)
+            key = f"issuance:{class_key}"
+            fields = {"kind": AccountKind.CARD_HOUR_ISSUANCE, "unit": card_hour_unit(class_key)}
         elif kind == "commission":
-            account = ledger.account_platform_commission()
+            key, fields = "platform_commission", {"kind": AccountKind.PLATFORM_COMMISSION, "unit": CNY_UNIT}
         else:
-            account = ledger.account_platform_spread()
-        postings.append((account, amount))
-    return postings
+            key, fields = "platform_spread", {"kind": AccountKind.PLATFORM_SPREAD, "unit": CNY_UNIT}
+        if kind in {"buyer_money", "operator", "arrears"}:
+            fields["organisation_id"] = owner
+        specs[key] = fields
+        keyed.append((key, amount))
+    accounts = ledger.accounts_get_or_create(specs)
+    packs = LedgerAccount.objects.in_bulk([pk for pk, _ in pack_moves])
+    return [(accounts[key], amount) for key, amount in keyed] + [
+        (packs[pk], amount) for pk, amount in pack_moves
+    ]
 
 
 def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
@@ -428,7 +465,10 @@ def _flag_exhaustion(
         used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
     for (buyer_id, chip_slug), first_record in used.items():
         left = any(
-            p.balance > 0 and p.expires > _epoch(now) and p.class_key in (chip_slug, STANDARD_CLASS)
+            p.balance > 0
+            and not p.dust
+            and p.expires > _epoch(now)
+            and p.class_key in (chip_slug, STANDARD_CLASS)
             for p in packs.get(buyer_id, ())
         )
         if left:

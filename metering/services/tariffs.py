@@ -196,7 +196,7 @@ def tariff_create(
 
 @transaction.atomic
 def tariff_version_create(
-    *, tariff: Tariff, spec: TariffSpec, effective_from: datetime | None, actor: Actor
+    *, tariff: Tariff, spec: TariffSpec, effective_from: datetime | None = None, actor: Actor
 ) -> TariffVersion:
     """Add the next immutable version of ``tariff``, in force from ``effective_from`` (default now).
 
@@ -271,7 +271,7 @@ def price_card_set(
     cluster: Cluster,
     rate_per_card_hour: Decimal,
     tariff: Tariff,
-    effective_from: datetime | None,
+    effective_from: datetime | None = None,
     actor: Actor,
 ) -> PriceCard:
     """Set a cluster's price: write its next price-card version (CNY per card-hour, with a tariff).

@@ -209,7 +209,7 @@ def test_a_pack_used_up_exactly_flags_the_buyer_before_any_arrears(
 
 
 def test_a_buyer_without_packs_is_flagged(world: tuple[Organisation, Organisation]) -> None:
-    seller, buyer = world
+    seller, _buyer = world
     report(seller, ("r", 1, local(3, 12), local(3, 13)))
     usage_rate_pending()
     assert BuyerExhaustion.objects.get().shortfall == M

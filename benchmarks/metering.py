@@ -1,0 +1,460 @@
+"""Metering at design size: ingest usage records through the batch service and rate them, on PostgreSQL.
+
+    python -m benchmarks.metering                   # 1,000,000 records (100 batches of 10,000)
+    python -m benchmarks.metering --records 100000  # a quick check
+
+What it does, in order:
+
+1. Creates a throwaway database (``cardhour_bench_metering``; or ``--database-url``), migrates it, and sets
+   up ``--operators`` operators with ``--clusters`` clusters (A800, H800, Ascend 910B) priced on the
+   Guangdong, Ningxia and flat presets, and ``--buyers`` buyers holding paid packs (chip packs and
+   standard-card packs; about one buyer in ten runs out, so arrears and exhaustion flags are exercised).
+2. Generates the records: each buyer reports its lease every 15 minutes (cards from a fixed-seed mix),
+   over the last ~30 days, so records cross band edges and local midnights like real usage.
+3. Baseline: the same rows written with raw PostgreSQL ``COPY`` into ``metering_usagerecord`` (timed, then
+   truncated) — the physical floor of writing these rows to this table with its indexes.
+4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` in batches of
+   10,000 — validation, dedup against the unique (operator, key) index, set-based insert — in this process.
+5. Replay: one batch sent again must answer ``duplicate`` for every record (timed too).
+6. Rating: a separate worker process (``python -m benchmarks.metering --rate DATABASE_URL``) runs
+   ``metering.services.rating.usage_rate_pending`` until nothing is left, and reports its time and peak RSS.
+7. Checks: every record rated once, Σ of every ledger unit zero, segments' card-seconds = records'.
+
+Targets (the metering issue): ingest ≥ 20,000 records/s, rating ≥ 50,000 records/s, worker peak RSS < 1 GiB.
+Prints PASS/MISS for each. Exits non-zero only on errors (wrong answers, missing rows), never on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from benchmarks._common import (
+    PROJECT_ROOT,
+    BenchDatabase,
+    Timer,
+    django_environment,
+    django_setup,
+    machine_description,
+    peak_rss_mb,
+    print_table,
+)
+
+BENCH_DATABASE = "cardhour_bench_metering"
+BATCH = 10_000
+REPORT_SECONDS = 900
+CHIPS = ("nvidia-a800-sxm4-80gb", "nvidia-h800-sxm5-80gb", "huawei-ascend-910b3")
+TARIFFS = ("cn-gd", "cn-nx", "flat")
+CARD_MIX = (1, 2, 4, 8, 8, 8, 16, 16, 32, 64)
+
+INGEST_TARGET = 20_000
+RATING_TARGET = 50_000
+RSS_TARGET_MB = 1024
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--operators", type=int, default=5)
+    parser.add_argument("--clusters", type=int, default=30)
+    parser.add_argument("--buyers", type=int, default=200)
+    parser.add_argument("--rating-batch", type=int, default=5_000)
+    parser.add_argument(
+        "--database-url", help="use this PostgreSQL database (not dropped) instead of a new one"
+    )
+    parser.add_argument("--keep", action="store_true", help="do not drop the database created for the run")
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--rate", metavar="DATABASE_URL", help=argparse.SUPPRESS)  # the worker process
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.rate:
+        return rate_worker(args.rate, batch_size=args.rating_batch)
+    database = (
+        BenchDatabase.existing(args.database_url)
+        if args.database_url
+        else BenchDatabase.create(name=BENCH_DATABASE)
+    )
+    try:
+        return run(args, database)
+    finally:
+        if not args.keep:
+            database.drop()
+
+
+# --- The world ------------------------------------------------------------------------------------------
+
+
+def setup_world(
+    args: argparse.Namespace, rng: random.Random
+) -> tuple[list[tuple[Any, list[Any]]], list[Any]]:
+    """Operators with priced clusters; buyers with paid packs. Returns [(operator, clusters)], buyers."""
+    from django.utils import timezone
+
+    from core.models import Organisation
+    from core.types import Actor
+    from federation.services import cluster_register
+    from federation.types import IslandSpec
+    from metering.models import PackOrder, PackProduct, Tariff
+    from metering.services.packs import pack_issue
+    from metering.services.tariffs import price_card_set
+
+    operators = []
+    for o in range(args.operators):
+        operator = Organisation.objects.create(slug=f"op{o:02d}", name=f"Operator {o}", is_operator=True)
+        actor = Actor(organisation=operator, system_label="bench")
+        clusters = []
+        for c in range(o, args.clusters, args.operators):
+            chip = CHIPS[c % len(CHIPS)]
+            cluster = cluster_register(
+                actor=actor,
+                operator=operator,
+                cpi=f"cpi:{operator.slug}:nx:c{c:03d}",
+                site="Zhongwei",
+                accelerator_slug=chip,
+                islands=[IslandSpec(name="isl-01", cards=1024, fabric="infiniband")],
+                endpoint_url="",
+            )
+            tariff = Tariff.objects.get(code=TARIFFS[c % len(TARIFFS)], owner__isnull=True)
+            price_card_set(
+                cluster=cluster,
+                rate_per_card_hour=Decimal(rng.choice(["6.5000", "8.0000", "9.2500", "12.0000"])),
+                tariff=tariff,
+                effective_from=None,
+                actor=actor,
+            )
+            clusters.append(cluster)
+        operators.append((operator, clusters))
+
+    buyers = []
+    paid_at = timezone.now() - timedelta(days=40)
+    for b in range(args.buyers):
+        buyer = Organisation.objects.create(slug=f"buyer{b:04d}", name=f"Buyer {b}", is_buyer=True)
+        buyers.append(buyer)
+        starved = b % 10 == 9
+        for chip in (None, *CHIPS):
+            card_hours = 50 if starved else 40_000
+            product, _ = PackProduct.objects.get_or_create(
+                code=f"{chip or 'std'}-{card_hours}",
+                defaults={
+                    "name": f"{chip or 'std'} {card_hours}",
+                    "card_hours": card_hours,
+                    "price": card_hours * 9,
+                    "accelerator": None if chip is None else _accelerator(chip),
+                },
+            )
+            order = PackOrder.objects.create(
+                buyer=buyer,
+                product=product,
+                accelerator=None if chip is None else _accelerator(chip),
+                card_hours=card_hours,
+                amount=card_hours * 9,
+                validity_days=365,
+                idempotency_key=f"bench-{chip}",
+            )
+            pack_issue(order=order, paid_at=paid_at, posted_by="bench")
+    return operators, buyers
+
+
+def _accelerator(slug: str) -> Any:
+    from federation.models import Accelerator
+
+    return Accelerator.objects.get(slug=slug)
+
+
+def generate(
+    args: argparse.Namespace, rng: random.Random, operators: list[tuple[Any, list[Any]]], buyers: list[Any]
+) -> Iterator[tuple[Any, list[Any]]]:
+    """Yield (operator, batch of UsageRecordInput), batches of at most 10,000 of one operator."""
+    from django.utils import timezone
+
+    from metering.types import UsageRecordInput
+
+    now = timezone.now().replace(microsecond=0)
+    per_buyer = -(-args.records // len(buyers))
+    span = timedelta(seconds=per_buyer * REPORT_SECONDS)
+    earliest = now - timedelta(days=30)
+    assignments = []  # (buyer, operator, cluster, cards, first start)
+    for buyer in buyers:
+        operator, clusters = operators[rng.randrange(len(operators))]
+        cluster = clusters[rng.randrange(len(clusters))]
+        offset = rng.randrange(max(int((now - earliest - span).total_seconds()), 1))
+        assignments.append(
+            (buyer, operator, cluster, rng.choice(CARD_MIX), earliest + timedelta(seconds=offset))
+        )
+
+    produced = 0
+    pending: dict[int, list[Any]] = {}
+    for step in range(per_buyer):
+        for buyer, operator, cluster, cards, first in assignments:
+            if produced == args.records:
+                break
+            start = first + timedelta(seconds=step * REPORT_SECONDS)
+            record = UsageRecordInput(
+                idempotency_key=f"{buyer.slug}-{step}",
+                cluster=cluster.cpi,
+                buyer=buyer.slug,
+                cards=cards,
+                start_at=start,
+                end_at=start + timedelta(seconds=REPORT_SECONDS),
+                price_card_version=1,
+                reference=f"lease:{buyer.pk}",
+            )
+            produced += 1
+            batch = pending.setdefault(operator.pk, [])
+            batch.append(record)
+            if len(batch) == BATCH:
+                yield operator, batch
+                pending[operator.pk] = []
+    by_pk = {operator.pk: operator for operator, _ in operators}
+    for operator_pk, batch in pending.items():
+        if batch:
+            yield by_pk[operator_pk], batch
+
+
+# --- The run --------------------------------------------------------------------------------------------
+
+
+def copy_baseline(batches: list[tuple[Any, list[Any]]]) -> tuple[float, int]:
+    """COPY the same rows (what the service would store) into metering_usagerecord; time it; truncate."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from core.models import Organisation
+    from federation.models import Cluster
+    from metering.models import PriceCard
+    from metering.services.usage import _epoch_seconds, usage_body_hash
+
+    clusters = dict(Cluster.objects.values_list("cpi", "id"))
+    buyers = dict(Organisation.objects.filter(is_buyer=True).values_list("slug", "id"))
+    cards = dict(PriceCard.objects.filter(version=1).values_list("cluster_id", "id"))
+    rows = []
+    now = timezone.now()
+    for operator, batch in batches:
+        for r in batch:
+            cluster_id = clusters[r.cluster]
+            buyer_id = buyers[r.buyer]
+            price_card_id = cards[cluster_id]
+            body_hash = usage_body_hash(
+                cluster_id=cluster_id,
+                buyer_id=buyer_id,
+                cards=r.cards,
+                start=_epoch_seconds(r.start_at),
+                end=_epoch_seconds(r.end_at),
+                price_card_id=price_card_id,
+                reference=r.reference,
+            )
+            rows.append(
+                (
+                    operator.pk,
+                    cluster_id,
+                    buyer_id,
+                    r.cards,
+                    r.start_at,
+                    r.end_at,
+                    price_card_id,
+                    r.idempotency_key,
+                    r.reference,
+                    body_hash,
+                    now,
+                )
+            )
+    columns = (
+        "operator_id, cluster_id, buyer_id, cards, start_at, end_at, price_card_id, idempotency_key, "
+        "reference, body_hash, received_at"
+    )
+    with (
+        Timer() as timer,
+        connection.cursor() as cursor,
+        cursor.copy(f"COPY metering_usagerecord ({columns}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            copy.write_row(row)
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE metering_usagerecord CASCADE")
+    return timer.seconds, len(rows)
+
+
+def run(args: argparse.Namespace, database: BenchDatabase) -> int:
+    print(f"Cardhour metering benchmark — {machine_description()}")
+    print(f"PostgreSQL {database.server_version()} at {database.name}; {args.records:,} records")
+    with Timer() as setup:
+        django_setup(database_url=database.url, conn_max_age=600)
+        rng = random.Random(args.seed)
+        operators, buyers = setup_world(args, rng)
+        batches = list(generate(args, rng, operators, buyers))
+    print(
+        f"setup: {args.operators} operators, {args.clusters} clusters, {len(buyers)} buyers, "
+        f"{len(batches)} batches ({setup.seconds:.1f} s)"
+    )
+
+    from django.db import connection
+
+    from metering.models import LedgerEntry, RatedSegment, UsageRecord
+    from metering.services.usage import usage_record_create_batch
+
+    copy_seconds, copied = copy_baseline(batches)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE metering_usagerecord")
+
+    created = 0
+    with Timer() as ingest:
+        for operator, batch in batches:
+            result = usage_record_create_batch(operator=operator, records=batch)
+            created += result.created
+            if result.created != len(batch):
+                print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
+                return 1
+    ingest_rss = peak_rss_mb()
+
+    replay_operator, replay_batch = batches[len(batches) // 2]
+    with Timer() as replay:
+        again = usage_record_create_batch(operator=replay_operator, records=replay_batch)
+    if again.duplicates != len(replay_batch):
+        print(f"ERROR: replay answered {again.created} created, {again.conflicts} conflicts")
+        return 1
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE metering_usagerecord")
+    env = {**os.environ, **django_environment(database_url=database.url, conn_max_age=600)}
+    worker = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.metering",
+            "--rate",
+            database.url,
+            "--rating-batch",
+            str(args.rating_batch),
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if worker.returncode != 0:
+        print(worker.stdout, worker.stderr)
+        return 1
+    rated = json.loads(worker.stdout.strip().splitlines()[-1])
+
+    from django.db.models import Sum
+
+    unrated = UsageRecord.objects.filter(rated_at__isnull=True).count()
+    units = {row["unit"]: row["t"] for row in LedgerEntry.objects.values("unit").annotate(t=Sum("amount"))}
+    record_seconds = sum(
+        r.cards * int((r.end_at - r.start_at).total_seconds()) for _, batch in batches for r in batch
+    )
+    segment_seconds = RatedSegment.objects.aggregate(s=Sum("card_seconds"))["s"]
+    segments = RatedSegment.objects.count()
+    ok = unrated == 0 and all(v == 0 for v in units.values()) and segment_seconds == record_seconds
+
+    ingest_rate = created / ingest.seconds
+    copy_rate = copied / copy_seconds
+    rating_rate = rated["records"] / rated["seconds"]
+    print_table(
+        "Results",
+        ["step", "records", "seconds", "records/s", "vs COPY", "target", ""],
+        [
+            [
+                "COPY baseline (same rows, same table)",
+                f"{copied:,}",
+                f"{copy_seconds:.1f}",
+                f"{copy_rate:,.0f}",
+                "1.00×",
+                "",
+                "",
+            ],
+            [
+                "ingest: usage_record_create_batch",
+                f"{created:,}",
+                f"{ingest.seconds:.1f}",
+                f"{ingest_rate:,.0f}",
+                f"{ingest_rate / copy_rate:.2f}×",
+                f"≥ {INGEST_TARGET:,}",
+                _verdict(ingest_rate >= INGEST_TARGET),
+            ],
+            [
+                "replay of one batch (all duplicates)",
+                f"{len(replay_batch):,}",
+                f"{replay.seconds:.2f}",
+                f"{len(replay_batch) / replay.seconds:,.0f}",
+                "",
+                "",
+                "",
+            ],
+            [
+                "rating: usage_rate_pending (worker)",
+                f"{rated['records']:,}",
+                f"{rated['seconds']:.1f}",
+                f"{rating_rate:,.0f}",
+                "",
+                f"≥ {RATING_TARGET:,}",
+                _verdict(rating_rate >= RATING_TARGET),
+            ],
+        ],
+    )
+    print(
+        f"\nrated segments: {segments:,} ({segments / max(rated['records'], 1):.2f} per record); "
+        f"arrears segments: {rated['arrears']:,}; exhaustion flags: {rated['flags']}"
+    )
+    print(
+        f"peak RSS: rating worker {rated['peak_rss_mb']:.0f} MiB (target < {RSS_TARGET_MB} MiB: "
+        f"{_verdict(rated['peak_rss_mb'] < RSS_TARGET_MB)}); ingesting process {ingest_rss:.0f} MiB "
+        "(it also holds all generated records)"
+    )
+    print(
+        f"checks: unrated {unrated}, Σ per unit {units}, card-seconds segments = records: "
+        f"{segment_seconds == record_seconds} → {'OK' if ok else 'ERROR'}"
+    )
+    return 0 if ok else 1
+
+
+def rate_worker(database_url: str, *, batch_size: int) -> int:
+    django_setup(database_url=database_url, conn_max_age=600, migrate=False)
+    from metering.models import BuyerExhaustion, RatedSegment
+    from metering.services.rating import usage_rate_pending
+
+    profile_to = os.environ.get("CARDHOUR_BENCH_PROFILE")  # a path: write cProfile stats of the rating there
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    with Timer() as timer:
+        records = usage_rate_pending(batch_size=batch_size)
+    if profile_to:
+        profiler.disable()
+        profiler.dump_stats(profile_to)
+    print(
+        json.dumps(
+            {
+                "records": records,
+                "seconds": timer.seconds,
+                "peak_rss_mb": peak_rss_mb(),
+                "arrears": RatedSegment.objects.filter(pack__isnull=True).count(),
+                "flags": BuyerExhaustion.objects.count(),
+            }
+        )
+    )
+    return 0
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

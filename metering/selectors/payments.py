@@ -1,0 +1,103 @@
+"""Reads for the pack catalogue, a buyer's orders and packs, and its balances per class.
+
+A pack's remaining card-hours live in its ledger account (micro-card-hours, never negative); the pack
+row holds only what was credited. Every buyer-scoped read filters by the buyer, so another buyer's
+order answers "not found", exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, Min, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from core.models import Organisation
+from core.money import from_micros
+from metering.errors import PackOrderNotFoundError, UnknownPackProductError
+from metering.models import Pack, PackOrder, PackProduct, pack_class_key
+
+
+def pack_product_list(*, include_inactive: bool = False) -> QuerySet[PackProduct]:
+    """The catalogue in display order; only products on sale unless ``include_inactive``."""
+    products = PackProduct.objects.select_related("accelerator").order_by("sort_order", "code")
+    return products if include_inactive else products.filter(active=True)
+
+
+def pack_product_get_on_sale(*, code: str) -> PackProduct:
+    """A product on sale by its code. Raises UnknownPackProductError (400: it is named in a body)."""
+    product = pack_product_list().filter(code=code).first()
+    if product is None:
+        raise UnknownPackProductError(f"No pack product {code!r} is on sale.", extra={"product": code})
+    return product
+
+
+def pack_order_list_for(*, buyer: Organisation) -> QuerySet[PackOrder]:
+    """The buyer's orders, newest first, with product, chip and pack joined."""
+    return (
+        PackOrder.objects.filter(buyer=buyer)
+        .select_related("product", "accelerator", "pack")
+        .order_by("-created_at", "-id")
+    )
+
+
+def pack_order_get_for(*, buyer: Organisation, order_id: int) -> PackOrder:
+    """One of the buyer's orders. Raises PackOrderNotFoundError, for another buyer's order too."""
+    order = pack_order_list_for(buyer=buyer).filter(pk=order_id).first()
+    if order is None:
+        raise PackOrderNotFoundError(f"Pack order {order_id} does not exist.", extra={"order": order_id})
+    return order
+
+
+def pack_list_for(*, buyer: Organisation, status: str | None = None) -> QuerySet[Pack]:
+    """The buyer's packs in the order consumption draws them (earliest expiry first), each annotated
+    with ``remaining_micros`` (micro-card-hours left, from its ledger account)."""
+    packs = Pack.objects.filter(buyer=buyer)
+    if status:
+        packs = packs.filter(status=status)
+    return (
+        packs.select_related("accelerator", "order")
+        .annotate(remaining_micros=Coalesce("account__balance", Value(0)))
+        .order_by("expires_at", "id")
+    )
+
+
+@dataclass(frozen=True)
+class PackClassBalance:
+    """What a buyer can still use of one class: card-hours left in its usable packs."""
+
+    class_key: str  # "std" or an accelerator slug
+    accelerator: str | None
+    remaining_card_hours: Decimal
+    packs: int
+    next_expiry_at: datetime | None
+
+
+def buyer_balance_summary(*, buyer: Organisation, at: datetime | None = None) -> list[PackClassBalance]:
+    """Card-hours left per class in the buyer's active packs that have started and not expired at
+    ``at`` (now by default), standard cards first, then by chip."""
+    at = at or timezone.now()
+    rows = (
+        Pack.objects.filter(buyer=buyer, status=Pack.Status.ACTIVE, starts_at__lte=at, expires_at__gt=at)
+        .values("accelerator__slug")
+        .annotate(
+            remaining=Coalesce(Sum("account__balance"), Value(0)),
+            packs=Count("id"),
+            next_expiry_at=Min("expires_at"),
+        )
+        .order_by("accelerator__slug")
+    )
+    balances = [
+        PackClassBalance(
+            class_key=pack_class_key(row["accelerator__slug"]),
+            accelerator=row["accelerator__slug"],
+            remaining_card_hours=from_micros(int(row["remaining"])),
+            packs=row["packs"],
+            next_expiry_at=row["next_expiry_at"],
+        )
+        for row in rows
+    ]
+    return sorted(balances, key=lambda b: (b.accelerator is not None, b.accelerator or ""))

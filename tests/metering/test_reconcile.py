@@ -1,0 +1,120 @@
+"""Ledger reconciliation: a clean ledger is ok; each injected breach is named, counted and logged at ERROR
+on ``cardhour.ledger``."""
+
+from __future__ import annotations
+
+import logging
+from datetime import date
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from metering.models import LedgerAccount, LedgerTransfer, PackOrder, RatedSegment
+from metering.services.billing import billing_close_period
+from metering.services.maintenance import ledger_reconcile, packs_expire_due
+from tests.metering.test_billing_close import World, sh
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ledger(db: None) -> World:
+    """Packs bought, usage from packs and in arrears, a month closed, a pack expired."""
+    world = World()
+    world.march_usage()
+    billing_close_period(period_start=date(2026, 3, 1), now=sh(2026, 4, 1, 0, 30))
+    packs_expire_due(now=sh(2027, 3, 3))
+    return world
+
+
+def test_clean_ledger_is_ok(ledger: World, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="cardhour.ledger"):
+        report = ledger_reconcile()
+    assert report.ok, report.breaches
+    assert report.breaches == []
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_edited_account_balance_is_reported(ledger: World, caplog: pytest.LogCaptureFixture) -> None:
+    account = LedgerAccount.objects.get(key=f"operator_earnings:{ledger.operator.pk}")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE metering_ledgeraccount SET balance = balance + 1 WHERE id = %s", [account.pk])
+
+    with caplog.at_level(logging.ERROR, logger="cardhour.ledger"):
+        report = ledger_reconcile()
+
+    assert not report.ok
+    assert report.codes() == ["account_balance_mismatch"]
+    [breach] = report.breaches
+    assert breach.count == 1
+    assert breach.sample[0]["key"] == account.key
+    assert breach.sample[0]["balance"] == breach.sample[0]["entries_total"] + 1
+    errors = [r for r in caplog.records if r.name == "cardhour.ledger" and r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "account_balance_mismatch" in errors[0].getMessage()
+
+
+def test_unbalanced_entry_is_reported(ledger: World) -> None:
+    """An entry slipped in by hand (on PostgreSQL the deferred balance trigger would refuse it at commit;
+    the test's transaction never commits)."""
+    transfer = LedgerTransfer.objects.filter(kind="usage").first()
+    account = LedgerAccount.objects.get(key="platform_commission")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO metering_ledgerentry (transfer_id, account_id, unit, amount) VALUES (%s, %s, %s, %s)",
+            [transfer.pk, account.pk, "CNY", 5],
+        )
+    report = ledger_reconcile()
+    assert {
+        "unit_not_zero",
+        "transfer_unbalanced",
+        "account_balance_mismatch",
+        "usage_transfer_mismatch",
+    } <= set(report.codes())
+
+
+def test_segment_that_disagrees_with_its_transfer_is_reported(ledger: World) -> None:
+    segment = RatedSegment.objects.filter(pack__isnull=False).first()
+    RatedSegment.objects.filter(pk=segment.pk).update(
+        pack_draw=segment.pack_draw + 7, gross=segment.gross + 1
+    )
+    report = ledger_reconcile()
+    assert set(report.codes()) == {"usage_transfer_mismatch", "pack_balance_mismatch"}
+    mismatch = next(b for b in report.breaches if b.code == "usage_transfer_mismatch")
+    assert mismatch.sample[0]["transfer_id"] == segment.transfer_id
+
+
+def test_segment_card_seconds_must_add_up(ledger: World) -> None:
+    segment = RatedSegment.objects.first()
+    RatedSegment.objects.filter(pk=segment.pk).update(card_seconds=segment.card_seconds + 1)
+    report = ledger_reconcile()
+    assert report.codes() == ["record_card_seconds_mismatch"]
+    assert report.breaches[0].sample[0]["id"] == segment.usage_record_id
+
+
+def test_paid_order_without_pack_or_credit_is_reported(ledger: World) -> None:
+    PackOrder.objects.create(
+        buyer=ledger.beta,
+        product=ledger.pack.order.product,
+        card_hours=100,
+        amount=Decimal("1000.00"),
+        validity_days=365,
+        idempotency_key="ghost",
+        status=PackOrder.Status.PAID,
+        paid_at=sh(2026, 3, 5),
+    )
+    report = ledger_reconcile()
+    assert report.codes() == ["paid_order_without_pack", "paid_order_without_purchase"]
+
+
+def test_negative_pack_is_reported(ledger: World, is_postgres: bool) -> None:
+    if is_postgres:
+        pytest.skip("PostgreSQL's check constraint refuses a negative pack balance outright")
+    account = LedgerAccount.objects.filter(kind="pack").first()
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA ignore_check_constraints = ON")
+        cursor.execute("UPDATE metering_ledgeraccount SET balance = -1 WHERE id = %s", [account.pk])
+        cursor.execute("PRAGMA ignore_check_constraints = OFF")
+    report = ledger_reconcile()
+    assert "account_negative" in report.codes()
+    assert "account_balance_mismatch" in report.codes()
