@@ -1101,7 +1101,7 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     ]
     list_filter = ["status", "accelerator"]
     search_fields = ["buyer__slug", "order__stripe_payment_intent_id__exact"]
-    list_select_related = ["buyer", "accelerator"]
+    list_select_related = ["buyer", "accelerator", "account"]
     fields = readonly_fields = (
         "buyer",
         "order",

@@ -93,7 +93,7 @@ def pack_expire(*, pack_id: int, now: datetime | None = None) -> bool:
     """
     now = now or timezone.now()
     pack = (
-        Pack.objects.select_for_update()
+        Pack.objects.select_for_update(of=("self",))
         .select_related("buyer", "accelerator")
         .filter(pk=pack_id, status=Pack.Status.ACTIVE, expires_at__lte=now)
         .first()

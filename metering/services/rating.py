@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -104,6 +104,7 @@ class _StandardCards:
 
     starts: list[int]
     tflops: list[Decimal]
+    cache: dict[tuple[Decimal, int], int] = field(default_factory=dict)
 
     @classmethod
     def load(cls) -> _StandardCards:
@@ -114,7 +115,13 @@ class _StandardCards:
         if chip_tflops is None or not self.starts:
             return None
         index = max(bisect.bisect_right(self.starts, at) - 1, 0)
-        return int((chip_tflops / self.tflops[index]).quantize(Decimal("0.0001")) * 10**4)
+        key = (chip_tflops, index)
+        factor = self.cache.get(key)
+        if factor is None:
+            factor = self.cache[key] = int(
+                (chip_tflops / self.tflops[index]).quantize(Decimal("0.0001")) * 10**4
+            )
+        return factor
 
 
 # A hook for the crash-recovery test: called once per record priced; raising aborts the batch.

@@ -1,6 +1,8 @@
 """A real localstripe server for the payment tests, on a free loopback port, for the whole session.
 
-Import the fixtures you use into the test module (``from tests.metering.localstripe import ...``).
+Import the fixtures into the test module under their function names
+(``from tests.metering.localstripe import localstripe_fixture, ...``); tests ask for them by their
+fixture names (``localstripe``, ``stripe_webhooks``, ``stripe_on_localstripe``).
 
 * ``localstripe`` (session): ``manage.py run_localstripe`` in a subprocess — the same launcher
   ``make run`` uses, so its loopback binding, private state and ``charge.refunded`` shim are what the
@@ -83,6 +85,21 @@ class LocalStripe:
         response = requests.post(f"{self.url}/_config/webhooks/{webhook_id}", json=body, timeout=10)
         response.raise_for_status()
 
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = requests.post(
+            f"{self.url}{path}",
+            json=body,
+            headers={"Authorization": f"Bearer {django_settings.STRIPE_SECRET_KEY}"},
+            timeout=10,
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def allow_retry_after_decline(self, payment_intent_id: str) -> None:
+        """Stripe lets a declined PaymentIntent be confirmed again with another card; localstripe keeps
+        it stuck on its failed charge. Forget that charge, as Stripe's state machine would."""
+        self.post(f"/v1/payment_intents/{payment_intent_id}", {"latest_charge": None})
+
     def get(self, path: str, **params: Any) -> dict[str, Any]:
         """A Stripe object read straight from localstripe (what the platform would see)."""
         response = requests.get(
@@ -164,8 +181,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def localstripe() -> Iterator[LocalStripe]:
+@pytest.fixture(scope="session", name="localstripe")
+def localstripe_fixture() -> Iterator[LocalStripe]:
     port = _free_port()
     log_file = tempfile.NamedTemporaryFile(prefix="localstripe-", suffix=".log", delete=False)  # noqa: SIM115
     log_path = Path(log_file.name)
@@ -217,8 +234,8 @@ def localstripe() -> Iterator[LocalStripe]:
         log_path.unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="session")
-def stripe_webhooks(localstripe: LocalStripe) -> Iterator[WebhookReceiver]:
+@pytest.fixture(scope="session", name="stripe_webhooks")
+def stripe_webhooks_fixture(localstripe: LocalStripe) -> Iterator[WebhookReceiver]:
     receiver = WebhookReceiver()
     # The live-server endpoint first (disabled until a test points it at a live server), then ours.
     localstripe.register_webhook(LIVE_SERVER_WEBHOOK_ID, f"{receiver.url}/unused", events=DISABLED_EVENTS)
@@ -229,8 +246,8 @@ def stripe_webhooks(localstripe: LocalStripe) -> Iterator[WebhookReceiver]:
         receiver.stop()
 
 
-@pytest.fixture
-def stripe_on_localstripe(
+@pytest.fixture(name="stripe_on_localstripe")
+def stripe_on_localstripe_fixture(
     settings: Any, localstripe: LocalStripe, stripe_webhooks: WebhookReceiver
 ) -> LocalStripe:
     """The platform talks to the session's localstripe (test mode), and its webhooks are recorded."""

@@ -39,13 +39,13 @@ from tests.metering.localstripe import (  # noqa: F401  # fixtures
     DISABLED_EVENTS,
     LIVE_SERVER_WEBHOOK_ID,
     deliver,
-    localstripe,
+    localstripe_fixture,
     order_pack,
     pay,
     post_webhook,
     sign,
-    stripe_on_localstripe,
-    stripe_webhooks,
+    stripe_on_localstripe_fixture,
+    stripe_webhooks_fixture,
     synthetic_event,
 )
 
@@ -206,18 +206,19 @@ def test_succeeded_before_created_credits_once_and_ignores_created(
     assert_ledger_invariants()
 
 
-def _declined_then_paid(order, stripe_webhooks):
+def _declined_then_paid(order, localstripe, stripe_webhooks):
     """The buyer's first card is declined, the second one pays the same PaymentIntent."""
     pay(order, "pm_card_chargeCustomerFail")
     failed = stripe_webhooks.wait_for(type=FAILED, payment_intent_id=order.stripe_payment_intent_id)
+    localstripe.allow_retry_after_decline(order.stripe_payment_intent_id)
     pay(order, "pm_card_visa")
     succeeded = stripe_webhooks.wait_for(type=SUCCEEDED, payment_intent_id=order.stripe_payment_intent_id)
     return failed, succeeded
 
 
-def test_failed_arriving_after_succeeded_leaves_the_order_paid(buyer, product, stripe_webhooks):
+def test_failed_arriving_after_succeeded_leaves_the_order_paid(buyer, product, localstripe, stripe_webhooks):
     order = order_pack(buyer=buyer, product=product)
-    failed, succeeded = _declined_then_paid(order, stripe_webhooks)
+    failed, succeeded = _declined_then_paid(order, localstripe, stripe_webhooks)
 
     assert deliver(succeeded).status_code == 200
     assert deliver(failed).status_code == 200
@@ -230,9 +231,9 @@ def test_failed_arriving_after_succeeded_leaves_the_order_paid(buyer, product, s
     assert_ledger_invariants()
 
 
-def test_failed_then_succeeded_in_order_ends_paid(buyer, product, stripe_webhooks):
+def test_failed_then_succeeded_in_order_ends_paid(buyer, product, localstripe, stripe_webhooks):
     order = order_pack(buyer=buyer, product=product)
-    failed, succeeded = _declined_then_paid(order, stripe_webhooks)
+    failed, succeeded = _declined_then_paid(order, localstripe, stripe_webhooks)
 
     deliver(failed)
     order.refresh_from_db()
@@ -247,9 +248,11 @@ def test_failed_then_succeeded_in_order_ends_paid(buyer, product, stripe_webhook
     assert_ledger_invariants()
 
 
-def test_a_lost_success_event_is_made_up_by_the_failure_event_refetch(buyer, product, stripe_webhooks):
+def test_a_lost_success_event_is_made_up_by_the_failure_event_refetch(
+    buyer, product, localstripe, stripe_webhooks
+):
     order = order_pack(buyer=buyer, product=product)
-    failed, _ = _declined_then_paid(order, stripe_webhooks)
+    failed, _ = _declined_then_paid(order, localstripe, stripe_webhooks)
 
     deliver(failed)  # the success event is never delivered
 
