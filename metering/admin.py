@@ -18,6 +18,8 @@ Decisions, so the next person does not have to rediscover them:
 - **Actions call services**: refunding a pack's unused part (with a confirmation page and a required reason,
   kept in the admin history of the pack), re-processing failed Stripe events and re-running rating for the
   buyers of selected usage records (rating only ever rates unrated records, so a re-run is safe).
+- **Statements** (invoices, settlements) are final: read-only with their lines inline, and downloadable as
+  CSV and PDF (``metering.rendering``) from the list and the statement's page.
 - **The usage CSV import** hands its rows to ``usage_record_create_batch`` (the same service as the API),
   per operator, in chunks of ``CARDHOUR_USAGE_BATCH_MAX``, all in one transaction: one bad row anywhere and
   nothing is written; every bad line is listed with its CSV line number and the service's code.

@@ -62,6 +62,7 @@ def test_unbalanced_entry_is_reported(ledger: World, is_postgres: bool) -> None:
     account = LedgerAccount.objects.get(key="platform_commission")
     with connection.cursor() as cursor:
         if is_postgres:
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # check the fixture's entries now
             cursor.execute("ALTER TABLE metering_ledgerentry DISABLE TRIGGER metering_ledgerentry_balanced")
         cursor.execute(
             "INSERT INTO metering_ledgerentry (transfer_id, account_id, unit, amount) VALUES (%s, %s, %s, %s)",
