@@ -310,6 +310,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         cursor.execute("VACUUM ANALYZE metering_usagerecord")
 
     created = 0
+    ingest_profile = os.environ.get("CARDHOUR_BENCH_PROFILE_INGEST")  # a path for cProfile stats of the ingest
+    if ingest_profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     with Timer() as ingest:
         for operator, batch in batches:
             result = usage_record_create_batch(operator=operator, records=batch)
@@ -317,6 +323,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             if result.created != len(batch):
                 print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
                 return 1
+    if ingest_profile:
+        profiler.disable()
+        profiler.dump_stats(ingest_profile)
     ingest_rss = peak_rss_mb()
 
     replay_operator, replay_batch = batches[len(batches) // 2]

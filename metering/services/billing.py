@@ -167,6 +167,14 @@ def _unstated_refunds(*, end_at: datetime) -> QuerySet[PackRefund]:
     )
 
 
+def _segments_of(*, records: QuerySet[UsageRecord]) -> QuerySet[RatedSegment]:
+    """Segments of the given usage records. Segments are indexed only by (usage_record, seq) — rating
+    writes millions of them — so a statement reaches its segments through its organisation's records
+    (indexed by buyer / operator and start), never by a scan of the segment table. A record starts no
+    later than any of its segments, so ``record.start_at < end`` loses nothing."""
+    return RatedSegment.objects.filter(usage_record_id__in=Subquery(records.values("pk")))
+
+
 def _uninvoiced_segments(*, end_at: datetime) -> QuerySet[RatedSegment]:
     return RatedSegment.objects.filter(invoice__isnull=True, start_at__lt=end_at)
 
@@ -325,14 +333,9 @@ def _invoice_lines(
 
     # Usage: the UPDATE re-checks ``invoice IS NULL`` on each row it changes, so a segment another
     # transaction attached first is skipped, never attached twice.
-    RatedSegment.objects.filter(
-        invoice__isnull=True,
-        start_at__lt=end_at,
-        usage_record_id__in=Subquery(UsageRecord.objects.filter(buyer=buyer).values("pk")),
-    ).update(invoice=invoice)
-    groups = _segment_groups(
-        RatedSegment.objects.filter(invoice=invoice), start_at=start_at, by_pack_class=True
-    )
+    scope = _segments_of(records=UsageRecord.objects.filter(buyer=buyer, start_at__lt=end_at))
+    scope.filter(invoice__isnull=True, start_at__lt=end_at).update(invoice=invoice)
+    groups = _segment_groups(scope.filter(invoice=invoice), start_at=start_at, by_pack_class=True)
     cpis = _cluster_cpis(groups)
     for group in groups:
         where = f"{cpis.get(group.cluster_id, group.cluster_id)}, {Band(group.band).label.lower()}"
@@ -466,14 +469,9 @@ def settlement_issue(
     except IntegrityError:
         return Settlement.objects.get(operator=operator, period_start=period_start), False
 
-    RatedSegment.objects.filter(
-        settlement__isnull=True,
-        start_at__lt=end_at,
-        usage_record_id__in=Subquery(UsageRecord.objects.filter(operator=operator).values("pk")),
-    ).update(settlement=settlement)
-    groups = _segment_groups(
-        RatedSegment.objects.filter(settlement=settlement), start_at=start_at, by_pack_class=False
-    )
+    scope = _segments_of(records=UsageRecord.objects.filter(operator=operator, start_at__lt=end_at))
+    scope.filter(settlement__isnull=True, start_at__lt=end_at).update(settlement=settlement)
+    groups = _segment_groups(scope.filter(settlement=settlement), start_at=start_at, by_pack_class=False)
     # Arrears and pack usage are the same to an operator: merge the groups that differ only by that.
     merged: dict[tuple[bool, int, str], list[int]] = {}
     for group in groups:

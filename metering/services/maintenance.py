@@ -319,57 +319,66 @@ def _check_paid_orders() -> list[Breach]:
     return [b for b in breaches if b is not None]
 
 
+def _per_key(rows: Iterable[tuple[Any, Any]]) -> dict[int, int]:
+    return {key: int(total) for key, total in rows if key is not None}
+
+
 def _check_pack_balances() -> Breach | None:
     """balance = card-hours bought − draws of its rated segments − refunds − expiry (and any other
-    posting that is neither purchase nor usage nor refund, e.g. an arrears settlement)."""
-    draws = (
-        RatedSegment.objects.filter(pack_id=OuterRef("pack_id"))
+    posting that is neither purchase nor usage nor refund, e.g. an arrears settlement).
+
+    Each source is summed once, grouped by pack, in SQL (segments carry no pack index: one scan, not one
+    probe per pack), and the per-pack totals are compared here, one row per pack."""
+    draws = _per_key(
+        RatedSegment.objects.filter(pack__isnull=False)
         .order_by()
         .values("pack_id")
-        .annotate(total=Sum("pack_draw"))
-        .values("total")
+        .annotate(t=Sum("pack_draw"))
+        .values_list("pack_id", "t")
     )
-    refunds = (
-        PackRefund.objects.filter(pack_id=OuterRef("pack_id"))
-        .order_by()
+    refunds = _per_key(
+        PackRefund.objects.order_by()
         .values("pack_id")
-        .annotate(total=Sum("card_hours_debited"))
-        .values("total")
+        .annotate(t=Sum("card_hours_debited"))
+        .values_list("pack_id", "t")
     )
-    other = (
-        LedgerEntry.objects.filter(account_id=OuterRef("pk"))
+    other = _per_key(
+        LedgerEntry.objects.filter(account__kind=AccountKind.PACK)
         .exclude(
             transfer__kind__in=[TransferKind.PACK_PURCHASE, TransferKind.USAGE, TransferKind.PACK_REFUND]
         )
         .order_by()
-        .values("account_id")
-        .annotate(total=Sum("amount"))
-        .values("total")
+        .values("account__pack_id")
+        .annotate(t=Sum("amount"))
+        .values_list("account__pack_id", "t")
     )
-
-    def total(subquery: QuerySet[Any, Any]) -> Coalesce:
-        return Coalesce(
-            Subquery(subquery, output_field=BigIntegerField()), Value(0), output_field=BigIntegerField()
-        )
-
-    rows = (
+    mismatched: list[dict[str, Any]] = []
+    accounts = (
         LedgerAccount.objects.filter(kind=AccountKind.PACK)
-        .annotate(
-            bought=Cast("pack__card_hours", BigIntegerField())
-            * Value(MICROS, output_field=BigIntegerField()),
-            drawn=total(draws),
-            refunded=total(refunds),
-            other=total(other),
-        )
-        .annotate(expected=F("bought") - F("drawn") - F("refunded") + F("other"))
-        .exclude(balance=F("expected"))
-        .values("id", "pack_id", "balance", "bought", "drawn", "refunded", "other", "expected")
         .order_by("id")
+        .values_list("id", "pack_id", "balance", "pack__card_hours")
+        .iterator(chunk_size=10_000)
     )
+    for account_id, pack_id, balance, card_hours in accounts:
+        bought = card_hours * MICROS
+        expected = bought - draws.get(pack_id, 0) - refunds.get(pack_id, 0) + other.get(pack_id, 0)
+        if balance != expected:
+            mismatched.append(
+                {
+                    "id": account_id,
+                    "pack_id": pack_id,
+                    "balance": balance,
+                    "bought": bought,
+                    "drawn": draws.get(pack_id, 0),
+                    "refunded": refunds.get(pack_id, 0),
+                    "other": other.get(pack_id, 0),
+                    "expected": expected,
+                }
+            )
     return _breach(
         "pack_balance_mismatch",
         "A pack's balance differs from card-hours bought − rated draws − refunds − expiry.",
-        rows,
+        mismatched,
     )
 
 

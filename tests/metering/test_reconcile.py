@@ -55,15 +55,14 @@ def test_edited_account_balance_is_reported(ledger: World, caplog: pytest.LogCap
 
 
 def test_unbalanced_entry_is_reported(ledger: World, is_postgres: bool) -> None:
-    """An entry slipped in by hand. On PostgreSQL the deferred balance trigger would refuse it when the
-    constraints are checked at the test's end, so it is disabled first (inside the test's transaction,
-    which is rolled back)."""
+    """An entry slipped into an existing transfer by hand. On PostgreSQL the deferred balance trigger
+    checks each transfer inserted in the transaction when constraints are checked; firing the fixture's
+    pending checks first means the tampered transfer is not checked again when the test ends."""
     transfer = LedgerTransfer.objects.filter(kind="usage").first()
     account = LedgerAccount.objects.get(key="platform_commission")
     with connection.cursor() as cursor:
         if is_postgres:
-            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # check the fixture's entries now
-            cursor.execute("ALTER TABLE metering_ledgerentry DISABLE TRIGGER metering_ledgerentry_balanced")
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute(
             "INSERT INTO metering_ledgerentry (transfer_id, account_id, unit, amount) VALUES (%s, %s, %s, %s)",
             [transfer.pk, account.pk, "CNY", 5],
