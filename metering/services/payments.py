@@ -534,7 +534,9 @@ def pack_refund_record(
         return existing, False
     if refund.currency != order.currency:
         raise StripePaymentMismatchError(f"Refund {refund.id} is in {refund.currency}, not {order.currency}.")
-    pack = Pack.objects.select_for_update(of=("self",)).select_related("buyer", "accelerator").get(order=order)
+    pack = (
+        Pack.objects.select_for_update(of=("self",)).select_related("buyer", "accelerator").get(order=order)
+    )
     account = ledger.account_pack(pack=pack)
     balance = LedgerAccount.objects.select_for_update().values_list("balance", flat=True).get(pk=account.pk)
     quantity = pack.card_hours * MICROS
