@@ -21,6 +21,7 @@ run: $(STAMP)
 	@mkdir -p var
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo --port $(PORT)
+	$(BIN)/python manage.py seed_billing_demo
 	CARDHOUR_PORT=$(PORT) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/honcho --procfile Procfile.dev start
 
 # SQLite unless DATABASE_URL is set; PostgreSQL-only tests are skipped with their reason on SQLite.

@@ -310,7 +310,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         cursor.execute("VACUUM ANALYZE metering_usagerecord")
 
     created = 0
-    ingest_profile = os.environ.get("CARDHOUR_BENCH_PROFILE_INGEST")  # a path for cProfile stats of the ingest
+    ingest_profile = os.environ.get(
+        "CARDHOUR_BENCH_PROFILE_INGEST"
+    )  # a path for cProfile stats of the ingest
     if ingest_profile:
         import cProfile
 

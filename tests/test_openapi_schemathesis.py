@@ -28,8 +28,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import schemathesis
@@ -47,12 +48,21 @@ from schemathesis.checks import (
 )
 
 from config.wsgi import application
-from core.models import ApiToken
+from core.models import ApiToken, Organisation
 from core.services import api_token_create
 from core.types import Actor
 from federation import services as federation_services
+from federation.models import Cluster
 from federation.types import IslandReport
-from tests.factories import OperatorFactory, OrganisationFactory, make_cluster
+from metering.models import Invoice, Settlement, Tariff
+from metering.services.billing import billing_close_period
+from metering.services.rating import usage_rate_pending
+from metering.services.tariffs import tariff_create
+from metering.services.usage import usage_record_create_batch
+from metering.tariffs import PRESETS
+from metering.types import UsageRecordInput
+from tests.factories import BuyerFactory, OperatorFactory, OrganisationFactory, make_cluster
+from tests.metering.factories import make_paid_pack, make_price_card
 
 CHECKS = [
     not_a_server_error,
@@ -74,6 +84,13 @@ HOSTILE_STRINGS = ["\x00", f"{CPI}\x00", f"{CPI}\n", "a/b", "x" * 300, CPI.upper
 HOSTILE_INTEGERS = [0, -1, 2**31, 2**63]
 
 PLATFORM_ONLY = {"hub_latencies_measure"}
+# Buyer-only operations: fuzzed with the buyer's token, so their inputs get past the 403 (the operator's
+# 403 is a hand-written scenario).
+BUYER_ONLY = {"invoices_list", "invoices_get", "invoices_csv", "invoices_pdf"}
+
+# Billing: March 2026 in Asia/Shanghai, used, rated and closed with the clock pinned.
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+MARCH = date(2026, 3, 1)
 
 # 25 keeps the file around half a minute on two cores (SQLite or PostgreSQL); raise it for a deeper run.
 MAX_EXAMPLES = int(os.environ.get("CARDHOUR_SCHEMATHESIS_MAX_EXAMPLES", "25"))
@@ -89,6 +106,13 @@ class World:
     spare_token: ApiToken
     other_token: ApiToken
     platform_secret: str
+    buyer_secret: str  # acme's
+    preset_tariff_id: int  # cn-gd
+    own_tariff_id: int  # cucc's "own"
+    invoice: Invoice  # acme's
+    other_invoice: Invoice  # beta's
+    settlement: Settlement  # cucc's
+    other_settlement: Settlement  # cmcc's
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
@@ -96,11 +120,22 @@ class World:
     def platform_auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.platform_secret}"}
 
+    def buyer_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.buyer_secret}"}
+
+    def auth_as(self, organisation: str) -> dict[str, str]:
+        """The token of a seeded organisation, by slug."""
+        secrets = {"cucc": self.secret, "cardhour": self.platform_secret, "acme": self.buyer_secret}
+        return {"Authorization": f"Bearer {secrets[organisation]}"}
+
     def auth_for(self, case: schemathesis.Case) -> dict[str, str]:
-        """The operator's token, except for platform-only operations, whose bodies would otherwise
-        never get past the 403 (the operator's 403 there is a hand-written scenario)."""
-        if case.operation.definition.raw.get("operationId") in PLATFORM_ONLY:
+        """The operator's token, except for platform-only and buyer-only operations, whose inputs would
+        otherwise never get past the 403 (the operator's 403 there is a hand-written scenario)."""
+        operation_id = case.operation.definition.raw.get("operationId")
+        if operation_id in PLATFORM_ONLY:
             return self.platform_auth()
+        if operation_id in BUYER_ONLY:
+            return self.buyer_auth()
         return self.auth()
 
     def real_path_parameters(self) -> dict[str, list[Any]]:
@@ -118,6 +153,9 @@ class World:
                 f"{OTHER_CPI}:isl-01",
             ],
             "token_id": [self.spare_token.pk, self.other_token.pk],
+            "tariff_id": [self.preset_tariff_id, self.own_tariff_id],
+            "invoice_id": [self.invoice.pk, self.other_invoice.pk],
+            "settlement_id": [self.settlement.pk, self.other_settlement.pk],
         }
 
 
@@ -145,7 +183,9 @@ def world(in_process_requests: None) -> Iterator[World]:
     other_operator = OperatorFactory(slug="cmcc", name="China Mobile")
     platform = OrganisationFactory(slug="cardhour", name="Cardhour", is_platform=True)
     cluster = make_cluster(operator=operator, islands=[(ISLAND, 64)])
-    make_cluster(operator=other_operator, name="zw-ai02", islands=[("isl-01", 8)], endpoint_url="")
+    other_cluster = make_cluster(
+        operator=other_operator, name="zw-ai02", islands=[("isl-01", 8)], endpoint_url=""
+    )
     federation_services.heartbeat_record(
         actor=Actor(organisation=operator, system_label="test"),
         cluster=cluster,
@@ -157,14 +197,69 @@ def world(in_process_requests: None) -> Iterator[World]:
     spare_token, _ = api_token_create(organisation=operator, name="spare", scope="read_only")
     other_token, _ = api_token_create(organisation=other_operator, name="other")
     _, platform_secret = api_token_create(organisation=platform, name="platform")
+    buyer = BuyerFactory(slug="acme", name="Acme AI")
+    _, buyer_secret = api_token_create(organisation=buyer, name="acme")
+    own_tariff = tariff_create(
+        owner=operator,
+        code="own",
+        name="Own",
+        time_zone="Asia/Shanghai",
+        source="",
+        spec=PRESETS["cn-nx"].spec,
+        effective_from=None,
+        actor=Actor(organisation=operator, system_label="test"),
+    )
     _world = World(
         secret=secret,
         spare_token=spare_token,
         other_token=other_token,
         platform_secret=platform_secret,
+        buyer_secret=buyer_secret,
+        preset_tariff_id=_preset_id("cn-gd"),
+        own_tariff_id=own_tariff.pk,
+        **_closed_march(operator, cluster.cpi, other_operator, other_cluster.cpi, buyer),
     )
     yield _world
     _world = None
+
+
+def _preset_id(code: str) -> int:
+    return Tariff.objects.get(owner__isnull=True, code=code).pk
+
+
+def _closed_march(
+    operator: Organisation, cpi: str, other_operator: Organisation, other_cpi: str, buyer: Organisation
+) -> dict[str, Any]:
+    """A closed month: acme (a paid pack) used cucc's cluster and beta (no pack) cmcc's in March 2026,
+    rated and closed on 1 April, so each buyer has an invoice and each operator a settlement."""
+    other_buyer = BuyerFactory(slug="beta", name="Beta Labs")
+    make_paid_pack(buyer=buyer, accelerator=ACCELERATOR, paid_at=datetime(2026, 3, 2, 9, tzinfo=SHANGHAI))
+    now = datetime(2026, 4, 1, 3, tzinfo=SHANGHAI)
+    for seller, cluster_cpi, buyer_slug in ((operator, cpi, "acme"), (other_operator, other_cpi, "beta")):
+        make_price_card(cluster=Cluster.objects.get(cpi=cluster_cpi), tariff_code="cn-gd")
+        usage_record_create_batch(
+            operator=seller,
+            records=[
+                UsageRecordInput(
+                    idempotency_key=f"{buyer_slug}-march",
+                    cluster=cluster_cpi,
+                    buyer=buyer_slug,
+                    cards=4,
+                    start_at=datetime(2026, 3, 10, 7, 30, tzinfo=SHANGHAI),
+                    end_at=datetime(2026, 3, 10, 10, 30, tzinfo=SHANGHAI),
+                    price_card_version=1,
+                )
+            ],
+            now=now,
+        )
+    usage_rate_pending(now=now)
+    billing_close_period(period_start=MARCH, now=now)
+    return {
+        "invoice": Invoice.objects.get(buyer=buyer, period_start=MARCH),
+        "other_invoice": Invoice.objects.get(buyer=other_buyer, period_start=MARCH),
+        "settlement": Settlement.objects.get(operator=operator, period_start=MARCH),
+        "other_settlement": Settlement.objects.get(operator=other_operator, period_start=MARCH),
+    }
 
 
 @schema.hook

@@ -168,7 +168,7 @@ class Pack(models.Model):
 
     @property
     def class_key(self) -> str:
-        return pack_class_key(self.accelerator.slug if self.accelerator_id else None)
+        return pack_class_key(self.accelerator.slug if self.accelerator is not None else None)
 
 
 class StripeEvent(models.Model):

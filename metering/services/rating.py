@@ -232,7 +232,9 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                 pack.value += value
                 gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
                 commission = round_div(gross * commission_e6, MICROS)
-                std = Decimal(factor_e4).scaleb(-4) if pack.class_key == STANDARD_CLASS else None
+                std = (
+                    Decimal(factor_e4).scaleb(-4) if factor_e4 and pack.class_key == STANDARD_CLASS else None
+                )
                 rows.append(
                     [
                         record_id,
@@ -397,6 +399,7 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
     """Turn the batch's per-account sums into (account, amount) postings, with one query for the named
     accounts (the same keys as metering.services.ledger's helpers) and one for the packs'."""
     specs: dict[str, dict[str, object]] = {}
+    fields: dict[str, object]
     keyed: list[tuple[str, int]] = []
     pack_moves: list[tuple[int, int]] = []
     for (kind, owner, class_key), amount in sums.items():
