@@ -217,7 +217,7 @@ def world(in_process_requests: None) -> Iterator[World]:
         buyer_secret=buyer_secret,
         preset_tariff_id=_preset_id("cn-gd"),
         own_tariff_id=own_tariff.pk,
-        **_closed_march(operator, cluster.cpi, other_operator, other_cluster.cpi, buyer),
+        **_closed_march(clusters=[cluster, other_cluster], buyer=buyer),
     )
     yield _world
     _world = None
@@ -227,22 +227,22 @@ def _preset_id(code: str) -> int:
     return Tariff.objects.get(owner__isnull=True, code=code).pk
 
 
-def _closed_march(
-    operator: Organisation, cpi: str, other_operator: Organisation, other_cpi: str, buyer: Organisation
-) -> dict[str, Any]:
-    """A closed month: acme (a paid pack) used cucc's cluster and beta (no pack) cmcc's in March 2026,
-    rated and closed on 1 April, so each buyer has an invoice and each operator a settlement."""
+def _closed_march(*, clusters: list[Cluster], buyer: Organisation) -> dict[str, Any]:
+    """A closed month: acme (with a paid pack) used cucc's cluster and beta (no pack, in arrears) cmcc's
+    in March 2026, rated and closed on 1 April (the clock pinned), so each buyer has an invoice and each
+    operator a settlement. The clusters' price cards start now: the usage names version 1."""
+    own_cluster, other_cluster = clusters
     other_buyer = BuyerFactory(slug="beta", name="Beta Labs")
     make_paid_pack(buyer=buyer, accelerator=ACCELERATOR, paid_at=datetime(2026, 3, 2, 9, tzinfo=SHANGHAI))
     now = datetime(2026, 4, 1, 3, tzinfo=SHANGHAI)
-    for seller, cluster_cpi, buyer_slug in ((operator, cpi, "acme"), (other_operator, other_cpi, "beta")):
-        make_price_card(cluster=Cluster.objects.get(cpi=cluster_cpi), tariff_code="cn-gd")
+    for cluster, buyer_slug in ((own_cluster, buyer.slug), (other_cluster, other_buyer.slug)):
+        make_price_card(cluster=cluster, tariff_code="cn-gd")
         usage_record_create_batch(
-            operator=seller,
+            operator=cluster.operator,
             records=[
                 UsageRecordInput(
                     idempotency_key=f"{buyer_slug}-march",
-                    cluster=cluster_cpi,
+                    cluster=cluster.cpi,
                     buyer=buyer_slug,
                     cards=4,
                     start_at=datetime(2026, 3, 10, 7, 30, tzinfo=SHANGHAI),
@@ -257,8 +257,8 @@ def _closed_march(
     return {
         "invoice": Invoice.objects.get(buyer=buyer, period_start=MARCH),
         "other_invoice": Invoice.objects.get(buyer=other_buyer, period_start=MARCH),
-        "settlement": Settlement.objects.get(operator=operator, period_start=MARCH),
-        "other_settlement": Settlement.objects.get(operator=other_operator, period_start=MARCH),
+        "settlement": Settlement.objects.get(operator=own_cluster.operator, period_start=MARCH),
+        "other_settlement": Settlement.objects.get(operator=other_cluster.operator, period_start=MARCH),
     }
 
 

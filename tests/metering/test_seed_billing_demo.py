@@ -3,6 +3,7 @@ and rated usage, and a second run changes nothing."""
 
 from __future__ import annotations
 
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ from metering.services.maintenance import ledger_reconcile
 
 @pytest.mark.django_db
 def test_seed_billing_demo_is_complete_and_idempotent(tmp_path: Path) -> None:
-    call_command("seed_demo", tokens_file=tmp_path / "tokens.json", stdout=open("/dev/null", "w"))  # noqa: SIM115
-    call_command("seed_billing_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    call_command("seed_demo", tokens_file=tmp_path / "tokens.json", stdout=StringIO())
+    call_command("seed_billing_demo", stdout=StringIO())
 
     assert PriceCard.objects.count() == Cluster.objects.count() > 0
     assert PackProduct.objects.filter(accelerator__isnull=True).exists()
@@ -30,5 +31,5 @@ def test_seed_billing_demo_is_complete_and_idempotent(tmp_path: Path) -> None:
     assert report.ok, report
 
     counts = [m.objects.count() for m in (PriceCard, Pack, UsageRecord, RatedSegment, LedgerEntry)]
-    call_command("seed_billing_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    call_command("seed_billing_demo", stdout=StringIO())
     assert [m.objects.count() for m in (PriceCard, Pack, UsageRecord, RatedSegment, LedgerEntry)] == counts
