@@ -99,7 +99,9 @@ class PackOrderOutput(serializers.Serializer):
     amount = serializers.DecimalField(max_digits=14, decimal_places=2)
     currency = serializers.CharField()
     validity_days = serializers.IntegerField()
-    status = serializers.ChoiceField(choices=PackOrder.Status.choices)
+    # Plain strings rather than enums: two `status` enums would collide in the OpenAPI components
+    # (drf-spectacular W001) unless ENUM_NAME_OVERRIDES names them.
+    status = serializers.CharField(help_text=f"One of: {', '.join(PackOrder.Status.values)}.")
     failure_code = serializers.CharField()
     failure_message = serializers.CharField()
     livemode = serializers.BooleanField()
@@ -229,7 +231,7 @@ class PackOutput(serializers.Serializer):
     remaining_card_hours = serializers.SerializerMethodField(help_text="Card-hours left, exact.")
     price = serializers.DecimalField(max_digits=14, decimal_places=2)
     currency = serializers.CharField(source="order.currency")
-    status = serializers.ChoiceField(choices=Pack.Status.choices)
+    status = serializers.CharField(help_text=f"One of: {', '.join(Pack.Status.values)}.")
     starts_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
     closed_at = serializers.DateTimeField(allow_null=True)

@@ -262,6 +262,34 @@ def test_a_lost_success_event_is_made_up_by_the_failure_event_refetch(
     assert_ledger_invariants()
 
 
+def test_canceled_payment_cancels_the_order(buyer, product, localstripe):
+    order = order_pack(buyer=buyer, product=product)
+    intent = localstripe.post(f"/v1/payment_intents/{order.stripe_payment_intent_id}/cancel", {})
+    assert intent["status"] == "canceled"
+    body = synthetic_event("payment_intent.canceled", intent)  # localstripe sends no event for it
+
+    assert post_webhook(body, sign(body)).status_code == 200
+
+    order.refresh_from_db()
+    assert order.status == PackOrder.Status.CANCELED
+    assert not Pack.objects.exists()
+
+
+def test_a_payment_whose_id_was_never_stored_is_matched_by_its_metadata(buyer, product, stripe_webhooks):
+    order = order_pack(buyer=buyer, product=product)
+    intent_id = order.stripe_payment_intent_id
+    pay(order)
+    # As if the process died between creating the PaymentIntent and storing its id.
+    PackOrder.objects.filter(pk=order.pk).update(stripe_payment_intent_id="")
+
+    deliver(stripe_webhooks.wait_for(type=SUCCEEDED, payment_intent_id=intent_id))
+
+    order.refresh_from_db()
+    assert (order.status, order.stripe_payment_intent_id) == (PackOrder.Status.PAID, intent_id)
+    assert Pack.objects.filter(order=order).count() == 1
+    assert_ledger_invariants()
+
+
 # --- Bad signatures ---------------------------------------------------------------------------------
 
 
