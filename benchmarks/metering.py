@@ -9,8 +9,8 @@ What it does, in order:
    up ``--operators`` operators with ``--clusters`` clusters (A800, H800, Ascend 910B) priced on the
    Guangdong, Ningxia and flat presets, and ``--buyers`` buyers holding paid packs (chip packs and
    standard-card packs; about one buyer in ten runs out, so arrears and exhaustion flags are exercised).
-2. Generates the records: each buyer reports its lease every 15 minutes (cards from a fixed-seed mix),
-   over the last ~30 days, so records cross band edges and local midnights like real usage.
+2. Generates the records: each buyer reports its lease every 15 minutes (more often when that would not
+   fit; cards from a fixed-seed mix), over the last ~30 days, so records cross band edges and local midnights like real usage.
 3. Baseline: the same rows written with raw PostgreSQL ``COPY`` into ``metering_usagerecord`` (timed, then
    truncated) — the physical floor of writing these rows to this table with its indexes.
 4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` in batches of
@@ -184,7 +184,10 @@ def generate(
 
     now = timezone.now().replace(microsecond=0)
     per_buyer = -(-args.records // len(buyers))
-    span = timedelta(seconds=per_buyer * REPORT_SECONDS)
+    # Reports every 15 minutes, or more often when that many would not fit the last 29 days (the usage
+    # service refuses usage in the future or older than its late window).
+    interval = max(60, min(REPORT_SECONDS, int(timedelta(days=29).total_seconds()) // per_buyer))
+    span = timedelta(seconds=per_buyer * interval)
     earliest = now - timedelta(days=30)
     assignments = []  # (buyer, operator, cluster, cards, first start)
     for buyer in buyers:
@@ -201,14 +204,14 @@ def generate(
         for buyer, operator, cluster, cards, first in assignments:
             if produced == args.records:
                 break
-            start = first + timedelta(seconds=step * REPORT_SECONDS)
+            start = first + timedelta(seconds=step * interval)
             record = UsageRecordInput(
                 idempotency_key=f"{buyer.slug}-{step}",
                 cluster=cluster.cpi,
                 buyer=buyer.slug,
                 cards=cards,
                 start_at=start,
-                end_at=start + timedelta(seconds=REPORT_SECONDS),
+                end_at=start + timedelta(seconds=interval),
                 price_card_version=1,
                 reference=f"lease:{buyer.pk}",
             )
