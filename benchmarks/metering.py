@@ -46,6 +46,7 @@ from benchmarks._common import (
     machine_description,
     peak_rss_mb,
     print_table,
+    process_peak_rss_mb,
 )
 
 BENCH_DATABASE = "cardhour_bench_metering"
@@ -457,7 +458,8 @@ def rate_worker(database_url: str, *, batch_size: int) -> int:
             {
                 "records": records,
                 "seconds": timer.seconds,
-                "peak_rss_mb": peak_rss_mb(),
+                # VmHWM, not ru_maxrss: the latter survives exec and would report the parent's peak.
+                "peak_rss_mb": process_peak_rss_mb(os.getpid()),
                 "arrears": RatedSegment.objects.filter(pack__isnull=True).count(),
                 "flags": BuyerExhaustion.objects.count(),
             }

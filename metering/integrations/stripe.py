@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from stripe import (
+    APIConnectionError,
     CardError,
     RequestsClient,
     SignatureVerificationError,
@@ -182,8 +183,11 @@ def _client() -> StripeClient:
 
 def _provider_error(exc: StripeError, action: str) -> PaymentProviderError:
     logger.warning("Stripe call failed (%s): %s", action, exc)
+    # Stripe's user_message is written for end users; the raw text of a transport error names internal
+    # hosts and ports, so it stays in the log only.
+    detail = exc.user_message or ("Stripe is unreachable." if isinstance(exc, APIConnectionError) else "")
     return PaymentProviderError(
-        f"Stripe could not {action}: {exc.user_message or exc}",
+        f"Stripe could not {action}." + (f" {detail}" if detail else ""),
         extra={"stripe_code": exc.code or "", "http_status": exc.http_status},
     )
 
