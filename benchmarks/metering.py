@@ -239,7 +239,7 @@ def copy_baseline(batches: list[tuple[Any, list[Any]]]) -> tuple[float, int]:
     from core.models import Organisation
     from federation.models import Cluster
     from metering.models import PriceCard
-    from metering.services.usage import _epoch_seconds, usage_body_hash
+    from metering.services.usage import epoch_seconds, usage_body_hash
 
     clusters = dict(Cluster.objects.values_list("cpi", "id"))
     buyers = dict(Organisation.objects.filter(is_buyer=True).values_list("slug", "id"))
@@ -255,8 +255,8 @@ def copy_baseline(batches: list[tuple[Any, list[Any]]]) -> tuple[float, int]:
                 cluster_id=cluster_id,
                 buyer_id=buyer_id,
                 cards=r.cards,
-                start=_epoch_seconds(r.start_at),
-                end=_epoch_seconds(r.end_at),
+                start=epoch_seconds(r.start_at),
+                end=epoch_seconds(r.end_at),
                 price_card_id=price_card_id,
                 reference=r.reference,
             )

@@ -1442,7 +1442,32 @@ class RatedFilter(admin.SimpleListFilter):
         return queryset
 
 
-class RatedSegmentInline(_ReadOnlyInline):
+class _SegmentAmountColumns:
+    """The columns a rated segment shows wherever it is listed: its card-hours and its micro-unit amounts."""
+
+    @admin.display(description="Card-hours")
+    def card_hours(self, obj: RatedSegment) -> str:
+        return _card_hours_of_seconds(obj.card_seconds)
+
+    @admin.display(description="Drawn")
+    def draw(self, obj: RatedSegment) -> SafeString:
+        suffix = "" if obj.pack_id else " (arrears)"
+        return format_html("{}{}", _amount_cell(obj.pack_draw, card_hour_unit(obj.pack_class)), suffix)
+
+    @admin.display(description="Gross")
+    def gross_cny(self, obj: RatedSegment) -> SafeString:
+        return _amount_cell(obj.gross, CNY_UNIT)
+
+    @admin.display(description="Commission")
+    def commission_cny(self, obj: RatedSegment) -> SafeString:
+        return _amount_cell(obj.commission, CNY_UNIT)
+
+    @admin.display(description="Buyer value")
+    def value_cny(self, obj: RatedSegment) -> SafeString:
+        return _amount_cell(obj.buyer_value, CNY_UNIT)
+
+
+class RatedSegmentInline(_SegmentAmountColumns, _ReadOnlyInline):
     model = RatedSegment
     formset = _LimitedInlineFormSet
     fields = readonly_fields = (
@@ -1476,27 +1501,6 @@ class RatedSegmentInline(_ReadOnlyInline):
     @admin.display(description="To")
     def end(self, obj: RatedSegment) -> str:
         return _local(obj.end_at)
-
-    @admin.display(description="Card-hours")
-    def card_hours(self, obj: RatedSegment) -> str:
-        return _card_hours_of_seconds(obj.card_seconds)
-
-    @admin.display(description="Drawn")
-    def draw(self, obj: RatedSegment) -> SafeString:
-        suffix = "" if obj.pack_id else " (arrears)"
-        return format_html("{}{}", _amount_cell(obj.pack_draw, card_hour_unit(obj.pack_class)), suffix)
-
-    @admin.display(description="Gross")
-    def gross_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.gross, CNY_UNIT)
-
-    @admin.display(description="Commission")
-    def commission_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.commission, CNY_UNIT)
-
-    @admin.display(description="Buyer value")
-    def value_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.buyer_value, CNY_UNIT)
 
 
 class UsageImportForm(forms.Form):
@@ -1867,7 +1871,7 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(RatedSegment)
-class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+class RatedSegmentAdmin(_SegmentAmountColumns, _ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = [
         "usage_link",
         "seq",
@@ -1919,27 +1923,6 @@ class RatedSegmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="Start", ordering="start_at")
     def start(self, obj: RatedSegment) -> str:
         return _local(obj.start_at)
-
-    @admin.display(description="Card-hours")
-    def card_hours(self, obj: RatedSegment) -> str:
-        return _card_hours_of_seconds(obj.card_seconds)
-
-    @admin.display(description="Drawn")
-    def draw(self, obj: RatedSegment) -> SafeString:
-        suffix = "" if obj.pack_id else " (arrears)"
-        return format_html("{}{}", _amount_cell(obj.pack_draw, card_hour_unit(obj.pack_class)), suffix)
-
-    @admin.display(description="Gross")
-    def gross_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.gross, CNY_UNIT)
-
-    @admin.display(description="Commission")
-    def commission_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.commission, CNY_UNIT)
-
-    @admin.display(description="Buyer value")
-    def value_cny(self, obj: RatedSegment) -> SafeString:
-        return _amount_cell(obj.buyer_value, CNY_UNIT)
 
     @admin.display(description="Pack", ordering="pack_id")
     def pack_number(self, obj: RatedSegment) -> str:

@@ -53,6 +53,7 @@ from metering.models import (
 from metering.selectors.tariffs import compiled_tariff
 from metering.services import ledger
 from metering.services.packs import pack_value_of_draw
+from metering.services.usage import epoch_seconds as _epoch  # one definition of the epoch
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECONDS_E4 = 3600 * 10**4  # card-seconds × multiplier (10⁻⁴) → card-hours
@@ -73,10 +74,6 @@ _SEGMENT_COLUMNS = (
     "buyer_value",
     "transfer_id",
 )
-
-
-def _epoch(value: datetime) -> int:
-    return (value - _EPOCH) // timedelta(seconds=1)
 
 
 def _at(seconds: int) -> datetime:

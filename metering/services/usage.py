@@ -40,7 +40,7 @@ REFERENCE_MAX_LENGTH = 200
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _epoch_seconds(value: datetime) -> int:
+def epoch_seconds(value: datetime) -> int:
     return (value - _EPOCH) // timedelta(seconds=1)
 
 
@@ -89,8 +89,8 @@ class _Validated:
             cluster_id=cluster_id,
             buyer_id=buyer_id,
             cards=cards,
-            start=_epoch_seconds(start),
-            end=_epoch_seconds(end),
+            start=epoch_seconds(start),
+            end=epoch_seconds(end),
             price_card_id=price_card_id,
             reference=reference,
         )
