@@ -8,6 +8,7 @@ api_v1 = [
     path("", include("core.api.urls")),
     path("", include("federation.api.urls")),
     path("", include("metering.api.urls")),
+    path("", include("broker.api.urls")),
 ]
 
 urlpatterns = [

@@ -210,6 +210,24 @@ CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Sha
 CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
 CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=5_000)
 
+# --- Broker -----------------------------------------------------------------------------------------
+# Quotes hold nothing and expire after this long; a job's window may reach at most this far ahead.
+CARDHOUR_QUOTE_TTL_SECONDS = env.int("CARDHOUR_QUOTE_TTL_SECONDS", default=60)
+CARDHOUR_PLANNING_HORIZON_DAYS = env.int("CARDHOUR_PLANNING_HORIZON_DAYS", default=7)
+# Starts are tried in steps of this many seconds from the job's earliest start (time-shifting).
+CARDHOUR_QUOTE_STEP_SECONDS = env.int("CARDHOUR_QUOTE_STEP_SECONDS", default=900)
+CARDHOUR_QUOTE_LIMIT_DEFAULT = env.int("CARDHOUR_QUOTE_LIMIT_DEFAULT", default=10)
+CARDHOUR_QUOTE_LIMIT_MAX = env.int("CARDHOUR_QUOTE_LIMIT_MAX", default=100)
+# The matcher keeps the island catalogue (islands, clusters, chips, price cards) in memory and reloads it
+# when older than this; leases are followed incrementally on every quote. 0 reloads on every quote.
+CARDHOUR_BROKER_CATALOG_TTL_SECONDS = env.float("CARDHOUR_BROKER_CATALOG_TTL_SECONDS", default=5.0)
+# Refuse a lease (402 insufficient_balance) whose expected draw the buyer's packs cannot pay.
+CARDHOUR_BROKER_REQUIRE_BALANCE = env.bool("CARDHOUR_BROKER_REQUIRE_BALANCE", default=True)
+# Operators report usage at least this often; usage after a stop request is accepted this long after it.
+CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS = env.int("CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS", default=60)
+# Long-poll of GET /operator/leases: the most a request may wait for a change.
+CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS = env.int("CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS", default=30)
+
 # Stripe. With no secret key, `make run` starts localstripe on loopback and every page says "test mode";
 # with real keys (sk_live_/sk_test_) the platform talks to Stripe itself.
 STRIPE_SECRET_KEY = env("STRIPE_SECRET_KEY", default="")

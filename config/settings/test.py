@@ -24,3 +24,5 @@ STRIPE_PUBLISHABLE_KEY = "pk_test_cardhour_tests"
 STRIPE_WEBHOOK_SECRET = "whsec_cardhour_tests"  # noqa: S105
 STRIPE_API_BASE = "http://127.0.0.1:9"
 STRIPE_JS_URL = "http://127.0.0.1:9/js.stripe.com/v3/"
+# The matcher reloads its catalogue on every quote, so a test sees every change it makes at once.
+CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0

@@ -1,0 +1,143 @@
+"""Broker reads: a buyer's jobs and leases, an operator's leases, and what a buyer can still afford."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Prefetch, QuerySet
+from django.utils import timezone
+
+from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
+from broker.models import HOLDING_STATES, CapacityHold, Job, Lease, LeaseTransition, Quote
+from core.models import Organisation
+from metering.selectors.payments import buyer_balance_summary
+
+STANDARD_CLASS = "std"
+_DRAW_QUANTUM = Decimal("0.000001")
+
+
+def job_list_for(*, buyer: Organisation) -> QuerySet[Job]:
+    return Job.objects.filter(buyer=buyer).select_related("origin_hub").order_by("-created_at", "-id")
+
+
+def job_get_for(*, buyer: Organisation, job_id: int) -> Job:
+    """One of the buyer's jobs; another buyer's job is JobNotFoundError (404), so existence does not leak."""
+    job = job_list_for(buyer=buyer).filter(pk=job_id).first() if 0 < job_id < 2**63 else None
+    if job is None:
+        raise JobNotFoundError(f"No job {job_id}.", extra={"job_id": job_id})
+    return job
+
+
+def quote_get_for(*, buyer: Organisation, quote_id: int) -> Quote:
+    quote = (
+        Quote.objects.filter(pk=quote_id, job__buyer=buyer).select_related("job", "cluster", "price_card").first()
+        if 0 < quote_id < 2**63
+        else None
+    )
+    if quote is None:
+        raise QuoteNotFoundError(f"No quote {quote_id}.", extra={"quote_id": quote_id})
+    return quote
+
+
+def _leases() -> QuerySet[Lease]:
+    return Lease.objects.select_related(
+        "cluster", "cluster__accelerator", "cluster__hub", "price_card", "job", "buyer", "operator"
+    ).prefetch_related(
+        Prefetch("holds", queryset=CapacityHold.objects.select_related("island").order_by("island_id"))
+    )
+
+
+def lease_list_for_buyer(*, buyer: Organisation) -> QuerySet[Lease]:
+    return _leases().filter(buyer=buyer).order_by("-start_at", "-id")
+
+
+def lease_get_for_buyer(*, buyer: Organisation, lease_id: int) -> Lease:
+    lease = lease_list_for_buyer(buyer=buyer).filter(pk=lease_id).first() if 0 < lease_id < 2**63 else None
+    if lease is None:
+        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+    return lease
+
+
+def lease_list_for_operator(*, operator: Organisation) -> QuerySet[Lease]:
+    return _leases().filter(operator=operator).order_by("id")
+
+
+def lease_get_for_operator(*, operator: Organisation, lease_id: int) -> Lease:
+    lease = lease_list_for_operator(operator=operator).filter(pk=lease_id).first() if 0 < lease_id < 2**63 else None
+    if lease is None:
+        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+    return lease
+
+
+def lease_transitions(*, lease: Lease) -> QuerySet[LeaseTransition]:
+    return LeaseTransition.objects.filter(lease=lease).order_by("id")
+
+
+@dataclass(frozen=True)
+class Affordability:
+    """What a buyer's usable packs can still pay for once its live leases' expected draws are set aside.
+
+    ``chip`` maps a chip slug to card-hours of that chip's packs; ``standard`` is standard card-hours.
+    ``committed`` is what live leases are still expected to draw, per chip (in that chip's card-hours).
+    """
+
+    chip: dict[str, Decimal]
+    standard: Decimal
+    committed: dict[str, Decimal]
+    factors: dict[str, Decimal | None]
+
+    def covers(self, *, chip: str, draw: Decimal, factor: Decimal | None) -> bool:
+        """Whether a further ``draw`` card-hours of ``chip`` (at standard-card ``factor``) can be paid,
+        rating's way: a chip's own packs first, the rest from standard packs at the chip's factor."""
+        committed = dict(self.committed)
+        committed[chip] = committed.get(chip, Decimal(0)) + draw
+        factors = dict(self.factors)
+        factors[chip] = factor
+        standard_needed = Decimal(0)
+        for slug, amount in committed.items():
+            overflow = amount - self.chip.get(slug, Decimal(0))
+            if overflow <= 0:
+                continue
+            chip_factor = factors.get(slug)
+            if chip_factor is None:
+                return False
+            standard_needed += overflow * chip_factor
+        return standard_needed <= self.standard
+
+
+def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> Affordability:
+    """The buyer's pack balances less what its reserved and running leases are still expected to draw
+    (a running lease's expected draw pro rata to its time still to come)."""
+    at = at or timezone.now()
+    chip: dict[str, Decimal] = {}
+    standard = Decimal(0)
+    for balance in buyer_balance_summary(buyer=buyer, at=at):
+        if balance.accelerator is None:
+            standard += balance.remaining_card_hours
+        else:
+            chip[balance.accelerator] = chip.get(balance.accelerator, Decimal(0)) + balance.remaining_card_hours
+    committed: dict[str, Decimal] = {}
+    factors: dict[str, Decimal | None] = {}
+    live = Lease.objects.filter(buyer=buyer, state__in=HOLDING_STATES, end_at__gt=at).values_list(
+        "draw_class", "expected_draw", "start_at", "end_at", "job__standard_cards", "cards"
+    )
+    for draw_class, expected, start_at, end_at, _std, _cards in live:
+        total = (end_at - start_at).total_seconds()
+        left = (end_at - max(start_at, at)).total_seconds()
+        share = (expected * Decimal(left) / Decimal(total)).quantize(_DRAW_QUANTUM) if total > 0 else expected
+        committed[draw_class] = committed.get(draw_class, Decimal(0)) + share
+    if committed:
+        factors.update(_chip_factors(set(committed)))
+    return Affordability(chip=chip, standard=standard, committed=committed, factors=factors)
+
+
+def _chip_factors(slugs: set[str]) -> dict[str, Decimal | None]:
+    from federation.selectors import accelerator_list, standard_card_current, standard_card_factor
+
+    standard = standard_card_current()
+    return {
+        accelerator.slug: standard_card_factor(tflops=accelerator.dense_fp16_tflops, standard=standard)
+        for accelerator in accelerator_list().filter(slug__in=slugs)
+    }
