@@ -76,3 +76,10 @@ class NotAnOperatorError(PermissionDeniedError):
 
 class BrokerError(DomainError):
     code = "broker_error"
+
+
+class LeaseTimeInvalidError(InvalidInputError):
+    """A start or stop report whose ``at`` does not fit the lease (before its start, after its end, in the
+    future, before usage already reported); ``extra.reason`` says which."""
+
+    code = "lease_time_invalid"

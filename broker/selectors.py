@@ -10,7 +10,7 @@ from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
-from broker.models import HOLDING_STATES, CapacityHold, Job, Lease, LeaseTransition, Quote
+from broker.models import HOLDING_STATES, BuyerNotice, CapacityHold, Job, Lease, LeaseTransition, Quote
 from core.models import Organisation
 from metering.selectors.payments import buyer_balance_summary
 
@@ -41,9 +41,19 @@ def quote_get_for(*, buyer: Organisation, quote_id: int) -> Quote:
     return quote
 
 
+def notice_list_for(*, buyer: Organisation) -> QuerySet[BuyerNotice]:
+    return BuyerNotice.objects.filter(buyer=buyer).order_by("-created_at", "-id")
+
+
 def _leases() -> QuerySet[Lease]:
     return Lease.objects.select_related(
-        "cluster", "cluster__accelerator", "cluster__hub", "price_card", "job", "buyer", "operator"
+        "cluster",
+        "cluster__accelerator",
+        "cluster__hub",
+        "price_card__tariff_version__tariff",
+        "job",
+        "buyer",
+        "operator",
     ).prefetch_related(
         Prefetch("holds", queryset=CapacityHold.objects.select_related("island").order_by("island_id"))
     )

@@ -232,3 +232,42 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
         cluster=description,
         island=island,
     )
+
+
+@dataclass(frozen=True)
+class CatalogRows:
+    """Flat rows of the whole capacity catalogue, for a matcher to index in memory.
+
+    ``islands``: (island id, island CPI, cluster id, cards, unhealthy cards, fabric);
+    ``clusters``: (cluster id, CPI, operator id, hub code, status, accelerator slug);
+    ``accelerators``: (slug, dense FP16 TFLOPS or None, memory GB or None);
+    ``latencies``: (source hub code, target hub code, latency ms).
+    """
+
+    islands: list[tuple[int, str, int, int, int, str]]
+    clusters: list[tuple[int, str, int, str, str, str]]
+    accelerators: list[tuple[str, Decimal | None, Decimal | None]]
+    latencies: list[tuple[str, str, Decimal]]
+    standard_tflops: Decimal
+
+
+def catalog_rows() -> CatalogRows:
+    """Every island and cluster that is not retired, the chip catalogue, the latency matrix and the
+    standard card in force: four flat queries, no joins per row."""
+    clusters = list(
+        Cluster.objects.exclude(status="retired").values_list(
+            "pk", "cpi", "operator_id", "hub__code", "status", "accelerator__slug"
+        )
+    )
+    islands = list(
+        Island.objects.exclude(cluster__status="retired")
+        .order_by()
+        .values_list("pk", "cpi", "cluster_id", "cards", "unhealthy_cards", "fabric")
+    )
+    return CatalogRows(
+        islands=islands,
+        clusters=clusters,
+        accelerators=list(Accelerator.objects.values_list("slug", "dense_fp16_tflops", "memory_gb")),
+        latencies=list(HubLatency.objects.values_list("source__code", "target__code", "latency_ms")),
+        standard_tflops=standard_card_current().dense_fp16_tflops,
+    )

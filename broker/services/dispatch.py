@@ -1,9 +1,845 @@
-"""Operators' side of a lease: pulling, start and stop reports, usage, event delivery (in progress)."""
+"""Operators' side of a lease: the lease feed agents pull, start and stop reports, usage reported against a
+lease, stopping the leases of buyers whose packs ran dry, and signed lease events POSTed to clusters.
+
+Usage is the hot path (100,000 running leases reporting every minute). A batch costs a fixed number of
+statements whatever its size: one locks every lease it names (``FOR NO KEY UPDATE``, in id order, so two
+batches naming the same leases queue instead of deadlocking, and a stop report cannot slip between the
+check and the insert), each record is checked in Python against its lease, metering's batch service stores
+the records in the same transaction, and one statement moves the leases' ``last_usage_end_at`` forward.
+
+Lease events are an outbox: ``lease_event_delivery_create`` writes the delivery row in the transaction that
+records the transition, so an event exists exactly when its transition does. ``lease_events_deliver_due``
+claims due rows (``skip_locked``), commits, POSTs with no transaction open (a slow endpoint never holds a
+row lock or a connection in a transaction), and records each result in its own short statement.
+"""
 
 from __future__ import annotations
 
-from broker.models import Lease, LeaseTransition
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, Exists, F, Max, OuterRef, Prefetch, QuerySet, Subquery, Value, When
+from django.db.models import DateTimeField as DateTimeModelField
+from django.utils import timezone
+
+from broker import selectors
+from broker.errors import (
+    LeaseNotFoundError,
+    LeaseTimeInvalidError,
+    LeaseTransitionError,
+    LeaseUsageInvalidError,
+)
+from broker.models import (
+    CapacityHold,
+    Lease,
+    LeaseEventDelivery,
+    LeaseState,
+    LeaseTransition,
+    OperatorEndpoint,
+)
+from broker.services import leases
+from core.models import Organisation
+from core.types import Actor
+from federation.models import Cluster
+from metering.errors import UsageBatchTooLargeError
+from metering.models import BuyerExhaustion, PriceCard, UsageRecord
+from metering.services.usage import USAGE_MAX_CLOCK_SKEW, usage_record_create_batch
+from metering.types import UsageBatchResult, UsageRecordInput
+
+logger = logging.getLogger(__name__)
+
+# An agent may report a start this long before the lease's start_at (clocks differ; a job may need a
+# moment to be scheduled on the cards). Usage is still only accepted inside [start_at, end_at).
+LEASE_START_GRACE = timedelta(minutes=5)
+# A reported start or stop may lie this far in the future (an agent's clock running ahead), as for usage.
+REPORT_MAX_CLOCK_SKEW = USAGE_MAX_CLOCK_SKEW
+
+STOP_OUTCOMES = (LeaseState.COMPLETED, LeaseState.FAILED)
+EXHAUSTION_REASON = "packs exhausted"
+EXHAUSTION_NOTICE = "packs_exhausted"
+
+EVENT_TIMEOUT_SECONDS = 5
+EVENT_MAX_ATTEMPTS = 12
+EVENT_BACKOFF_BASE_SECONDS = 5
+EVENT_BACKOFF_MAX_SECONDS = 3600
+# A claimed delivery is invisible to other workers this long; a worker that dies mid-batch leaves its
+# claims to be retried after it. Longer than the time budget of one run plus one timeout.
+EVENT_CLAIM_SECONDS = 120
+EVENT_RUN_BUDGET_SECONDS = 60
+
+_ID_MAX = 2**63
+
+
+# --- Reads the operator API and the event payload share ---------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    """A datetime as the API renders it (DRF's ISO 8601 in the current time zone, ``Z`` for UTC)."""
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _leases_with_details() -> QuerySet[Lease]:
+    return Lease.objects.select_related("cluster", "buyer", "price_card").prefetch_related(
+        Prefetch("holds", queryset=CapacityHold.objects.select_related("island").order_by("island_id"))
+    )
+
+
+def lease_document(*, lease: Lease) -> dict[str, Any]:
+    """A lease as its operator sees it: the pull API's item and the ``lease`` of a POSTed event.
+
+    ``lease`` needs cluster, buyer, price card and holds (with islands) loaded, as the operator
+    selectors and ``lease_feed_for_operator`` do, or it costs a query per relation.
+    """
+    return {
+        "id": lease.pk,
+        "job": lease.job_id,
+        "buyer": lease.buyer.slug,
+        "cluster": lease.cluster.cpi,
+        "islands": [{"cpi": hold.island.cpi, "cards": hold.cards} for hold in lease.holds.all()],
+        "cards": lease.cards,
+        "start_at": _iso(lease.start_at),
+        "end_at": _iso(lease.end_at),
+        "state": lease.state,
+        "state_changed_at": _iso(lease.state_changed_at),
+        "price_card": {
+            "version": lease.price_card.version,
+            "rate_per_card_hour": str(lease.price_card.rate_per_card_hour),
+            "currency": lease.price_card.currency,
+        },
+        "started_at": _iso(lease.started_at),
+        "stop_requested_at": _iso(lease.stop_requested_at),
+        "ended_at": _iso(lease.ended_at),
+        "last_usage_end_at": _iso(lease.last_usage_end_at),
+        "replaces": lease.replaces_id,
+        "reason": lease.reason,
+    }
+
+
+def lease_feed_for_operator(
+    *,
+    operator: Organisation,
+    states: Sequence[str] = (),
+    cluster: str | None = None,
+    after: int | None = None,
+) -> tuple[QuerySet[Lease], int]:
+    """The operator's leases for its agents to pull, and the cursor to pull changes from next.
+
+    Without ``after``: the matching leases in id order; the cursor is the operator's newest transition id,
+    read *before* the leases, so following the cursor afterwards misses nothing listed later.
+    With ``after`` (a transition id): only leases with a transition newer than it, ordered by their newest
+    transition id (annotated as ``cursor_id``); the caller's cursor is the last ``cursor_id`` it returns.
+    """
+    qs = selectors.lease_list_for_operator(operator=operator)
+    if states:
+        qs = qs.filter(state__in=states)
+    if cluster:
+        qs = qs.filter(cluster__cpi=cluster)
+    if after is None:
+        newest = LeaseTransition.objects.filter(operator=operator).aggregate(newest=Max("id"))["newest"]
+        return qs.order_by("pk"), newest or 0
+    changed = LeaseTransition.objects.filter(operator=operator, id__gt=after).values("lease_id")
+    latest = LeaseTransition.objects.filter(lease=OuterRef("pk")).order_by("-id").values("id")[:1]
+    qs = qs.filter(pk__in=changed).annotate(cursor_id=Subquery(latest)).order_by("cursor_id", "pk")
+    return qs, after
+
+
+# --- Start and stop ---------------------------------------------------------------------------------
+
+
+def _lease_lock_for(*, operator: Organisation, lease_id: int) -> Lease:
+    """The operator's lease, locked; another operator's lease is LeaseNotFoundError, like a missing one."""
+    lease = None
+    if 0 < lease_id < _ID_MAX:
+        try:
+            lease = leases.lease_lock(lease_id=lease_id)
+        except Lease.DoesNotExist:
+            lease = None
+    if lease is None or lease.operator_id != operator.pk:
+        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+    return lease
+
+
+def _check_transition(*, lease: Lease, to_state: str) -> None:
+    if to_state not in leases.TRANSITIONS[lease.state]:
+        raise LeaseTransitionError(
+            f"Lease {lease.pk} is {lease.state}; it cannot become {to_state}.",
+            extra={"lease_id": lease.pk, "state": lease.state, "to_state": to_state},
+        )
+
+
+def _time_invalid(lease: Lease, reason: str, message: str, **extra: Any) -> LeaseTimeInvalidError:
+    return LeaseTimeInvalidError(
+        message, extra={"lease_id": lease.pk, "field": "at", "reason": reason, **extra}
+    )
+
+
+@transaction.atomic
+def lease_start(*, operator: Organisation, lease_id: int, actor: Actor, at: datetime | None = None) -> Lease:
+    """The operator reports that a reserved lease started at ``at`` (default now): reserved → running.
+
+    Idempotent: a lease already running (or asked to stop since) is returned unchanged. ``at`` may be up to
+    LEASE_START_GRACE (5 minutes) before the lease's start_at, must be before its end_at and at most 5
+    minutes in the future. Raises LeaseNotFoundError (also for another operator's lease),
+    LeaseTransitionError (the lease is cancelled, ended, ...), LeaseTimeInvalidError. Writes nothing on error.
+    """
+    lease = _lease_lock_for(operator=operator, lease_id=lease_id)
+    if lease.state in (LeaseState.RUNNING, LeaseState.STOP_REQUESTED):
+        return lease
+    _check_transition(lease=lease, to_state=LeaseState.RUNNING)
+    now = timezone.now()
+    at = at or now
+    earliest = lease.start_at - LEASE_START_GRACE
+    if at > now + REPORT_MAX_CLOCK_SKEW:
+        raise _time_invalid(lease, "in_future", f"at {at.isoformat()} is in the future.")
+    if at < earliest:
+        raise _time_invalid(
+            lease,
+            "before_start",
+            f"Lease {lease.pk} starts at {lease.start_at.isoformat()}; a start is accepted from "
+            f"{earliest.isoformat()} ({int(LEASE_START_GRACE.total_seconds())} s earlier) on.",
+            earliest_at=earliest.isoformat(),
+        )
+    if at >= lease.end_at:
+        raise _time_invalid(
+            lease,
+            "after_end",
+            f"Lease {lease.pk} ended at {lease.end_at.isoformat()}; it cannot start after its window.",
+            end_at=lease.end_at.isoformat(),
+        )
+    leases.lease_transition(lease=lease, to_state=LeaseState.RUNNING, actor=actor, at=at)
+    return lease
+
+
+@transaction.atomic
+def lease_stop(
+    *,
+    operator: Organisation,
+    lease_id: int,
+    actor: Actor,
+    at: datetime | None = None,
+    outcome: str = LeaseState.COMPLETED,
+    reason: str = "",
+) -> Lease:
+    """The operator reports that a lease stopped at ``at`` (default now), ``completed`` or ``failed``:
+    running | stop_requested → the outcome (a reserved lease may also be reported ``failed``: it could not
+    be started). The cards are released at once.
+
+    Idempotent: a lease already in ``outcome`` is returned unchanged. ``at`` may not precede the lease's
+    start or the end of usage already reported against it, and may be at most 5 minutes in the future.
+    Raises LeaseNotFoundError, LeaseTransitionError, LeaseTimeInvalidError. Writes nothing on error.
+    """
+    if outcome not in STOP_OUTCOMES:
+        raise LeaseTransitionError(
+            f"A stop is reported as completed or failed, not {outcome!r}.",
+            extra={"lease_id": lease_id, "to_state": outcome},
+        )
+    lease = _lease_lock_for(operator=operator, lease_id=lease_id)
+    if lease.state == outcome:
+        return lease
+    _check_transition(lease=lease, to_state=outcome)
+    now = timezone.now()
+    at = at or now
+    if at > now + REPORT_MAX_CLOCK_SKEW:
+        raise _time_invalid(lease, "in_future", f"at {at.isoformat()} is in the future.")
+    if lease.started_at is not None and at < lease.started_at:
+        raise _time_invalid(
+            lease,
+            "before_started",
+            f"Lease {lease.pk} started at {lease.started_at.isoformat()}; it cannot stop before that.",
+            started_at=lease.started_at.isoformat(),
+        )
+    if lease.last_usage_end_at is not None and at < lease.last_usage_end_at:
+        raise _time_invalid(
+            lease,
+            "before_last_usage",
+            f"Usage up to {lease.last_usage_end_at.isoformat()} was reported against lease {lease.pk}; "
+            "it cannot have stopped earlier.",
+            last_usage_end_at=lease.last_usage_end_at.isoformat(),
+        )
+    default_reason = (
+        "stopped by the operator" if outcome == LeaseState.COMPLETED else "failed at the operator"
+    )
+    leases.lease_transition(
+        lease=lease, to_state=outcome, actor=actor, at=at, reason=reason or default_reason
+    )
+    return lease
+
+
+# --- Usage ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseUsageInput:
+    """One usage record as an operator's agent reports it against a lease: ``cards`` used over the
+    half-open ``[start_at, end_at)`` (aware, whole seconds), under the operator's idempotency key."""
+
+    lease_id: int
+    idempotency_key: str
+    start_at: datetime
+    end_at: datetime
+    cards: int
+
+
+# Values of a locked lease row, by position (a tuple per lease keeps the hot path free of model objects).
+_USAGE_LEASE_FIELDS = (
+    "pk",
+    "state",
+    "start_at",
+    "end_at",
+    "cards",
+    "started_at",
+    "stop_requested_at",
+    "ended_at",
+    "last_usage_end_at",
+    "cluster_id",
+    "buyer_id",
+    "price_card_id",
+)
+
+
+@dataclass(frozen=True)
+class _UsageError:
+    index: int
+    idempotency_key: str
+    code: str
+    field: str
+    message: str
+
+
+def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, tuple[Any, ...]]:
+    """Lock the operator's leases named by a batch (id order) and return their values by id."""
+    rows = (
+        Lease.objects.filter(pk__in=lease_ids, operator=operator)
+        .select_for_update(no_key=True)
+        .order_by("pk")
+        .values_list(*_USAGE_LEASE_FIELDS)
+    )
+    return {row[0]: row for row in rows}
+
+
+def _usage_errors(
+    *, records: Sequence[LeaseUsageInput], rows: dict[int, tuple[Any, ...]]
+) -> list[_UsageError]:
+    interval = timedelta(seconds=settings.CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS)
+    errors: list[_UsageError] = []
+    for index, record in enumerate(records):
+        key = record.idempotency_key
+        row = rows.get(record.lease_id)
+        if row is None:
+            errors.append(_UsageError(index, key, "lease_not_found", "lease", f"No lease {record.lease_id}."))
+            continue
+        (
+            lease_id,
+            state,
+            lease_start_at,
+            lease_end_at,
+            lease_cards,
+            started_at,
+            stop_requested_at,
+            ended_at,
+            *_rest,
+        ) = row
+        if started_at is None:
+            errors.append(
+                _UsageError(
+                    index, key, "lease_not_started", "lease", f"Lease {lease_id} is {state} and never ran."
+                )
+            )
+            continue
+        cards = record.cards
+        if isinstance(cards, int) and not isinstance(cards, bool) and cards > lease_cards:
+            errors.append(
+                _UsageError(
+                    index,
+                    key,
+                    "cards_over_lease",
+                    "cards",
+                    f"Lease {lease_id} holds {lease_cards} cards, not {cards}.",
+                )
+            )
+        start, end = record.start_at, record.end_at
+        if not (isinstance(start, datetime) and isinstance(end, datetime)) or (
+            timezone.is_naive(start) or timezone.is_naive(end)
+        ):
+            continue  # metering reports the timestamps themselves
+        if start < lease_start_at:
+            errors.append(
+                _UsageError(
+                    index,
+                    key,
+                    "before_lease_start",
+                    "start_at",
+                    f"Lease {lease_id} starts at {lease_start_at.isoformat()}.",
+                )
+            )
+        if end > lease_end_at:
+            errors.append(
+                _UsageError(
+                    index,
+                    key,
+                    "after_lease_end",
+                    "end_at",
+                    f"Lease {lease_id} ends at {lease_end_at.isoformat()}.",
+                )
+            )
+        elif ended_at is not None and end > ended_at:
+            errors.append(
+                _UsageError(
+                    index,
+                    key,
+                    "after_lease_ended",
+                    "end_at",
+                    f"Lease {lease_id} stopped at {ended_at.isoformat()}.",
+                )
+            )
+        elif stop_requested_at is not None and end > stop_requested_at + interval:
+            errors.append(
+                _UsageError(
+                    index,
+                    key,
+                    "after_stop_request",
+                    "end_at",
+                    f"Lease {lease_id} was asked to stop at {stop_requested_at.isoformat()}; usage is accepted "
+                    f"up to {(stop_requested_at + interval).isoformat()} (one reporting interval later).",
+                )
+            )
+    return errors
+
+
+def _replays(
+    *, operator: Organisation, records: Sequence[LeaseUsageInput], errors: list[_UsageError]
+) -> set[int]:
+    """Indexes of faulty records whose key is already stored against the same lease: a replay of a batch
+    that was valid when first sent (its lease has since been asked to stop, or stopped). Metering answers
+    them ``duplicate`` (or ``conflict``); only looked up when a batch has faults, so it costs the hot path
+    nothing."""
+    candidates = {e.index for e in errors if e.code != "lease_not_found"}
+    if not candidates:
+        return set()
+    keys = {records[i].idempotency_key for i in candidates}
+    stored = dict(
+        UsageRecord.objects.filter(operator=operator, idempotency_key__in=keys).values_list(
+            "idempotency_key", "reference"
+        )
+    )
+    return {i for i in candidates if stored.get(records[i].idempotency_key) == f"lease:{records[i].lease_id}"}
+
+
+def _usage_lookups(rows: dict[int, tuple[Any, ...]]) -> tuple[dict[int, str], dict[int, str], dict[int, int]]:
+    """Cluster CPIs, buyer slugs and price-card versions of the locked leases (three small queries over
+    distinct ids, so the lock above touches lease rows only)."""
+    cluster_ids = {row[9] for row in rows.values()}
+    buyer_ids = {row[10] for row in rows.values()}
+    card_ids = {row[11] for row in rows.values()}
+    cpis = dict(Cluster.objects.filter(pk__in=cluster_ids).values_list("pk", "cpi"))
+    slugs = dict(Organisation.objects.filter(pk__in=buyer_ids).values_list("pk", "slug"))
+    versions = dict(PriceCard.objects.filter(pk__in=card_ids).values_list("pk", "version"))
+    return cpis, slugs, versions
+
+
+def _advance_last_usage(*, ends: dict[int, datetime]) -> None:
+    """Set each lease's last_usage_end_at to the later of its value and ``ends[lease]``: one statement."""
+    if not ends:
+        return
+    if connection.vendor == "postgresql":
+        ids = list(ends)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                UPDATE {Lease._meta.db_table} AS lease
+                   SET last_usage_end_at = GREATEST(lease.last_usage_end_at, batch.end_at)
+                  FROM unnest(%s::bigint[], %s::timestamptz[]) AS batch(id, end_at)
+                 WHERE lease.id = batch.id
+                """,  # noqa: S608  # the table name is the model's, the values are parameters
+                [ids, [ends[i] for i in ids]],
+            )
+        return
+    # Elsewhere (SQLite) the rows were read in this transaction and only later values are passed in. Leases
+    # reporting together mostly share an end, so one branch per distinct end keeps the statement short.
+    by_end: dict[datetime, list[int]] = {}
+    for pk, end in ends.items():
+        by_end.setdefault(end, []).append(pk)
+    Lease.objects.filter(pk__in=list(ends)).update(
+        last_usage_end_at=Case(
+            *[
+                When(pk__in=pks, then=Value(end, output_field=DateTimeModelField()))
+                for end, pks in by_end.items()
+            ],
+            default=F("last_usage_end_at"),
+        )
+    )
+
+
+@transaction.atomic
+def lease_usage_report(
+    *,
+    operator: Organisation,
+    records: Sequence[LeaseUsageInput],
+    actor: Actor,
+    now: datetime | None = None,
+) -> UsageBatchResult:
+    """Store usage reported against the operator's leases; answer per record, in order.
+
+    Every record is checked against its lease first: the lease is this operator's (``lease_not_found``),
+    it has run (``lease_not_started``: running, asked to stop, or ended after running — late usage of an
+    ended lease is fine), ``[start_at, end_at)`` lies inside the lease's window (``before_lease_start``,
+    ``after_lease_end``) and not after its stop (``after_lease_ended``) nor more than one reporting interval
+    after a stop request (``after_stop_request``), and cards ≤ the lease's cards (``cards_over_lease``).
+    Any fault raises LeaseUsageInvalidError listing each by index; nothing is written. A faulty record
+    whose key is already stored against the same lease is a replay and passes through to metering.
+
+    The records then go to metering's batch service with the lease's cluster, buyer, *locked* price-card
+    version and ``lease:<id>`` as reference, so metering's rules apply unchanged: UsageBatchTooLargeError
+    and UsageBatchInvalidError (nothing written), a known key with the same body is a ``duplicate`` (the
+    original record), with a different body a ``conflict`` (nothing written for that record; the others
+    are stored). Each lease's last_usage_end_at moves to the latest end of its created or duplicate
+    records. ``actor`` is who reported (the batch itself is the audit trail: records carry the operator).
+    """
+    limit = settings.CARDHOUR_USAGE_BATCH_MAX
+    if len(records) > limit:
+        raise UsageBatchTooLargeError(
+            f"A batch holds at most {limit} records, not {len(records)}.", extra={"max": limit}
+        )
+    if not records:
+        return UsageBatchResult(outcomes=())
+    lease_ids = {r.lease_id for r in records if isinstance(r.lease_id, int) and 0 < r.lease_id < _ID_MAX}
+    rows = _usage_leases(operator=operator, lease_ids=lease_ids)
+    errors = _usage_errors(records=records, rows=rows)
+    if errors:
+        replays = _replays(operator=operator, records=records, errors=errors)
+        errors = [e for e in errors if e.index not in replays]
+    if errors:
+        shown = errors[:100]
+        raise LeaseUsageInvalidError(
+            f"{len(errors)} fault(s) in the batch; nothing was written. First: record {shown[0].index}: "
+            f"{shown[0].message}",
+            extra={
+                "error_count": len(errors),
+                "errors": [
+                    {
+                        "index": e.index,
+                        "idempotency_key": e.idempotency_key,
+                        "code": e.code,
+                        "field": e.field,
+                        "message": e.message,
+                    }
+                    for e in shown
+                ],
+            },
+        )
+    cpis, slugs, versions = _usage_lookups(rows)
+    inputs = []
+    for record in records:
+        row = rows[record.lease_id]
+        inputs.append(
+            UsageRecordInput(
+                idempotency_key=record.idempotency_key,
+                cluster=cpis[row[9]],
+                buyer=slugs[row[10]],
+                cards=record.cards,
+                start_at=record.start_at,
+                end_at=record.end_at,
+                price_card_version=versions[row[11]],
+                reference=f"lease:{record.lease_id}",
+            )
+        )
+    result = usage_record_create_batch(operator=operator, records=inputs, now=now)
+
+    ends: dict[int, datetime] = {}
+    for outcome in result.outcomes:
+        if outcome.status == "conflict":
+            continue
+        record = records[outcome.index]
+        newest = ends.get(record.lease_id)
+        if newest is None or record.end_at > newest:
+            ends[record.lease_id] = record.end_at
+    later = {
+        lease_id: end
+        for lease_id, end in ends.items()
+        if rows[lease_id][8] is None or end > rows[lease_id][8]
+    }
+    _advance_last_usage(ends=later)
+    return result
+
+
+# --- Exhausted packs --------------------------------------------------------------------------------
+
+
+def leases_stop_exhausted(*, now: datetime | None = None) -> int:
+    """Ask operators to stop the running leases of buyers whose packs ran dry; return how many.
+
+    For every open metering exhaustion flag (a buyer, a chip class), the buyer's running leases on clusters
+    of that chip move to stop_requested (the operator pulls the change or receives the event) and the buyer
+    gets a ``packs_exhausted`` notice. Usage ending more than one reporting interval after the request is
+    refused (see lease_usage_report), so no card-hour runs unpaid beyond it. Each lease is its own
+    transaction; a lease already asked to stop is not touched again, so the task is safe to run twice.
+    Metering clears a flag when a pack of the class (or of standard cards) is credited.
+    """
+    now = now or timezone.now()
+    open_flag = BuyerExhaustion.objects.filter(
+        cleared_at__isnull=True,
+        buyer_id=OuterRef("buyer_id"),
+        pack_class=OuterRef("cluster__accelerator__slug"),
+    )
+    lease_ids = list(
+        Lease.objects.filter(Exists(open_flag), state=LeaseState.RUNNING)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    return sum(1 for lease_id in lease_ids if _lease_stop_for_exhaustion(lease_id=lease_id, now=now))
+
+
+@transaction.atomic
+def _lease_stop_for_exhaustion(*, lease_id: int, now: datetime) -> bool:
+    lease = leases.lease_lock(lease_id=lease_id)
+    if lease.state != LeaseState.RUNNING:
+        return False
+    chip = lease.cluster.accelerator.slug
+    flagged = BuyerExhaustion.objects.filter(
+        cleared_at__isnull=True, buyer_id=lease.buyer_id, pack_class=chip
+    ).exists()
+    if not flagged:  # a pack was credited since the lease was selected
+        return False
+    leases.lease_transition(
+        lease=lease,
+        to_state=LeaseState.STOP_REQUESTED,
+        actor=Actor.system("broker: packs exhausted"),
+        reason=f"{EXHAUSTION_REASON}: no {chip} or standard card-hours left",
+        at=now,
+    )
+    leases.notice_create(
+        buyer_id=lease.buyer_id,
+        kind=EXHAUSTION_NOTICE,
+        message=(
+            f"Your {chip} card-hour packs ran out, so lease {lease.pk} on {lease.cluster.cpi} was asked to "
+            "stop. Buy a pack to run it again."
+        ),
+        job_id=lease.job_id,
+        lease_id=lease.pk,
+    )
+    return True
+
+
+# --- Operator endpoint and lease events -------------------------------------------------------------
+
+
+@transaction.atomic
+def operator_endpoint_secret_rotate(*, operator: Organisation, actor: Actor) -> OperatorEndpoint:
+    """Give the operator a new signing secret for lease events and enable delivery to its clusters'
+    endpoints. The old secret stops working at once. Returns the endpoint; its ``secret`` is shown once."""
+    secret = f"chw_{secrets.token_urlsafe(32)}"
+    endpoint, _ = OperatorEndpoint.objects.update_or_create(
+        operator=operator, defaults={"secret": secret, "enabled": True}
+    )
+    logger.info("lease event secret rotated for %s by %s", operator.slug, actor.label)
+    return endpoint
+
+
+@transaction.atomic
+def operator_endpoint_disable(*, operator: Organisation, actor: Actor) -> None:
+    """Stop POSTing lease events to the operator (pulling still works) and forget the secret. Events not
+    yet delivered are given up when their turn comes."""
+    OperatorEndpoint.objects.filter(operator=operator).update(enabled=False, secret="")
+    logger.info("lease events disabled for %s by %s", operator.slug, actor.label)
 
 
 def lease_event_delivery_create(*, transition: LeaseTransition, lease: Lease) -> None:
-    return None
+    """Queue ``transition`` for POSTing when the operator has enabled lease events and the lease's cluster
+    has an endpoint. Runs inside the transaction that records the transition."""
+    if not OperatorEndpoint.objects.filter(operator_id=lease.operator_id, enabled=True).exists():
+        return
+    url = Cluster.objects.filter(pk=lease.cluster_id).values_list("endpoint_url", flat=True).first()
+    if not url:
+        return
+    LeaseEventDelivery.objects.create(transition=transition, url=url, next_attempt_at=timezone.now())
+
+
+def lease_event_signature(*, secret: str, timestamp: str, body: bytes) -> str:
+    """``X-Cardhour-Signature``: ``sha256=`` + hex HMAC-SHA256 of ``<timestamp>.<body>`` under the
+    operator's secret. Receivers recompute it and reject a timestamp far from their clock (replays)."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def lease_event_backoff(*, attempts: int) -> timedelta:
+    """The wait after the ``attempts``-th failed attempt: 5 s, 10 s, 20 s, … capped at an hour."""
+    return timedelta(
+        seconds=min(EVENT_BACKOFF_BASE_SECONDS * 2 ** max(attempts - 1, 0), EVENT_BACKOFF_MAX_SECONDS)
+    )
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    delivery_id: int
+    url: str
+    body: bytes
+    event: str
+    event_id: int
+    secret: str
+    attempts: int
+
+
+@transaction.atomic
+def _deliveries_claim(*, now: datetime, limit: int) -> list[_Claimed]:
+    """Lock due pending deliveries (skipping rows another worker holds), build their payloads, and push
+    their next_attempt_at past this run, so that once this transaction commits no other worker takes them."""
+    deliveries = list(
+        LeaseEventDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("transition")
+        .filter(status=LeaseEventDelivery.Status.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "pk")[:limit]
+    )
+    if not deliveries:
+        return []
+    lease_ids = {d.transition.lease_id for d in deliveries}
+    documents = {lease.pk: lease for lease in _leases_with_details().filter(pk__in=lease_ids)}
+    endpoints = {
+        e.operator_id: e
+        for e in OperatorEndpoint.objects.filter(
+            operator_id__in={d.transition.operator_id for d in deliveries}
+        )
+    }
+    claimed: list[_Claimed] = []
+    dropped: list[int] = []
+    for delivery in deliveries:
+        transition = delivery.transition
+        endpoint = endpoints.get(transition.operator_id)
+        if endpoint is None or not endpoint.enabled or not endpoint.secret:
+            dropped.append(delivery.pk)
+            continue
+        payload = {
+            "id": transition.pk,
+            "type": f"lease.{transition.to_state}",
+            "lease": lease_document(lease=documents[transition.lease_id]),
+            "from_state": transition.from_state or None,
+            "to_state": transition.to_state,
+            "at": _iso(transition.at),
+            "reason": transition.reason,
+        }
+        claimed.append(
+            _Claimed(
+                delivery_id=delivery.pk,
+                url=delivery.url,
+                body=json.dumps(payload, separators=(",", ":"), sort_keys=True).encode(),
+                event=f"lease.{transition.to_state}",
+                event_id=transition.pk,
+                secret=endpoint.secret,
+                attempts=delivery.attempts,
+            )
+        )
+    if dropped:
+        LeaseEventDelivery.objects.filter(pk__in=dropped).update(
+            status=LeaseEventDelivery.Status.GAVE_UP, last_error="lease events are disabled for this operator"
+        )
+    LeaseEventDelivery.objects.filter(pk__in=[c.delivery_id for c in claimed]).update(
+        next_attempt_at=now + timedelta(seconds=EVENT_CLAIM_SECONDS)
+    )
+    return claimed
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is a failed delivery: following it would re-send the signed body somewhere else."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _post(claimed: _Claimed) -> str:
+    """POST one event; return "" on a 2xx, else what went wrong."""
+    if urlsplit(claimed.url).scheme not in ("http", "https"):
+        return f"unsupported URL scheme in {claimed.url[:100]!r}"
+    timestamp = str(int(time.time()))
+    request = urllib.request.Request(  # noqa: S310  # the scheme is checked above
+        claimed.url,
+        data=claimed.body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": "Cardhour-LeaseEvents/1",
+            "X-Cardhour-Event": claimed.event,
+            "X-Cardhour-Delivery": str(claimed.event_id),
+            "X-Cardhour-Timestamp": timestamp,
+            "X-Cardhour-Signature": lease_event_signature(
+                secret=claimed.secret, timestamp=timestamp, body=claimed.body
+            ),
+        },
+    )
+    try:
+        with _OPENER.open(request, timeout=EVENT_TIMEOUT_SECONDS) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return "" if 200 <= status < 300 else f"HTTP {status}"
+
+
+def _delivery_record(*, claimed: _Claimed, error: str, now: datetime) -> bool:
+    """Record one attempt's result (a single UPDATE: no transaction spans the POST)."""
+    pending = LeaseEventDelivery.objects.filter(
+        pk=claimed.delivery_id, status=LeaseEventDelivery.Status.PENDING
+    )
+    attempts = claimed.attempts + 1
+    if not error:
+        pending.update(
+            status=LeaseEventDelivery.Status.DELIVERED,
+            attempts=attempts,
+            delivered_at=timezone.now(),
+            last_error="",
+        )
+        return True
+    if attempts >= EVENT_MAX_ATTEMPTS:
+        pending.update(status=LeaseEventDelivery.Status.GAVE_UP, attempts=attempts, last_error=error[:500])
+    else:
+        pending.update(
+            attempts=attempts,
+            next_attempt_at=now + lease_event_backoff(attempts=attempts),
+            last_error=error[:500],
+        )
+    return False
+
+
+def lease_events_deliver_due(*, now: datetime | None = None, limit: int = 100) -> int:
+    """POST due lease events to their clusters' endpoints, signed with the operator's secret; return how
+    many were delivered.
+
+    A 2xx answer delivers an event. Anything else (an error status, a redirect, a timeout after 5 s, a
+    refused connection) is retried after 5 s, 10 s, 20 s, … (at most an hour apart); after 12 failed
+    attempts the event is given up (``gave_up``, with ``last_error``). Events of an operator that disabled
+    its endpoint are given up. Safe to run concurrently: each run claims its own rows. Events of one lease
+    may arrive out of order after a retry: the payload's ``id`` (the transition id) orders them.
+    """
+    now = now or timezone.now()
+    claimed = _deliveries_claim(now=now, limit=limit)
+    started = time.monotonic()
+    delivered = 0
+    for position, item in enumerate(claimed):
+        if time.monotonic() - started > EVENT_RUN_BUDGET_SECONDS:
+            # Hand the rest back at once rather than after the claim runs out.
+            rest = [c.delivery_id for c in claimed[position:]]
+            LeaseEventDelivery.objects.filter(pk__in=rest, status=LeaseEventDelivery.Status.PENDING).update(
+                next_attempt_at=now
+            )
+            break
+        if _delivery_record(claimed=item, error=_post(item), now=now):
+            delivered += 1
+    return delivered

@@ -37,6 +37,7 @@ from broker.models import (
     Quote,
 )
 from broker.services.events import lease_event_enqueue
+from broker.types import Placement
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster, ClusterStatus, Island
@@ -355,3 +356,26 @@ def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
             extra={"lease_id": lease.pk, "state": lease.state, "to_state": LeaseState.CANCELLED},
         )
     return lease
+
+
+def lease_create_from_placement(
+    *, job: Job, placement: Placement, actor: Actor, replaces: Lease | None = None, check_balance: bool = True,
+    reason: str = "",
+) -> Lease:
+    """``lease_create`` for a matcher Placement (failover re-places without a quote). Same errors."""
+    return lease_create(
+        job=job,
+        cluster_id=placement.cluster_id,
+        allocation=list(placement.allocation),
+        start_at=placement.start_at,
+        end_at=placement.end_at,
+        price_card_id=placement.price_card_id,
+        expected_cost=placement.cost,
+        expected_draw=placement.expected_draw,
+        draw_class=placement.accelerator,
+        standard_card_factor=placement.standard_card_factor,
+        actor=actor,
+        replaces=replaces,
+        check_balance=check_balance,
+        reason=reason,
+    )

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
+from django.db import connection
 from django.db.models import F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
@@ -163,3 +166,26 @@ def price_card_get(*, cluster: Cluster, version: int) -> PriceCard:
             extra={"cpi": cluster.cpi, "version": version},
         )
     return card
+
+
+@dataclass(frozen=True)
+class PriceCardRow:
+    price_card_id: int
+    version: int
+    rate_per_card_hour: Decimal
+    tariff_version_id: int
+    tariff_code: str
+
+
+def price_cards_in_force(*, at: datetime | None = None) -> dict[int, PriceCardRow]:
+    """The price card in force at ``at`` (default now) for every cluster that has one, by cluster id:
+    one query (DISTINCT ON on PostgreSQL)."""
+    at = at or timezone.now()
+    cards = PriceCard.objects.filter(effective_from__lte=at).order_by("cluster_id", "-effective_from", "-version")
+    fields = ("cluster_id", "pk", "version", "rate_per_card_hour", "tariff_version_id", "tariff_version__tariff__code")
+    rows = cards.distinct("cluster_id") if connection.vendor == "postgresql" else cards
+    out: dict[int, PriceCardRow] = {}
+    for cluster_id, pk, version, rate, tariff_version_id, code in rows.values_list(*fields):
+        if cluster_id not in out:
+            out[cluster_id] = PriceCardRow(pk, version, rate, tariff_version_id, code)
+    return out

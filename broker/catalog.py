@@ -1,0 +1,297 @@
+"""The matcher's in-memory view of the market: the island catalogue and the capacity calendar.
+
+Quoting is the hot path (hundreds per second over 100,000 islands), so each process keeps:
+
+- a **catalogue** of islands, clusters, chips, hubs and price cards in numpy arrays, reloaded when older
+  than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change);
+- a **hold book**: every active capacity hold, followed incrementally. Each lease change writes a
+  LeaseTransition row; before each quote the book reads the transitions after the last id it has seen and
+  reloads the holds of those leases. Ids are taken at insert but become visible at commit, so a smaller id
+  can appear after a larger one: the ids skipped over are remembered and asked for again for a minute.
+
+Both are advisory. A quote may be a few seconds stale; ``lease_accept`` re-checks the cluster and every
+island's occupancy under row locks in the database, which is what guarantees no oversubscription.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import numpy as np
+from django.conf import settings
+from django.db.models import Q
+
+from broker.models import CapacityHold, LeaseTransition
+from federation.selectors import catalog_rows
+from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+FABRICS = ("nvlink", "hccs", "infiniband", "roce", "pcie")
+_GAP_MEMORY_SECONDS = 60.0
+_INITIAL_GAP_LOOKBACK = 1000
+
+
+def epoch(value: datetime) -> int:
+    return int((value - _EPOCH).total_seconds())
+
+
+@dataclass
+class Catalogue:
+    loaded_at: float
+    # Islands, sorted by id.
+    island_id: np.ndarray
+    island_cpi: list[str]
+    island_cluster: np.ndarray  # index into the cluster arrays
+    island_capacity: np.ndarray  # cards minus unhealthy cards
+    island_fabric: np.ndarray  # index into FABRICS
+    # Clusters.
+    cluster_id: np.ndarray
+    cluster_cpi: list[str]
+    cluster_operator: np.ndarray
+    cluster_hub: np.ndarray  # index into hub_codes
+    cluster_status: list[str]
+    cluster_active: np.ndarray
+    cluster_chip: np.ndarray  # index into chip_slugs
+    cluster_price: list[PriceCardRow | None]
+    cluster_rate: np.ndarray  # float, for ranking only (NaN = unpriced)
+    cluster_tariff: np.ndarray  # tariff version id, 0 = unpriced
+    # Chips.
+    chip_slugs: list[str]
+    chip_tflops: list[Decimal | None]
+    chip_tflops_f: np.ndarray  # NaN = not public
+    chip_memory_f: np.ndarray
+    chip_factor_e4: np.ndarray  # standard-card factor × 10⁴ (rating's quantisation); 0 = unknown
+    # Hubs.
+    hub_codes: list[str]
+    latency_ms: np.ndarray  # [source, target], inf where unknown
+    latency_dec: dict[tuple[int, int], Decimal]
+
+    @property
+    def size(self) -> int:
+        return len(self.island_id)
+
+
+def _load_catalogue() -> Catalogue:
+    rows = catalog_rows()
+    prices = price_cards_in_force()
+    chips = sorted(rows.accelerators, key=lambda row: row[0])
+    chip_index = {slug: i for i, (slug, _, _) in enumerate(chips)}
+    hub_codes = sorted({code for row in rows.clusters for code in (row[3],)} | {r[0] for r in rows.latencies})
+    hub_index = {code: i for i, code in enumerate(hub_codes)}
+    latency = np.full((len(hub_codes), len(hub_codes)), np.inf)
+    latency_dec: dict[tuple[int, int], Decimal] = {}
+    for source, target, ms in rows.latencies:
+        latency[hub_index[source], hub_index[target]] = float(ms)
+        latency_dec[(hub_index[source], hub_index[target])] = ms
+    clusters = rows.clusters
+    cluster_pos = {row[0]: i for i, row in enumerate(clusters)}
+    cluster_price = [prices.get(row[0]) for row in clusters]
+    islands = sorted(rows.islands, key=lambda row: row[0])
+    fabric_index = {fabric: i for i, fabric in enumerate(FABRICS)}
+
+    def factor_e4(tflops: Decimal | None) -> int:
+        if tflops is None:
+            return 0
+        return int((tflops / rows.standard_tflops).quantize(Decimal("0.0001")) * 10**4)
+
+    return Catalogue(
+        loaded_at=time.monotonic(),
+        island_id=np.fromiter((row[0] for row in islands), dtype=np.int64, count=len(islands)),
+        island_cpi=[row[1] for row in islands],
+        island_cluster=np.fromiter((cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands)),
+        island_capacity=np.fromiter(
+            (max(row[3] - row[4], 0) for row in islands), dtype=np.int64, count=len(islands)
+        ),
+        island_fabric=np.fromiter(
+            (fabric_index.get(row[5], len(FABRICS)) for row in islands), dtype=np.int64, count=len(islands)
+        ),
+        cluster_id=np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters)),
+        cluster_cpi=[row[1] for row in clusters],
+        cluster_operator=np.fromiter((row[2] for row in clusters), dtype=np.int64, count=len(clusters)),
+        cluster_hub=np.fromiter((hub_index[row[3]] for row in clusters), dtype=np.int64, count=len(clusters)),
+        cluster_status=[row[4] for row in clusters],
+        cluster_active=np.fromiter((row[4] == "active" for row in clusters), dtype=bool, count=len(clusters)),
+        cluster_chip=np.fromiter((chip_index[row[5]] for row in clusters), dtype=np.int64, count=len(clusters)),
+        cluster_price=cluster_price,
+        cluster_rate=np.array(
+            [float(p.rate_per_card_hour) if p else np.nan for p in cluster_price], dtype=np.float64
+        ),
+        cluster_tariff=np.array([p.tariff_version_id if p else 0 for p in cluster_price], dtype=np.int64),
+        chip_slugs=[row[0] for row in chips],
+        chip_tflops=[row[1] for row in chips],
+        chip_tflops_f=np.array([float(row[1]) if row[1] is not None else np.nan for row in chips]),
+        chip_memory_f=np.array([float(row[2]) if row[2] is not None else np.nan for row in chips]),
+        chip_factor_e4=np.array([factor_e4(row[1]) for row in chips], dtype=np.int64),
+        hub_codes=hub_codes,
+        latency_ms=latency,
+        latency_dec=latency_dec,
+    )
+
+
+class HoldBook:
+    """Every active capacity hold, in growable numpy arrays, followed through LeaseTransition ids."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loaded = False
+        self.last_id = 0
+        self.gaps: dict[int, float] = {}
+        self._size = 0
+        self._dead = 0
+        self.island = np.zeros(1024, dtype=np.int64)
+        self.start = np.zeros(1024, dtype=np.int64)
+        self.end = np.zeros(1024, dtype=np.int64)
+        self.cards = np.zeros(1024, dtype=np.int64)
+        self.alive = np.zeros(1024, dtype=bool)
+        self.rows_of_lease: dict[int, list[int]] = {}
+
+    # -- writes -----------------------------------------------------------------------------------
+    def _grow(self, need: int) -> None:
+        capacity = len(self.island)
+        if self._size + need <= capacity:
+            return
+        new = max(capacity * 2, self._size + need)
+        for name in ("island", "start", "end", "cards", "alive"):
+            old = getattr(self, name)
+            grown = np.zeros(new, dtype=old.dtype)
+            grown[: self._size] = old[: self._size]
+            setattr(self, name, grown)
+
+    def _replace_lease(self, lease_id: int, holds: list[tuple[int, int, int, int]]) -> None:
+        for row in self.rows_of_lease.pop(lease_id, ()):
+            if self.alive[row]:
+                self.alive[row] = False
+                self._dead += 1
+        if not holds:
+            return
+        self._grow(len(holds))
+        rows = []
+        for island_id, start, end, cards in holds:
+            i = self._size
+            self.island[i], self.start[i], self.end[i], self.cards[i], self.alive[i] = island_id, start, end, cards, True
+            rows.append(i)
+            self._size += 1
+        self.rows_of_lease[lease_id] = rows
+
+    def _compact(self, now_epoch: int) -> None:
+        n = self._size
+        keep = self.alive[:n] & (self.end[:n] > now_epoch - 3600)
+        if self._dead < n // 2 and keep.sum() > n - n // 4:
+            return
+        index = np.nonzero(keep)[0]
+        remap = {int(old): new for new, old in enumerate(index)}
+        for name in ("island", "start", "end", "cards", "alive"):
+            arr = getattr(self, name)
+            setattr(self, name, np.concatenate([arr[index], np.zeros(max(1024, len(index)), dtype=arr.dtype)]))
+        self.rows_of_lease = {
+            lease: [remap[r] for r in rows if r in remap]
+            for lease, rows in self.rows_of_lease.items()
+            if any(r in remap for r in rows)
+        }
+        self._size = len(index)
+        self._dead = 0
+
+    def _load_leases(self, lease_ids: set[int]) -> None:
+        holds: dict[int, list[tuple[int, int, int, int]]] = {lease_id: [] for lease_id in lease_ids}
+        rows = CapacityHold.objects.filter(lease_id__in=lease_ids, active=True).values_list(
+            "lease_id", "island_id", "start_at", "end_at", "cards"
+        )
+        for lease_id, island_id, start_at, end_at, cards in rows:
+            holds[lease_id].append((island_id, epoch(start_at), epoch(end_at), cards))
+        for lease_id, lease_holds in holds.items():
+            self._replace_lease(lease_id, lease_holds)
+
+    def refresh(self) -> None:
+        """Catch up with every lease change committed since the last call."""
+        now = time.monotonic()
+        if not self.loaded:
+            self._initial_load()
+            return
+        query = Q(pk__gt=self.last_id)
+        if self.gaps:
+            query |= Q(pk__in=list(self.gaps))
+        changes = list(LeaseTransition.objects.filter(query).order_by().values_list("pk", "lease_id"))
+        if not changes and not self.gaps:
+            return
+        seen = {pk for pk, _ in changes}
+        top = max(seen | {self.last_id})
+        for missing in range(self.last_id + 1, top):
+            if missing not in seen:
+                self.gaps.setdefault(missing, now)
+        for pk in seen:
+            self.gaps.pop(pk, None)
+        self.gaps = {pk: at for pk, at in self.gaps.items() if now - at < _GAP_MEMORY_SECONDS}
+        self.last_id = top
+        if changes:
+            self._load_leases({lease_id for _, lease_id in changes})
+
+    def _initial_load(self) -> None:
+        last = LeaseTransition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        recent = set(
+            LeaseTransition.objects.filter(pk__gt=max(last - _INITIAL_GAP_LOOKBACK, 0)).values_list("pk", flat=True)
+        )
+        now = time.monotonic()
+        self.gaps = {
+            pk: now for pk in range(max(last - _INITIAL_GAP_LOOKBACK, 0) + 1, last + 1) if pk not in recent
+        }
+        floor = datetime.now(tz=UTC).timestamp() - 3600
+        by_lease: dict[int, list[tuple[int, int, int, int]]] = {}
+        rows = CapacityHold.objects.filter(active=True, end_at__gt=datetime.fromtimestamp(floor, tz=UTC)).values_list(
+            "lease_id", "island_id", "start_at", "end_at", "cards"
+        )
+        for lease_id, island_id, start_at, end_at, cards in rows.iterator(chunk_size=10_000):
+            by_lease.setdefault(lease_id, []).append((island_id, epoch(start_at), epoch(end_at), cards))
+        for lease_id, holds in by_lease.items():
+            self._replace_lease(lease_id, holds)
+        self.last_id = last
+        self.loaded = True
+
+    # -- reads ------------------------------------------------------------------------------------
+    def overlapping(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(island id, start, end, cards) of the live holds that overlap ``[start, end)``."""
+        n = self._size
+        mask = self.alive[:n] & (self.start[:n] < end) & (self.end[:n] > start)
+        index = np.nonzero(mask)[0]
+        return self.island[index], self.start[index], self.end[index], self.cards[index]
+
+    def maintain(self, now_epoch: int) -> None:
+        self._compact(now_epoch)
+
+
+class Market:
+    """The process-wide catalogue and hold book, refreshed under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.catalogue: Catalogue | None = None
+        self.holds = HoldBook()
+        self._quotes = 0
+
+    def view(
+        self, *, start: int, end: int
+    ) -> tuple[Catalogue, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """The catalogue (reloaded if stale) and the live holds overlapping ``[start, end)``, caught up
+        with every lease change committed so far."""
+        ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
+        with self.lock:
+            if self.catalogue is None or time.monotonic() - self.catalogue.loaded_at >= ttl:
+                self.catalogue = _load_catalogue()
+            if ttl <= 0:  # tests: nothing carried from one quote to the next
+                self.holds = HoldBook()
+            self.holds.refresh()
+            self._quotes += 1
+            if self._quotes % 1000 == 0:
+                self.holds.maintain(int(time.time()))
+            return self.catalogue, self.holds.overlapping(start, end)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.catalogue = None
+            self.holds = HoldBook()
+
+
+market = Market()

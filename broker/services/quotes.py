@@ -1,0 +1,127 @@
+"""Quotes: the ranked placements of a job, stored for a short time so the buyer can accept one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from broker import selectors
+from broker.catalog import market
+from broker.errors import JobClosedError
+from broker.matching import match, window_of
+from broker.models import Job, Quote
+from broker.services.jobs import job_spec
+from broker.types import JobSpec, MatchResult, Placement
+from core.models import Organisation
+from metering.selectors.tariffs import compiled_tariff
+
+
+def _tariff(tariff_version_id: int):  # type: ignore[no-untyped-def]
+    return compiled_tariff(tariff_version_id=tariff_version_id)
+
+
+def placements_find(
+    *, spec: JobSpec, buyer: Organisation | None = None, now: datetime | None = None, limit: int = 10
+) -> MatchResult:
+    """The best ``limit`` feasible placements of ``spec`` (best first, by its preference) and why the
+    other islands were rejected. Reads the in-memory market (see broker.catalog); holds nothing."""
+    now = now or timezone.now()
+    step = settings.CARDHOUR_QUOTE_STEP_SECONDS
+    window = window_of(spec, now=now, step=step)
+    catalogue, holds = market.view(start=window.t0, end=max(window.last_end, window.t0 + 1))
+    return match(
+        spec=spec, catalogue=catalogue, holds=holds, now=now, step=step, limit=limit, tariff_of=_tariff
+    )
+
+
+@dataclass(frozen=True)
+class QuoteSet:
+    job: Job
+    quotes: list[Quote]
+    result: MatchResult
+    expires_at: datetime
+
+
+def _breakdown(placement: Placement) -> dict[str, object]:
+    return {
+        "bands": [
+            {
+                "band": band.band,
+                "multiplier": str(band.multiplier),
+                "card_seconds": band.card_seconds,
+                "card_hours": str(band.card_hours),
+                "cost": str(band.cost),
+            }
+            for band in placement.bands
+        ],
+        "rate_per_card_hour": str(placement.rate_per_card_hour),
+        "price_card_version": placement.price_card_version,
+        "tariff": placement.tariff,
+        "cluster": placement.cluster_cpi,
+        "hub": placement.hub,
+        "accelerator": placement.accelerator,
+        "islands": [
+            {"cpi": cpi, "cards": cards}
+            for cpi, (_, cards) in zip(placement.island_cpis, placement.allocation, strict=True)
+        ],
+        "standard_card_factor": str(placement.standard_card_factor) if placement.standard_card_factor else None,
+        "expected_standard_draw": (
+            str(placement.expected_standard_draw) if placement.expected_standard_draw is not None else None
+        ),
+        "earliest_feasible_cost": str(placement.earliest_feasible_cost),
+    }
+
+
+def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = None) -> QuoteSet:
+    """Quote a job: store its best placements (``limit``, default 10, at most 100) as quotes that expire
+    after ``CARDHOUR_QUOTE_TTL_SECONDS`` and hold nothing. Each quote says whether the buyer's packs,
+    less its live leases' expected draws, cover the quote's expected draw. Raises JobClosedError for a
+    job that is completed, failed or cancelled."""
+    if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
+        raise JobClosedError(f"Job {job.pk} is {job.state}.", extra={"job_id": job.pk, "state": job.state})
+    now = now or timezone.now()
+    limit = min(max(limit or settings.CARDHOUR_QUOTE_LIMIT_DEFAULT, 1), settings.CARDHOUR_QUOTE_LIMIT_MAX)
+    result = placements_find(spec=job_spec(job=job), buyer=job.buyer, now=now, limit=limit)
+    expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
+    affordability = selectors.buyer_affordability(buyer=job.buyer, at=now) if result.placements else None
+    quotes = [
+        Quote(
+            job=job,
+            rank=rank,
+            cluster_id=placement.cluster_id,
+            allocation=[[island_id, cards] for island_id, cards in placement.allocation],
+            cards=placement.cards,
+            start_at=placement.start_at,
+            end_at=placement.end_at,
+            price_card_id=placement.price_card_id,
+            cost=placement.cost,
+            breakdown=_breakdown(placement),
+            latency_ms=placement.latency_ms,
+            saving=placement.saving,
+            expected_draw=placement.expected_draw,
+            draw_class=placement.accelerator,
+            balance_sufficient=bool(
+                affordability
+                and affordability.covers(
+                    chip=placement.accelerator, draw=placement.expected_draw, factor=placement.standard_card_factor
+                )
+            ),
+            created_at=now,
+            expires_at=expires_at,
+        )
+        for rank, placement in enumerate(result.placements, start=1)
+    ]
+    if quotes:
+        Quote.objects.bulk_create(quotes)
+    return QuoteSet(job=job, quotes=quotes, result=result, expires_at=expires_at)
+
+
+def quotes_purge(*, now: datetime | None = None, older_than: timedelta = timedelta(days=1)) -> int:
+    """Delete quotes that expired more than ``older_than`` ago and were never accepted."""
+    now = now or timezone.now()
+    deleted, _ = Quote.objects.filter(expires_at__lt=now - older_than, lease__isnull=True).delete()
+    return deleted
+
