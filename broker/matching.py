@@ -23,6 +23,7 @@ For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,7 +64,7 @@ class Window:
 
 
 def window_of(spec: JobSpec, *, now: datetime, step: int) -> Window:
-    t0 = max(epoch(spec.earliest_start_at), -(-int(now.timestamp()) // 1))
+    t0 = max(epoch(spec.earliest_start_at), math.ceil(now.timestamp()))
     deadline = epoch(spec.deadline_at)
     room = deadline - spec.duration_seconds - t0
     starts = room // step + 1 if room >= 0 else 0

@@ -86,7 +86,7 @@ _ID_MAX = 2**63
 # --- Reads the operator API and the event payload share ---------------------------------------------
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_datetime(value: datetime | None) -> str | None:
     """A datetime as the API renders it (DRF's ISO 8601 in the current time zone, ``Z`` for UTC)."""
     if value is None:
         return None
@@ -113,19 +113,19 @@ def lease_document(*, lease: Lease) -> dict[str, Any]:
         "cluster": lease.cluster.cpi,
         "islands": [{"cpi": hold.island.cpi, "cards": hold.cards} for hold in lease.holds.all()],
         "cards": lease.cards,
-        "start_at": _iso(lease.start_at),
-        "end_at": _iso(lease.end_at),
+        "start_at": iso_datetime(lease.start_at),
+        "end_at": iso_datetime(lease.end_at),
         "state": lease.state,
-        "state_changed_at": _iso(lease.state_changed_at),
+        "state_changed_at": iso_datetime(lease.state_changed_at),
         "price_card": {
             "version": lease.price_card.version,
             "rate_per_card_hour": str(lease.price_card.rate_per_card_hour),
             "currency": lease.price_card.currency,
         },
-        "started_at": _iso(lease.started_at),
-        "stop_requested_at": _iso(lease.stop_requested_at),
-        "ended_at": _iso(lease.ended_at),
-        "last_usage_end_at": _iso(lease.last_usage_end_at),
+        "started_at": iso_datetime(lease.started_at),
+        "stop_requested_at": iso_datetime(lease.stop_requested_at),
+        "ended_at": iso_datetime(lease.ended_at),
+        "last_usage_end_at": iso_datetime(lease.last_usage_end_at),
         "replaces": lease.replaces_id,
         "reason": lease.reason,
     }
@@ -729,7 +729,7 @@ def _deliveries_claim(*, now: datetime, limit: int) -> list[_Claimed]:
             "lease": lease_document(lease=documents[transition.lease_id]),
             "from_state": transition.from_state or None,
             "to_state": transition.to_state,
-            "at": _iso(transition.at),
+            "at": iso_datetime(transition.at),
             "reason": transition.reason,
         }
         claimed.append(

@@ -305,7 +305,7 @@ def lease_accept(*, quote: Quote, actor: Actor) -> tuple[Lease, bool]:
 
     cluster = Cluster.objects.get(pk=quote.cluster_id)
     try:
-        current = price_card_current(cluster=cluster, at=quote.start_at)
+        current = price_card_current(cluster=cluster, at=now)
     except Exception:  # no card any more: treat as unavailable
         current = None
     if current is None or current.pk != quote.price_card_id:
