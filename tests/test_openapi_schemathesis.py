@@ -64,6 +64,9 @@ from metering.services.tariffs import tariff_create
 from metering.services.usage import usage_record_create_batch
 from metering.tariffs import PRESETS
 from metering.types import UsageRecordInput
+from broker.models import Job, Lease, Quote
+from broker.services.quotes import quote_create
+from tests.broker.factories import make_job, make_lease
 from tests.factories import BuyerFactory, OperatorFactory, OrganisationFactory, make_cluster
 from tests.metering.factories import make_paid_pack, make_price_card
 from tests.metering.localstripe import (  # noqa: F401  # fixtures, asked for by name
@@ -103,6 +106,16 @@ BUYER_ONLY = {
     "pack_orders_create",  # Stripe is a closed loopback port here: an order that gets that far is a 502
     "pack_orders_get",
     "packs_list",
+    "jobs_list",
+    "jobs_create",
+    "jobs_get",
+    "jobs_cancel",
+    "jobs_quotes_create",
+    "quotes_accept",
+    "leases_list",
+    "leases_get",
+    "leases_cancel",
+    "notices_list",
 }
 
 # Billing: March 2026 in Asia/Shanghai, used, rated and closed with the clock pinned.
@@ -132,6 +145,11 @@ class World:
     other_settlement: Settlement  # cmcc's
     order: PackOrder  # acme's, paid
     other_order: PackOrder  # beta's, paid
+    job: Job  # acme's, open, with a live quote
+    quote: Quote  # acme's, live
+    other_job: Job  # beta's
+    lease: Lease  # acme's, reserved on cucc's cluster
+    other_lease: Lease  # beta's, reserved on cmcc's cluster
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
@@ -176,6 +194,9 @@ class World:
             "invoice_id": [self.invoice.pk, self.other_invoice.pk],
             "settlement_id": [self.settlement.pk, self.other_settlement.pk],
             "order_id": [self.order.pk, self.other_order.pk],
+            "job_id": [self.job.pk, self.other_job.pk],
+            "quote_id": [self.quote.pk],
+            "lease_id": [self.lease.pk, self.other_lease.pk],
         }
 
 
@@ -238,6 +259,7 @@ def world(in_process_requests: None) -> Iterator[World]:
         preset_tariff_id=_preset_id("cn-gd"),
         own_tariff_id=own_tariff.pk,
         **_closed_march(clusters=[cluster, other_cluster], buyer=buyer),
+        **_broker_objects(cluster=cluster, other_cluster=other_cluster, buyer=buyer),
     )
     yield _world
     _world = None
@@ -283,6 +305,32 @@ def _closed_march(*, clusters: list[Cluster], buyer: Organisation) -> dict[str, 
         "other_invoice": Invoice.objects.get(buyer=other_buyer, period_start=MARCH),
         "settlement": Settlement.objects.get(operator=own_cluster.operator, period_start=MARCH),
         "other_settlement": Settlement.objects.get(operator=other_cluster.operator, period_start=MARCH),
+    }
+
+
+def _broker_objects(*, cluster: Cluster, other_cluster: Cluster, buyer: Organisation) -> dict[str, Any]:
+    """acme's open job with a live quote, and a reserved lease each for acme (on cucc's cluster) and beta
+    (on cmcc's)."""
+    other_buyer = Organisation.objects.get(slug="beta")
+    job = make_job(buyer=buyer, origin_hub="nx", duration_seconds=3600)
+    quote = quote_create(job=job).quotes[0]
+    start = timezone.now().replace(microsecond=0) + timedelta(days=2)
+    lease = make_lease(job=make_job(buyer=buyer, origin_hub="nx"), cluster=cluster, start_at=start)
+    other_job = make_job(buyer=other_buyer, origin_hub="nx")
+    other_lease = make_lease(job=other_job, cluster=other_cluster, start_at=start)
+    return {"job": job, "quote": quote, "other_job": other_job, "lease": lease, "other_lease": other_lease}
+
+
+def _job_body(**overrides: Any) -> dict[str, Any]:
+    return {
+        "name": "fine-tune",
+        "cards": 8,
+        "accelerators": [ACCELERATOR],
+        "origin_hub": "nx",
+        "latency_budget_ms": 30,
+        "deadline_at": _now_iso(6 * 3600),
+        "duration_seconds": 3600,
+        **overrides,
     }
 
 
@@ -693,6 +741,73 @@ SCENARIOS = [
     Scenario("packs_list", 200, "buyer", as_org="acme"),
     Scenario("packs_list", 200, "filtered", query={"status": "active"}, as_org="acme"),
     Scenario("packs_list", 403, "operator"),
+    # Broker, buyers' side: acme's job, quote and lease; beta's are someone else's.
+    Scenario("jobs_list", 200, "buyer", as_org="acme"),
+    Scenario("jobs_list", 200, "filtered", query={"state": "open"}, as_org="acme"),
+    Scenario("jobs_list", 403, "operator"),
+    Scenario("jobs_create", 201, "new", body=lambda w: _job_body(), as_org="acme"),
+    Scenario(
+        "jobs_create",
+        201,
+        "standard-cards",
+        body=lambda w: _job_body(
+            cards=None,
+            standard_cards="6.5",
+            accelerators=[],
+            gang="cluster",
+            preference="weighted",
+            price_weight="0.7",
+            checkpointable=True,
+        ),
+        as_org="acme",
+    ),
+    Scenario("jobs_create", 400, "zero-cards", body=lambda w: _job_body(cards=0), as_org="acme"),
+    Scenario(
+        "jobs_create",
+        400,
+        "beyond-horizon",
+        body=lambda w: _job_body(deadline_at=_now_iso(30 * 86400)),
+        as_org="acme",
+    ),
+    Scenario("jobs_create", 403, "operator", body=lambda w: _job_body()),
+    Scenario("jobs_get", 200, "own", lambda w: {"job_id": w.job.pk}, as_org="acme"),
+    Scenario("jobs_get", 404, "others", lambda w: {"job_id": w.other_job.pk}, as_org="acme"),
+    Scenario("jobs_cancel", 200, "own", lambda w: {"job_id": w.job.pk}, as_org="acme"),
+    Scenario("jobs_cancel", 404, "others", lambda w: {"job_id": w.other_job.pk}, as_org="acme"),
+    Scenario(
+        "jobs_quotes_create",
+        201,
+        "own",
+        lambda w: {"job_id": w.job.pk},
+        body=lambda w: {"limit": 3},
+        as_org="acme",
+    ),
+    Scenario(
+        "jobs_quotes_create",
+        404,
+        "others",
+        lambda w: {"job_id": w.other_job.pk},
+        body=lambda w: {},
+        as_org="acme",
+    ),
+    Scenario(
+        "jobs_quotes_create",
+        400,
+        "limit-too-high",
+        lambda w: {"job_id": w.job.pk},
+        body=lambda w: {"limit": 101},
+        as_org="acme",
+    ),
+    Scenario("quotes_accept", 201, "live", lambda w: {"quote_id": w.quote.pk}, as_org="acme"),
+    Scenario("quotes_accept", 404, "missing", lambda w: {"quote_id": 2**31}, as_org="acme"),
+    Scenario("quotes_accept", 403, "operator", lambda w: {"quote_id": w.quote.pk}),
+    Scenario("leases_list", 200, "buyer", as_org="acme"),
+    Scenario("leases_list", 200, "filtered", query={"state": "reserved"}, as_org="acme"),
+    Scenario("leases_get", 200, "own", lambda w: {"lease_id": w.lease.pk}, as_org="acme"),
+    Scenario("leases_get", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, as_org="acme"),
+    Scenario("leases_cancel", 200, "own", lambda w: {"lease_id": w.lease.pk}, as_org="acme"),
+    Scenario("leases_cancel", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, as_org="acme"),
+    Scenario("notices_list", 200, "buyer", as_org="acme"),
 ]
 
 

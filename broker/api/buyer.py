@@ -409,7 +409,7 @@ class LeaseDetailOutput(LeaseOutput):
 
 class LeaseFilter(django_filters.FilterSet):
     state = django_filters.ChoiceFilter(choices=LeaseState.choices)
-    job = django_filters.NumberFilter(field_name="job_id")
+    job = django_filters.NumberFilter(field_name="job_id", min_value=1, max_value=2**63 - 1)
 
     class Meta:
         model = Lease
