@@ -22,6 +22,7 @@ run: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo --port $(PORT)
 	$(BIN)/python manage.py seed_billing_demo
+	$(BIN)/python manage.py seed_broker_demo
 	CARDHOUR_PORT=$(PORT) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/honcho --procfile Procfile.dev start
 
 # SQLite unless DATABASE_URL is set; PostgreSQL-only tests are skipped with their reason on SQLite.
