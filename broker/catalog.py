@@ -74,6 +74,22 @@ class Catalogue:
     def size(self) -> int:
         return len(self.island_id)
 
+    def island_index(self, island_ids: np.ndarray) -> np.ndarray:
+        """Catalogue positions of ``island_ids``; -1 for an island the catalogue does not know (yet)."""
+        lookup = self._lookup
+        inside = island_ids < len(lookup)
+        return np.where(inside, lookup[np.where(inside, island_ids, 0)], -1)
+
+    @property
+    def _lookup(self) -> np.ndarray:
+        lookup = self.__dict__.get("_lookup_array")
+        if lookup is None:
+            top = int(self.island_id.max()) + 1 if len(self.island_id) else 1
+            lookup = np.full(top, -1, dtype=np.int64)
+            lookup[self.island_id] = np.arange(len(self.island_id))
+            self.__dict__["_lookup_array"] = lookup
+        return lookup
+
 
 def _load_catalogue() -> Catalogue:
     rows = catalog_rows()

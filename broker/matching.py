@@ -105,18 +105,18 @@ def match(
     """Rank the job's feasible placements (see the module docstring). Pure: reads only its arguments."""
     c = catalogue
     window = window_of(spec, now=now, step=step)
-    n = c.size
-    reason = np.zeros(n, dtype=np.int8)
+    n, m = c.size, len(c.cluster_id)
+    # Cluster-level reasons first (10× fewer rows than islands), in two groups around the island-level
+    # fabric check so that each island is counted under the first reason it fails.
+    before = np.zeros(m, dtype=np.int8)
+    after = np.zeros(m, dtype=np.int8)
 
-    def reject(mask: np.ndarray, name: str) -> None:
-        reason[(reason == 0) & mask] = _R[name]
+    def reject(target: np.ndarray, mask: np.ndarray, name: str) -> None:
+        target[(target == 0) & mask] = _R[name]
 
-    cluster = c.island_cluster
-    chip = c.cluster_chip[cluster]
     if spec.exclude_clusters:
-        excluded = np.isin(c.cluster_id, np.fromiter(spec.exclude_clusters, dtype=np.int64))
-        reason[excluded[cluster]] = _EXCLUDED
-    reject(~c.cluster_active[cluster], "offline")
+        before[np.isin(c.cluster_id, np.fromiter(spec.exclude_clusters, dtype=np.int64))] = _EXCLUDED
+    reject(before, ~c.cluster_active, "offline")
     chip_ok = np.ones(len(c.chip_slugs), dtype=bool)
     if spec.accelerators:
         chip_ok &= np.isin(np.array(c.chip_slugs, dtype=object), list(spec.accelerators))
@@ -125,94 +125,107 @@ def match(
             chip_ok &= c.chip_tflops_f >= float(spec.min_fp16_tflops)
     if spec.standard_cards is not None:
         chip_ok &= c.chip_factor_e4 > 0
-    reject(~chip_ok[chip], "chip")
+    chip = c.cluster_chip
+    reject(before, ~chip_ok[chip], "chip")
     if spec.min_memory_gb is not None:
         with np.errstate(invalid="ignore"):
-            reject(~(c.chip_memory_f >= float(spec.min_memory_gb))[chip], "memory")
-    if spec.fabrics:
-        allowed = np.array([FABRICS.index(f) for f in spec.fabrics if f in FABRICS], dtype=np.int64)
-        reject(~np.isin(c.island_fabric, allowed), "fabric")
+            reject(before, ~(c.chip_memory_f >= float(spec.min_memory_gb))[chip], "memory")
     try:
         origin = c.hub_codes.index(spec.origin_hub)
         latency = c.latency_ms[origin][c.cluster_hub]  # per cluster
     except ValueError:
-        latency = np.full(len(c.cluster_id), np.inf)
-    reject((latency > spec.latency_budget_ms)[cluster], "latency")
-    reject((c.cluster_tariff == 0)[cluster], "unpriced")
+        origin = -1
+        latency = np.full(m, np.inf)
+    reject(after, latency > spec.latency_budget_ms, "latency")
+    reject(after, c.cluster_tariff == 0, "unpriced")
 
-    # Cards each island's chip needs: the job's cards, or its standard cards at the chip's factor.
+    # Cards each cluster's chip needs: the job's cards, or its standard cards at the chip's factor.
     if spec.standard_cards is not None:
         standard_e4 = int(spec.standard_cards * _E4)
-        factor = np.maximum(c.chip_factor_e4[chip], 1)
-        need = _ceil_div(np.full(n, standard_e4, dtype=np.int64), factor)
+        cluster_need = _ceil_div(np.full(m, standard_e4, dtype=np.int64), np.maximum(c.chip_factor_e4[chip], 1))
     else:
-        need = np.full(n, int(spec.cards or 0), dtype=np.int64)
+        cluster_need = np.full(m, int(spec.cards or 0), dtype=np.int64)
 
-    if window.starts == 0:
-        reject(reason == 0, "window")
-        return _result(reason, [], window, n)
-
-    # Cost per card of every start, per tariff, for the tariffs still in play.
-    live = reason == 0
-    tariff_ids = np.unique(c.cluster_tariff[cluster[live]]) if live.any() else np.array([], dtype=np.int64)
-    delta: dict[int, np.ndarray] = {int(t): integrated_multiplier(tariff_of(int(t)), window) for t in tariff_ids}
-    island_tariff = c.cluster_tariff[cluster]
-    best_delta = np.zeros(n, dtype=np.float64)
-    for t, values in delta.items():
-        best_delta[island_tariff == t] = float(values.min())
-    rate = c.cluster_rate[cluster]
-    if spec.max_price_per_card_hour is not None:
+    # Cost per card of every start, per tariff (a handful), and each cluster's cheapest start.
+    delta: dict[int, np.ndarray] = {}
+    cluster_best_k = np.zeros(m, dtype=np.int64)
+    cluster_best_value = np.zeros(m, dtype=np.float64)
+    if window.starts:
+        for t in np.unique(c.cluster_tariff[c.cluster_tariff > 0]):
+            values = delta[int(t)] = integrated_multiplier(tariff_of(int(t)), window)
+            of_t = c.cluster_tariff == t
+            cluster_best_k[of_t] = int(np.argmin(values))
+            cluster_best_value[of_t] = float(values.min())
+    if spec.max_price_per_card_hour is not None and window.starts:
         # Average price per card-hour (per standard card-hour) at the cheapest start of the window.
-        per_card_hour = rate * best_delta / (window.duration * _E4)
+        per_card_hour = c.cluster_rate * cluster_best_value / (window.duration * _E4)
         if spec.standard_cards is not None:
             per_card_hour = per_card_hour / (np.maximum(c.chip_factor_e4[chip], 1) / _E4)
         cap = float(spec.max_price_per_card_hour) * (1 + 1e-12)
         with np.errstate(invalid="ignore"):
-            reject(per_card_hour > cap, "price")
+            reject(after, per_card_hour > cap, "price")
+
+    cluster = c.island_cluster
+    reason = before[cluster]
+    if spec.fabrics:
+        allowed = np.array([FABRICS.index(f) for f in spec.fabrics if f in FABRICS], dtype=np.int64)
+        reason[(reason == 0) & ~np.isin(c.island_fabric, allowed)] = _R["fabric"]
+    later = after[cluster]
+    reason = np.where(reason == 0, later, reason).astype(np.int8)
+    if window.starts == 0:
+        reason[reason == 0] = _R["window"]
+        return _result(reason, [], window, n)
+    need = cluster_need[cluster]
+    island_tariff = c.cluster_tariff[cluster]
+    rate = c.cluster_rate[cluster]
 
     if spec.gang == "cluster":
         return _match_spanning(spec, c, holds, window, reason, need, latency, delta, limit, tariff_of)
 
-    reject(c.island_capacity < need, "capacity")
+    reason[(reason == 0) & (c.island_capacity < need)] = _R["capacity"]
     candidates = np.nonzero(reason == 0)[0]
-    best_k = np.full(n, -1, dtype=np.int64)
-    first_k = np.full(n, -1, dtype=np.int64)
-    best_value = np.zeros(n, dtype=np.float64)
-    for t, values in delta.items():
-        of_t = candidates[island_tariff[candidates] == t]
-        best_k[of_t] = int(np.argmin(values))
-        first_k[of_t] = 0
-        best_value[of_t] = float(values.min())
-    tight, ok = _feasible_starts_islands(c, holds, window, candidates, need)
-    if len(tight):
-        tight_tariff = island_tariff[tight]
-        for t, values in delta.items():
-            rows = np.nonzero(tight_tariff == t)[0]
-            if not len(rows):
-                continue
-            masked = np.where(ok[rows], values[None, :], np.iinfo(np.int64).max)
-            k = np.argmin(masked, axis=1)
-            fits = ok[rows].any(axis=1)
-            islands = tight[rows]
-            best_k[islands] = np.where(fits, k, -1)
-            first_k[islands] = np.where(fits, np.argmax(ok[rows], axis=1), -1)
-            best_value[islands] = values[k]
-    reason[candidates[best_k[candidates] < 0]] = _R["capacity"]
-    chosen = candidates[best_k[candidates] >= 0]
-    cost = rate[chosen] * need[chosen] * best_value[chosen]
-    lat = latency[cluster[chosen]]
-    order = _rank(spec, cost, lat, chosen, limit)
-    placements = [
-        _placement(
-            spec, c, window, tariff_of,
-            cluster_index=int(cluster[chosen[j]]),
-            allocation=[(int(chosen[j]), int(need[chosen[j]]))],
-            k=int(best_k[chosen[j]]),
-            first_k=int(first_k[chosen[j]]),
-            origin=origin,
+    best_k = cluster_best_k[cluster]
+    best_value = cluster_best_value[cluster]
+    blocked = _blocked_starts(c, holds, window, candidates, need)
+    reason[blocked.full] = _R["capacity"]
+    chosen = candidates[reason[candidates] == 0]
+    # Islands whose tariff-best start is blocked get a lower bound (that start's value) until they
+    # reach the top, when their exact best feasible start is computed: a handful of rows, not thousands.
+    inexact = np.zeros(n, dtype=bool)
+    inexact[blocked.islands_blocking(best_k)] = True
+    first_k = np.zeros(n, dtype=np.int64)
+    first_known = np.zeros(n, dtype=bool)
+    rate_need = rate * need
+    lat_all = latency[cluster]
+    origin = max(origin, 0)
+    while True:
+        cost = rate_need[chosen] * best_value[chosen]
+        order = _rank(spec, cost, lat_all[chosen], chosen, limit)
+        pending = [int(chosen[j]) for j in order if inexact[chosen[j]]]
+        if not pending:
+            break
+        for island in pending:
+            ok = blocked.feasible(island)
+            values = delta[int(island_tariff[island])]
+            k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+            best_k[island], best_value[island] = k, float(values[k])
+            first_k[island], first_known[island] = int(np.argmax(ok)), True
+            inexact[island] = False
+    placements = []
+    for j in order:
+        island = int(chosen[j])
+        if not first_known[island] and blocked.has(island):
+            first_k[island] = int(np.argmax(blocked.feasible(island)))
+        placements.append(
+            _placement(
+                spec, c, window, tariff_of,
+                cluster_index=int(cluster[island]),
+                allocation=[(island, int(need[island]))],
+                k=int(best_k[island]),
+                first_k=int(first_k[island]),
+                origin=origin,
+            )
         )
-        for j in order
-    ]
     return _result(reason, placements, window, n, feasible=len(chosen))
 
 
@@ -256,42 +269,97 @@ def _occupancy(rows: np.ndarray, first: np.ndarray, last: np.ndarray, cards: np.
     return np.cumsum(diff, axis=1)[:, :slots]
 
 
-def _feasible_starts_islands(
+@dataclass
+class BlockedStarts:
+    """Per island, the ranges of start indices ``[a, b)`` that a hold makes infeasible (sorted by island,
+    then ``a``), and the islands where no start is left (``full``)."""
+
+    island: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    full: np.ndarray
+    starts: int
+
+    def has(self, island: int) -> bool:
+        lo = np.searchsorted(self.island, island, side="left")
+        return bool(lo < len(self.island) and self.island[lo] == island)
+
+    def feasible(self, island: int) -> np.ndarray:
+        ok = np.ones(self.starts, dtype=bool)
+        lo, hi = np.searchsorted(self.island, [island, island + 1], side="left")
+        for a, b in zip(self.a[lo:hi], self.b[lo:hi], strict=True):
+            ok[a:b] = False
+        return ok
+
+    def islands_blocking(self, start_of: np.ndarray) -> np.ndarray:
+        """The islands whose start ``start_of[island]`` falls in one of their blocked ranges."""
+        k = start_of[self.island]
+        return self.island[(self.a <= k) & (k < self.b)]
+
+
+def _blocked_starts(
     c: Catalogue,
     holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     window: Window,
     candidates: np.ndarray,
     need: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The candidate islands whose holds in the window could leave fewer than ``need`` cards, and for
-    each a boolean per start, True where the whole run fits. Other candidates fit at every start."""
-    empty = (np.zeros(0, dtype=np.int64), np.zeros((0, window.starts), dtype=bool))
+) -> BlockedStarts:
+    """Sparse occupancy: per candidate island, the hold edges (rounded outward to the slot grid) sorted
+    and summed give the occupied card count between consecutive edges; each stretch where fewer than
+    ``need`` cards are free blocks the starts whose run would touch it. Work is proportional to the
+    holds in the window, not to islands × slots."""
+    empty = np.zeros(0, dtype=np.int64)
+    none = BlockedStarts(empty, empty, empty, empty, window.starts)
     hold_island, hold_start, hold_end, hold_cards = holds
     if not len(hold_island) or not len(candidates):
-        return empty
-    index = np.clip(np.searchsorted(c.island_id, hold_island), 0, c.size - 1)
+        return none
+    index = c.island_index(hold_island)
     is_candidate = np.zeros(c.size, dtype=bool)
     is_candidate[candidates] = True
-    keep = (c.island_id[index] == hold_island) & is_candidate[index]
-    if not keep.any():
-        return empty
+    keep = is_candidate[np.maximum(index, 0)] & (index >= 0)
     index, hold_start, hold_end, hold_cards = index[keep], hold_start[keep], hold_end[keep], hold_cards[keep]
+    if not len(index):
+        return none
+    # Only islands whose holds together could leave too few cards.
     held = np.bincount(index, weights=hold_cards, minlength=c.size)
-    tight = np.nonzero((held + need > c.island_capacity) & is_candidate)[0]
-    if not len(tight):
-        return empty
-    row_of = np.full(c.size, -1, dtype=np.int64)
-    row_of[tight] = np.arange(len(tight))
-    in_tight = row_of[index] >= 0
-    first, last, slots = _hold_slots(window, hold_start[in_tight], hold_end[in_tight])
-    occupancy = _occupancy(row_of[index[in_tight]], first, last, hold_cards[in_tight], len(tight), slots)
-    short = occupancy > (c.island_capacity[tight] - need[tight])[:, None]
+    keep = held[index] + need[index] > c.island_capacity[index]
+    index, hold_start, hold_end, hold_cards = index[keep], hold_start[keep], hold_end[keep], hold_cards[keep]
+    if not len(index):
+        return none
+    first, last, _slots = _hold_slots(window, hold_start, hold_end)
+    islands = np.concatenate([index, index])
+    slots = np.concatenate([first, last])
+    deltas = np.concatenate([hold_cards, -hold_cards])
+    # One sort key: island, then slot, then releases before takes at the same slot edge.
+    order = np.argsort(islands * (2 * _slots + 4) + slots * 2 + (deltas > 0))
+    islands, slots, deltas = islands[order], slots[order], deltas[order]
+    level = np.cumsum(deltas)  # each island's edges sum to zero, so the running sum restarts per island
+    next_slot = np.concatenate([slots[1:], [0]])
+    same = np.concatenate([islands[1:] == islands[:-1], [False]])
+    short = same & (next_slot > slots) & (level > c.island_capacity[islands] - need[islands])
     run = -(-window.duration // window.step)
-    prefix = np.concatenate([np.zeros((len(tight), 1), dtype=np.int64), np.cumsum(short, axis=1)], axis=1)
-    k = np.arange(window.starts)
-    # Starts sit on the slot grid: start k runs over slots k … k + run − 1.
-    blocked = prefix[:, np.minimum(k + run, slots)] - prefix[:, k]
-    return tight, blocked == 0
+    a = np.maximum(slots[short] - run + 1, 0)
+    b = np.minimum(next_slot[short], window.starts)
+    blocked_island = islands[short]
+    useful = a < b
+    blocked_island, a, b = blocked_island[useful], a[useful], b[useful]
+    if not len(blocked_island):
+        return none
+    order = np.lexsort((a, blocked_island))
+    blocked_island, a, b = blocked_island[order], a[order], b[order]
+    # An island is full when its blocked ranges cover [0, starts): walk the ranges with a running
+    # maximum of their ends (offset per island so one pass serves all islands).
+    offset = blocked_island * (window.starts + 1)
+    reach = np.maximum.accumulate(b + offset) - offset
+    first_of_island = np.concatenate([[True], blocked_island[1:] != blocked_island[:-1]])
+    last_of_island = np.concatenate([blocked_island[1:] != blocked_island[:-1], [True]])
+    previous_reach = np.concatenate([[0], reach[:-1]])
+    gap = np.where(first_of_island, a > 0, a > previous_reach)
+    has_gap = np.zeros(c.size, dtype=bool)
+    has_gap[blocked_island[gap]] = True
+    has_gap[blocked_island[last_of_island & (reach < window.starts)]] = True
+    involved = blocked_island[first_of_island]
+    return BlockedStarts(blocked_island, a, b, involved[~has_gap[involved]], window.starts)
 
 
 def _match_spanning(
@@ -325,10 +393,10 @@ def _match_spanning(
     free = np.repeat(c.island_capacity[islands][:, None], window.starts, axis=1).astype(np.int64)
     hold_island, hold_start, hold_end, hold_cards = holds
     if len(hold_island):
-        index = np.clip(np.searchsorted(c.island_id, hold_island), 0, n - 1)
-        row_of = np.full(n, -1, dtype=np.int64)
+        index = c.island_index(hold_island)
+        row_of = np.full(n + 1, -1, dtype=np.int64)  # row_of[-1] (unknown island) stays -1
         row_of[islands] = np.arange(len(islands))
-        keep = (c.island_id[index] == hold_island) & (row_of[index] >= 0)
+        keep = row_of[index] >= 0
         if keep.any():
             first, last, slots = _hold_slots(window, hold_start[keep], hold_end[keep])
             occupancy = _occupancy(row_of[index[keep]], first, last, hold_cards[keep], len(islands), slots)

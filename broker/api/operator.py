@@ -38,6 +38,7 @@ TAG_OPERATOR = "operator leases"
 POLL_INTERVAL_SECONDS = 0.4
 
 _ID_MAX = 2**63 - 1
+_LEASE_STATES = f"One of: {', '.join(LeaseState.values)}."
 
 
 def _pause(seconds: float) -> None:
@@ -70,7 +71,9 @@ class OperatorLeaseOutput(serializers.Serializer):
     cards = serializers.IntegerField()
     start_at = serializers.DateTimeField()
     end_at = serializers.DateTimeField()
-    state = serializers.ChoiceField(choices=LeaseState.choices)
+    # Plain strings rather than enums, as in the buyer API: the same choices under several field names would
+    # make drf-spectacular name one enum after whichever field it meets first.
+    state = serializers.CharField(help_text=_LEASE_STATES)
     state_changed_at = serializers.DateTimeField()
     price_card = OperatorLeasePriceCardOutput()
     started_at = serializers.DateTimeField(allow_null=True)
@@ -90,8 +93,8 @@ class OperatorLeaseOutput(serializers.Serializer):
 
 class OperatorLeaseTransitionOutput(serializers.Serializer):
     id = serializers.IntegerField(help_text="The transition id: the cursor of the lease feed.")
-    from_state = serializers.ChoiceField(choices=LeaseState.choices, allow_null=True)
-    to_state = serializers.ChoiceField(choices=LeaseState.choices)
+    from_state = serializers.CharField(allow_null=True, help_text="Null for the lease's creation.")
+    to_state = serializers.CharField(help_text=_LEASE_STATES)
     at = serializers.DateTimeField()
     reason = serializers.CharField()
 

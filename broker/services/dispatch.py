@@ -25,8 +25,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -296,21 +296,38 @@ class LeaseUsageInput:
     cards: int
 
 
-# Values of a locked lease row, by position (a tuple per lease keeps the hot path free of model objects).
-_USAGE_LEASE_FIELDS = (
-    "pk",
-    "state",
-    "start_at",
-    "end_at",
-    "cards",
-    "started_at",
-    "stop_requested_at",
-    "ended_at",
-    "last_usage_end_at",
-    "cluster_id",
-    "buyer_id",
-    "price_card_id",
-)
+class _LeaseRow(NamedTuple):
+    """What the usage checks need of a locked lease. Instants are integer microseconds since the epoch: a
+    thousand leases' six timestamps cost ~20 ms to load as datetimes, as much as the rest of the checks."""
+
+    id: int
+    state: str
+    cards: int
+    cluster_id: int
+    buyer_id: int
+    price_card_id: int
+    has_run: bool
+    start_us: int
+    end_us: int
+    stop_requested_us: int | None
+    ended_us: int | None
+    last_usage_end_us: int | None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(value: datetime) -> int:
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _micros_or_none(value: datetime | None) -> int | None:
+    return None if value is None else _micros(value)
+
+
+def _at_micros(value: int) -> str:
+    return iso_datetime(_EPOCH + timedelta(microseconds=value)) or ""
 
 
 @dataclass(frozen=True)
@@ -322,101 +339,134 @@ class _UsageError:
     message: str
 
 
-def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, tuple[Any, ...]]:
-    """Lock the operator's leases named by a batch (id order) and return their values by id."""
+def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, _LeaseRow]:
+    """Lock the operator's leases named by a batch (``FOR NO KEY UPDATE``, id order) and return them by id."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT id, state, cards, cluster_id, buyer_id, price_card_id, started_at IS NOT NULL,
+                       (EXTRACT(EPOCH FROM start_at) * 1000000)::bigint,
+                       (EXTRACT(EPOCH FROM end_at) * 1000000)::bigint,
+                       (EXTRACT(EPOCH FROM stop_requested_at) * 1000000)::bigint,
+                       (EXTRACT(EPOCH FROM ended_at) * 1000000)::bigint,
+                       (EXTRACT(EPOCH FROM last_usage_end_at) * 1000000)::bigint
+                  FROM {Lease._meta.db_table}
+                 WHERE operator_id = %s AND id = ANY(%s::bigint[])
+                 ORDER BY id
+                   FOR NO KEY UPDATE
+                """,  # noqa: S608  # the table name is the model's, the values are parameters
+                [operator.pk, sorted(lease_ids)],
+            )
+            return {row[0]: _LeaseRow(*row) for row in cursor.fetchall()}
     rows = (
         Lease.objects.filter(pk__in=lease_ids, operator=operator)
         .select_for_update(no_key=True)
         .order_by("pk")
-        .values_list(*_USAGE_LEASE_FIELDS)
+        .values_list(
+            "pk",
+            "state",
+            "cards",
+            "cluster_id",
+            "buyer_id",
+            "price_card_id",
+            "started_at",
+            "start_at",
+            "end_at",
+            "stop_requested_at",
+            "ended_at",
+            "last_usage_end_at",
+        )
     )
-    return {row[0]: row for row in rows}
+    return {
+        row[0]: _LeaseRow(
+            *row[:6],
+            row[6] is not None,
+            _micros(row[7]),
+            _micros(row[8]),
+            *(_micros_or_none(value) for value in row[9:]),
+        )
+        for row in rows
+    }
 
 
-def _usage_errors(
-    *, records: Sequence[LeaseUsageInput], rows: dict[int, tuple[Any, ...]]
-) -> list[_UsageError]:
-    interval = timedelta(seconds=settings.CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS)
+def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseRow]) -> list[_UsageError]:
+    interval_us = settings.CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS * 1_000_000
     errors: list[_UsageError] = []
     for index, record in enumerate(records):
         key = record.idempotency_key
-        row = rows.get(record.lease_id)
-        if row is None:
+        lease = rows.get(record.lease_id)
+        if lease is None:
             errors.append(_UsageError(index, key, "lease_not_found", "lease", f"No lease {record.lease_id}."))
             continue
-        (
-            lease_id,
-            state,
-            lease_start_at,
-            lease_end_at,
-            lease_cards,
-            started_at,
-            stop_requested_at,
-            ended_at,
-            *_rest,
-        ) = row
-        if started_at is None:
+        if not lease.has_run:
             errors.append(
                 _UsageError(
-                    index, key, "lease_not_started", "lease", f"Lease {lease_id} is {state} and never ran."
+                    index,
+                    key,
+                    "lease_not_started",
+                    "lease",
+                    f"Lease {lease.id} is {lease.state} and never ran.",
                 )
             )
             continue
         cards = record.cards
-        if isinstance(cards, int) and not isinstance(cards, bool) and cards > lease_cards:
+        if isinstance(cards, int) and not isinstance(cards, bool) and cards > lease.cards:
             errors.append(
                 _UsageError(
                     index,
                     key,
                     "cards_over_lease",
                     "cards",
-                    f"Lease {lease_id} holds {lease_cards} cards, not {cards}.",
+                    f"Lease {lease.id} holds {lease.cards} cards, not {cards}.",
                 )
             )
         start, end = record.start_at, record.end_at
         if not (isinstance(start, datetime) and isinstance(end, datetime)) or (
-            timezone.is_naive(start) or timezone.is_naive(end)
+            start.utcoffset() is None or end.utcoffset() is None
         ):
             continue  # metering reports the timestamps themselves
-        if start < lease_start_at:
+        start_us, end_us = _micros(start), _micros(end)
+        if start_us < lease.start_us:
             errors.append(
                 _UsageError(
                     index,
                     key,
                     "before_lease_start",
                     "start_at",
-                    f"Lease {lease_id} starts at {lease_start_at.isoformat()}.",
+                    f"Lease {lease.id} starts at {_at_micros(lease.start_us)}.",
                 )
             )
-        if end > lease_end_at:
+        if end_us > lease.end_us:
             errors.append(
                 _UsageError(
                     index,
                     key,
                     "after_lease_end",
                     "end_at",
-                    f"Lease {lease_id} ends at {lease_end_at.isoformat()}.",
+                    f"Lease {lease.id} ends at {_at_micros(lease.end_us)}.",
                 )
             )
-        elif ended_at is not None and end > ended_at:
+        elif lease.ended_us is not None and end_us > lease.ended_us:
             errors.append(
                 _UsageError(
                     index,
                     key,
                     "after_lease_ended",
                     "end_at",
-                    f"Lease {lease_id} stopped at {ended_at.isoformat()}.",
+                    f"Lease {lease.id} stopped at {_at_micros(lease.ended_us)}.",
                 )
             )
-        elif stop_requested_at is not None and end > stop_requested_at + interval:
+        elif lease.stop_requested_us is not None and end_us > lease.stop_requested_us + interval_us:
             errors.append(
                 _UsageError(
                     index,
                     key,
                     "after_stop_request",
                     "end_at",
-                    f"Lease {lease_id} was asked to stop at {stop_requested_at.isoformat()}; usage is accepted "
-                    f"up to {(stop_requested_at + interval).isoformat()} (one reporting interval later).",
+                    f"Lease {lease.id} was asked to stop at {_at_micros(lease.stop_requested_us)}; usage is "
+                    f"accepted up to {_at_micros(lease.stop_requested_us + interval_us)} (one reporting interval "
+                    "later).",
                 )
             )
     return errors
@@ -441,12 +491,12 @@ def _replays(
     return {i for i in candidates if stored.get(records[i].idempotency_key) == f"lease:{records[i].lease_id}"}
 
 
-def _usage_lookups(rows: dict[int, tuple[Any, ...]]) -> tuple[dict[int, str], dict[int, str], dict[int, int]]:
+def _usage_lookups(rows: dict[int, _LeaseRow]) -> tuple[dict[int, str], dict[int, str], dict[int, int]]:
     """Cluster CPIs, buyer slugs and price-card versions of the locked leases (three small queries over
     distinct ids, so the lock above touches lease rows only)."""
-    cluster_ids = {row[9] for row in rows.values()}
-    buyer_ids = {row[10] for row in rows.values()}
-    card_ids = {row[11] for row in rows.values()}
+    cluster_ids = {row.cluster_id for row in rows.values()}
+    buyer_ids = {row.buyer_id for row in rows.values()}
+    card_ids = {row.price_card_id for row in rows.values()}
     cpis = dict(Cluster.objects.filter(pk__in=cluster_ids).values_list("pk", "cpi"))
     slugs = dict(Organisation.objects.filter(pk__in=buyer_ids).values_list("pk", "slug"))
     versions = dict(PriceCard.objects.filter(pk__in=card_ids).values_list("pk", "version"))
@@ -550,12 +600,12 @@ def lease_usage_report(
         inputs.append(
             UsageRecordInput(
                 idempotency_key=record.idempotency_key,
-                cluster=cpis[row[9]],
-                buyer=slugs[row[10]],
+                cluster=cpis[row.cluster_id],
+                buyer=slugs[row.buyer_id],
                 cards=record.cards,
                 start_at=record.start_at,
                 end_at=record.end_at,
-                price_card_version=versions[row[11]],
+                price_card_version=versions[row.price_card_id],
                 reference=f"lease:{record.lease_id}",
             )
         )
@@ -569,11 +619,11 @@ def lease_usage_report(
         newest = ends.get(record.lease_id)
         if newest is None or record.end_at > newest:
             ends[record.lease_id] = record.end_at
-    later = {
-        lease_id: end
-        for lease_id, end in ends.items()
-        if rows[lease_id][8] is None or end > rows[lease_id][8]
-    }
+    later = {}
+    for lease_id, end in ends.items():
+        known = rows[lease_id].last_usage_end_us
+        if known is None or _micros(end) > known:
+            later[lease_id] = end
     _advance_last_usage(ends=later)
     return result
 

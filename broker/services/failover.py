@@ -13,21 +13,23 @@ What happens to a live lease of a down cluster:
 - **stop_requested**: interrupted, never re-placed (the buyer cancelled it, or its packs ran dry); the job
   fails with a reason saying so.
 - When nothing can take the remaining time (no feasible placement, every one taken meanwhile, or the buyer's
-  packs cannot pay), the job fails and the buyer is told (``lease_failed``).
+  packs cannot pay), the job fails and the buyer is told (``lease_failed``). When the usage reported
+  already covers the whole duration, the job is complete (``lease_interrupted``).
 
-Billing cut-off: an interrupted lease's ``ended_at`` is where billing stops. It is the end of the last usage
-reported against the lease (``last_usage_end_at``, left unchanged), or — when nothing was reported — the
-lease's start (or now, if that is later), so that no usage fits at all. Usage reported against an
-interrupted lease is accepted only when it ends at or before ``ended_at`` (i.e. replays of what was already
-reported); the moment of the interruption itself is on the ``interrupted`` LeaseTransition and in
-``state_changed_at``.
+Billing cut-off: **an interrupted lease's ``ended_at`` is where billing stops.** It is the end of the last
+usage reported against the lease (``last_usage_end_at``, left unchanged, so the two are equal), or — when
+nothing was reported — the lease's start (or the interruption, if the start is later), so that no usage
+fits at all. The broker's usage API refuses usage ending after ``ended_at`` (``after_lease_ended``) and
+answers replays of what was already stored as duplicates. The moment of the interruption itself is on the
+``interrupted`` LeaseTransition and in ``state_changed_at``.
 
 Concurrency: every lease is handled in its own transaction, so one lease that cannot be handled does not hold
 up the others, and a crash loses at most the lease in hand (it is still live, and the next run takes it).
-Locks follow the broker's order (buyer organisation, then the lease, then — inside lease_create — the
-islands); the lease row is taken with SKIP LOCKED on PostgreSQL and its state re-checked, so two workers
-running at once each handle a different lease or skip it, and a lease is interrupted and re-placed exactly
-once (``Lease.replaces`` is also one-to-one in the database).
+Locks: the buyer's organisation row, then the lease row (then, through lease_transition and lease_create,
+the job row and the islands in id order). A usage batch locks the lease row too, so the cut-off read here is
+never overtaken by a report committed later. Two workers running at once spread over different leases (the
+first pass skips locked rows) and re-check each lease's state after locking it, so a lease is interrupted
+and re-placed exactly once; ``Lease.replaces`` is also one-to-one in the database.
 """
 
 from __future__ import annotations
@@ -85,50 +87,84 @@ def leases_fail_over(*, now: datetime | None = None) -> int:
     returns how many leases were handled (0 when there is nothing to do, so running it twice is harmless).
 
     Deliberately not atomic as a whole: each lease is handled by ``lease_fail_over`` in its own
-    transaction. A transient database error is raised (the Celery task retries it); any other error on one
-    lease is logged and that lease is left live for the next run.
+    transaction. A first pass skips leases whose buyer or lease row another transaction holds (so workers
+    running at once spread over different leases instead of queueing behind each other); a second pass
+    waits for those locks, so a lease is not left for the next run just because a lock was held for a
+    moment. A transient database error on one lease (a deadlock, a lost connection) does not stop the
+    others; it is raised at the end so the Celery task retries soon. Any other error on one lease is logged
+    and that lease is left live for the next run.
     """
     candidates = list(
         Lease.objects.filter(state__in=LIVE_STATES, cluster__status__in=DOWN_STATUSES)
         .order_by("id")
-        .values_list("pk", "buyer_id")
+        .values_list("pk", flat=True)
     )
     handled = 0
-    for lease_id, buyer_id in candidates:
-        try:
-            outcome = lease_fail_over(lease_id=lease_id, buyer_id=buyer_id, now=now)
-        except OperationalError:
-            raise
-        except Exception:  # one bad lease must not stop failover of the others; it is retried next run
-            logger.exception("failover of lease %s failed; it stays live and is retried on the next run", lease_id)
-            continue
-        if outcome is not None:
-            handled += 1
+    busy: list[int] = []
+    transient: OperationalError | None = None
+    for wait, lease_ids in ((False, candidates), (True, busy)):
+        for lease_id in lease_ids:
+            try:
+                outcome = lease_fail_over(lease_id=lease_id, now=now, wait=wait)
+            except LeaseBusy:
+                if not wait:
+                    busy.append(lease_id)
+                continue
+            except OperationalError as exc:  # e.g. a deadlock with a concurrent cancel: the others go on
+                logger.warning("failover of lease %s hit a transient database error: %s", lease_id, exc)
+                transient = transient or exc
+                continue
+            except Exception:  # one bad lease must not stop failover of the others; it is retried next run
+                logger.exception(
+                    "failover of lease %s failed; it stays live and is retried next run", lease_id
+                )
+                continue
+            if outcome is not None:
+                handled += 1
+    if transient is not None:
+        raise transient  # the task retries it soon; what was handled is committed and is not done twice
     return handled
 
 
+class LeaseBusy(Exception):
+    """Another transaction holds the lease's buyer or lease row (raised only when not waiting)."""
+
+
 @transaction.atomic
-def lease_fail_over(*, lease_id: int, buyer_id: int | None = None, now: datetime | None = None) -> FailoverOutcome | None:
+def lease_fail_over(
+    *, lease_id: int, now: datetime | None = None, wait: bool = True
+) -> FailoverOutcome | None:
     """Fail over one lease if it is still live on a down cluster; None when there is nothing to do (it
-    ended meanwhile, its cluster came back, or another worker holds it right now).
+    ended meanwhile — e.g. another worker failed it over — or its cluster came back).
+
+    Locks the buyer's organisation row and then the lease row (the broker's lock order: lease_create takes
+    the buyer row, then the islands). With ``wait`` False, a row another transaction holds raises
+    LeaseBusy at once (PostgreSQL SKIP LOCKED) and nothing is written.
 
     Side effects (see the module docstring): the lease becomes ``interrupted`` with ``ended_at`` set to the
     billing cut-off; a replacement lease is created (``replaces`` the old one) or the job fails; a
     BuyerNotice tells the buyer which.
     """
+    buyer_id = Lease.objects.filter(pk=lease_id).values_list("buyer_id", flat=True).first()
     if buyer_id is None:
-        buyer_id = Lease.objects.filter(pk=lease_id).values_list("buyer_id", flat=True).first()
-        if buyer_id is None:
-            return None
-    # The buyer row first, as lease_create takes it: a lock order shared with the lease's other writers.
-    Organisation.objects.select_for_update().filter(pk=buyer_id).values_list("pk").first()
-    lease = (
-        Lease.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("job", "cluster")
-        .filter(pk=lease_id, state__in=LIVE_STATES)
+        return None
+    locked_buyer = (
+        Organisation.objects.select_for_update(skip_locked=not wait)
+        .filter(pk=buyer_id)
+        .values_list("pk")
         .first()
     )
-    if lease is None or lease.cluster.status not in DOWN_STATUSES:
+    lease = (
+        Lease.objects.select_for_update(skip_locked=not wait, of=("self",))
+        .select_related("job", "cluster")
+        .filter(pk=lease_id)
+        .first()
+    )
+    if locked_buyer is None or lease is None:
+        if wait:  # only a deleted row reads as None when waiting
+            return None
+        raise LeaseBusy(lease_id)
+    if lease.state not in LIVE_STATES or lease.cluster.status not in DOWN_STATUSES:
         return None
     at = now or timezone.now()
     cluster = lease.cluster
@@ -140,7 +176,11 @@ def lease_fail_over(*, lease_id: int, buyer_id: int | None = None, now: datetime
     billed_until = _billing_cut_off(lease, at=at)
 
     leases.lease_transition(
-        lease=lease, to_state=LeaseState.INTERRUPTED, actor=FAILOVER, reason=f"cluster {cluster.cpi} {cause}", at=at
+        lease=lease,
+        to_state=LeaseState.INTERRUPTED,
+        actor=FAILOVER,
+        reason=f"cluster {cluster.cpi} {cause}",
+        at=at,
     )
     Lease.objects.filter(pk=lease.pk).update(ended_at=billed_until)
     lease.ended_at = billed_until
@@ -183,7 +223,9 @@ def lease_fail_over(*, lease_id: int, buyer_id: int | None = None, now: datetime
 
 def _replace(*, lease: Lease, job: Job, at: datetime, remaining: int, cause: str) -> FailoverOutcome:
     cluster = lease.cluster
-    earliest = max(at, job.earliest_start_at)
+    # Whole seconds: the matcher starts runs on whole seconds, so a window of exactly ``remaining`` seconds
+    # from a fractional ``at`` would have no start at all.
+    earliest = max(_next_whole_second(at), job.earliest_start_at)
     failures: list[str] = []
     try:
         spec = jobs.job_spec(
@@ -222,7 +264,11 @@ def _replace(*, lease: Lease, job: Job, at: datetime, remaining: int, cause: str
             f"{placement.start_at.isoformat()}."
         )
         leases.notice_create(
-            buyer_id=job.buyer_id, kind=NOTICE_REPLACED, message=message, job_id=job.pk, lease_id=replacement.pk
+            buyer_id=job.buyer_id,
+            kind=NOTICE_REPLACED,
+            message=message,
+            job_id=job.pk,
+            lease_id=replacement.pk,
         )
         return _outcome(lease, job, replacement.pk, remaining, lease.ended_at, message)
 
@@ -231,8 +277,12 @@ def _replace(*, lease: Lease, job: Job, at: datetime, remaining: int, cause: str
     elif failures:
         why = "every placement found was taken before it could be held"
     else:
-        rejected = ", ".join(f"{reason} {count}" for reason, count in sorted(result.rejections.items()) if count)
-        why = "no other cluster can take it within the job's constraints" + (f" ({rejected})" if rejected else "")
+        rejected = ", ".join(
+            f"{reason} {count}" for reason, count in sorted(result.rejections.items()) if count
+        )
+        why = "no other cluster can take it within the job's constraints" + (
+            f" ({rejected})" if rejected else ""
+        )
     return _fail(
         lease=lease,
         job=job,
@@ -245,7 +295,9 @@ def _replace(*, lease: Lease, job: Job, at: datetime, remaining: int, cause: str
 
 def _fail(*, lease: Lease, job: Job, at: datetime, remaining: int, reason: str) -> FailoverOutcome:
     _job_end(job=job, state=Job.State.FAILED, reason=reason, at=at)
-    leases.notice_create(buyer_id=job.buyer_id, kind=NOTICE_FAILED, message=reason, job_id=job.pk, lease_id=lease.pk)
+    leases.notice_create(
+        buyer_id=job.buyer_id, kind=NOTICE_FAILED, message=reason, job_id=job.pk, lease_id=lease.pk
+    )
     return _outcome(lease, job, None, remaining, lease.ended_at, reason)
 
 
@@ -256,7 +308,12 @@ def _job_end(*, job: Job, state: str, reason: str, at: datetime) -> None:
 
 
 def _outcome(
-    lease: Lease, job: Job, replacement_id: int | None, remaining: int, billed_until: datetime | None, reason: str
+    lease: Lease,
+    job: Job,
+    replacement_id: int | None,
+    remaining: int,
+    billed_until: datetime | None,
+    reason: str,
 ) -> FailoverOutcome:
     assert billed_until is not None
     return FailoverOutcome(
@@ -294,6 +351,11 @@ def _remaining_seconds(lease: Lease) -> int:
     began = lease.started_at or lease.start_at
     ran = int((lease.last_usage_end_at - began).total_seconds())
     return max(planned - max(ran, 0), 0)
+
+
+def _next_whole_second(value: datetime) -> datetime:
+    whole = value.replace(microsecond=0)
+    return whole if whole == value else whole + timedelta(seconds=1)
 
 
 def _billing_cut_off(lease: Lease, *, at: datetime) -> datetime:

@@ -1,0 +1,1416 @@
+"""The broker back office: jobs, quotes, leases with their capacity holds and state history, operators'
+lease-event endpoints, the lease-event outbox and the notices buyers get.
+
+Decisions, so the next person does not have to rediscover them:
+
+- **Nothing is added, changed or deleted by hand.** Jobs come from buyers, quotes from the matcher, leases
+  from accepted quotes and failover, transitions and deliveries from the lease state machine, notices from
+  the services that tell buyers something. All of them are read-only here, even for a superuser: a lease
+  holds cards and locks a price, its history is what operators pulled and were sent, and an edit would
+  silently disagree with both.
+- **Actions call services.** Cancelling jobs (``job_cancel``) and cancelling or stopping leases
+  (``lease_cancel``) shows a confirmation page that says what will happen to each row and takes a required
+  reason; the staff user is the actor (``actor_label`` on every transition written), the reason goes to
+  the job's failure reason or the lease's reason and to the admin history. "Run failover now" runs the
+  same service as the five-second task (``leases_fail_over``), after a confirmation page listing the live
+  leases of down clusters; its transitions are the failover's, as when the task runs it.
+- **Operator endpoints**: the signing secret is never shown (only a masked prefix) and never set here;
+  operators rotate it through the API. Staff may pause and resume delivery (``enabled``) through
+  ``operator_endpoint_enabled_set``, which keeps the secret (the operator's own disable forgets it), so an
+  endpoint with no secret cannot be resumed here. Events that fall due while paused are given up; "Retry
+  now" on the deliveries sends them again.
+- **"Retry now"** (``lease_event_deliveries_retry``) makes pending deliveries due at once and gives up
+  ones a fresh series of attempts. Delivery is at least once: an event being POSTed at that moment may be
+  POSTed again, and receivers deduplicate on ``X-Cardhour-Delivery``.
+- **Big tables stay fast.** Jobs, quotes (hundreds a second), leases, transitions, deliveries and notices
+  never count the whole table (``show_full_result_count = False``, and on PostgreSQL the unfiltered count
+  is the planner's estimate), order by id, join what they show (``list_select_related``), list buyers and
+  operators from the organisation table (never a ``DISTINCT`` over the big one), and search by exact id or
+  indexed key: a number finds rows by id, anything else the text fields named in the search help.
+
+``operator_endpoint_enabled_set`` and ``lease_event_deliveries_retry`` are services that live here until
+they move to ``broker.services.dispatch``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from functools import cache
+from typing import Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.paginator import Paginator
+from django.db import OperationalError, connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from broker.models import (
+    HOLDING_STATES,
+    BuyerNotice,
+    CapacityHold,
+    Job,
+    Lease,
+    LeaseEventDelivery,
+    LeaseState,
+    LeaseTransition,
+    OperatorEndpoint,
+    Quote,
+)
+from core.errors import ConflictError, DomainError
+from core.models import Organisation
+from core.types import Actor
+
+logger = logging.getLogger(__name__)
+
+# Below this many rows (by the planner's estimate) an exact count is cheap enough to make.
+ESTIMATED_COUNT_THRESHOLD = 100_000
+# An action confirms at most this many rows at a time (its page lists each one and what will happen to it).
+ACTION_ROW_LIMIT = 100
+# Inlines show at most this many rows; the full list is one click away.
+INLINE_ROW_LIMIT = 100
+# The failover confirmation lists this many of the leases it is about to take over.
+FAILOVER_ROWS_SHOWN = 50
+
+_LEASE_STATE_COLOURS: dict[str, str] = {
+    LeaseState.RESERVED: "#1d4ed8",
+    LeaseState.RUNNING: "#15803d",
+    LeaseState.STOP_REQUESTED: "#b45309",
+    LeaseState.COMPLETED: "#6b7280",
+    LeaseState.CANCELLED: "#6b7280",
+    LeaseState.INTERRUPTED: "#b91c1c",
+    LeaseState.FAILED: "#b91c1c",
+}
+_JOB_STATE_COLOURS: dict[str, str] = {
+    Job.State.OPEN: "#1d4ed8",
+    Job.State.PLACED: "#15803d",
+    Job.State.COMPLETED: "#6b7280",
+    Job.State.FAILED: "#b91c1c",
+    Job.State.CANCELLED: "#6b7280",
+}
+_DELIVERY_COLOURS: dict[str, str] = {
+    LeaseEventDelivery.Status.PENDING: "#b45309",
+    LeaseEventDelivery.Status.DELIVERED: "#15803d",
+    LeaseEventDelivery.Status.GAVE_UP: "#b91c1c",
+}
+
+
+# --- Services that live here until they move to broker.services.dispatch --------------------------
+
+
+@transaction.atomic
+def operator_endpoint_enabled_set(*, endpoint: OperatorEndpoint, enabled: bool, actor: Actor) -> OperatorEndpoint:
+    """Staff pause (``enabled=False``) or resume POSTing lease events to an operator; pulling the lease feed
+    always works. Unlike the operator's own disable, pausing keeps the signing secret, so resuming needs
+    nothing from the operator. Events that fall due while paused are given up (see dispatch).
+
+    Raises ConflictError ``endpoint_secret_missing`` when resuming an endpoint that has no secret (the
+    operator disabled lease events itself and turns them back on by rotating its secret).
+    """
+    locked = OperatorEndpoint.objects.select_for_update().select_related("operator").get(pk=endpoint.pk)
+    if enabled and not locked.secret:
+        raise ConflictError(
+            f"{locked.operator.slug} has no signing secret: it turns lease events back on by rotating its "
+            "secret through the API.",
+            code="endpoint_secret_missing",
+            extra={"operator": locked.operator.slug},
+        )
+    if locked.enabled != enabled:
+        locked.enabled = enabled
+        locked.save(update_fields=["enabled"])
+        logger.info(
+            "lease events %s for %s by %s", "resumed" if enabled else "paused", locked.operator.slug, actor.label
+        )
+    return locked
+
+
+@transaction.atomic
+def lease_event_deliveries_retry(
+    *, delivery_ids: Iterable[int], actor: Actor, now: datetime | None = None
+) -> int:
+    """Make undelivered lease events due now; returns how many. A pending event keeps its attempts; a given
+    up one goes back to pending with its attempts reset, so it gets the whole backoff series again (its last
+    error stays until the next attempt replaces it). Delivered events are left alone.
+
+    Delivery stays at least once: an event a worker is POSTing at this moment may be POSTed again by the
+    next run; receivers deduplicate on ``X-Cardhour-Delivery`` (the transition id).
+    """
+    now = now or timezone.now()
+    rows = LeaseEventDelivery.objects.filter(pk__in=list(delivery_ids))
+    pending = rows.filter(status=LeaseEventDelivery.Status.PENDING).update(next_attempt_at=now)
+    revived = rows.filter(status=LeaseEventDelivery.Status.GAVE_UP).update(
+        status=LeaseEventDelivery.Status.PENDING, attempts=0, next_attempt_at=now
+    )
+    logger.info("lease events retried by %s: %s pending, %s given up", actor.label, pending, revived)
+    return pending + revived
+
+
+# --- Helpers ---------------------------------------------------------------------------------------
+
+
+def _staff_actor(request: HttpRequest) -> Actor:
+    """Staff act for the platform (no organisation), as themselves."""
+    return Actor(organisation=None, user=request.user if request.user.is_authenticated else None)
+
+
+def _changelist_url(model: type[Any], **params: object) -> str:
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+    return f"{url}?{urlencode(params)}" if params else url
+
+
+def _change_url(model: type[Any], pk: object) -> str:
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_change", args=[pk])
+
+
+def _link(url: str, text: object) -> SafeString:
+    return format_html('<a href="{}" style="white-space:nowrap">{}</a>', url, text)
+
+
+def _lease_link(lease_id: int | None) -> str | SafeString:
+    return "—" if lease_id is None else _link(_change_url(Lease, lease_id), f"lease {lease_id}")
+
+
+def _job_link(job_id: int | None) -> str | SafeString:
+    return "—" if job_id is None else _link(_change_url(Job, job_id), f"job {job_id}")
+
+
+def _local(at: datetime | None) -> str:
+    """A timestamp to the second in the site's time zone (history needs the seconds)."""
+    return "—" if at is None else f"{timezone.localtime(at):%Y-%m-%d %H:%M:%S}"
+
+
+def _moment(at: datetime) -> str:
+    """A timestamp in the site's time zone, without seconds when they are zero (windows usually are)."""
+    local = timezone.localtime(at)
+    return f"{local:%Y-%m-%d %H:%M}" if local.second == 0 else f"{local:%Y-%m-%d %H:%M:%S}"
+
+
+def _window(start_at: datetime, end_at: datetime) -> SafeString:
+    """``[start, end)`` compactly: the end's date only when it differs from the start's."""
+    start, end = timezone.localtime(start_at), timezone.localtime(end_at)
+    end_text = _moment(end_at) if end.date() != start.date() else _moment(end_at)[11:]
+    return format_html('<span style="white-space:nowrap">{} → {}</span>', _moment(start_at), end_text)
+
+
+def _duration(seconds: int) -> str:
+    """``2 h``, ``1 h 30 min``, ``3 d 4 h``, ``45 s``."""
+    days, rest = divmod(max(int(seconds), 0), 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "", f"{minutes} min" if minutes else ""]
+    if secs and not days:
+        parts.append(f"{secs} s")
+    return " ".join(part for part in parts if part)[:20] or "0 s"
+
+
+def _cny(value: Decimal | None) -> SafeString:
+    return format_html('<span style="white-space:nowrap">{} CNY</span>', "—" if value is None else value)
+
+
+def _badge(value: str, label: str, colours: dict[str, str]) -> SafeString:
+    return format_html(
+        '<span style="color:{};font-weight:600;white-space:nowrap" title="{}">{}</span>',
+        colours.get(value, "inherit"),
+        label,
+        value,
+    )
+
+
+def _mask(secret: str) -> str:
+    """A signing secret as staff may see it: its first eight characters (``chw_`` and four more)."""
+    if not secret:
+        return "— (none: the operator disabled lease events)"
+    return f"{secret[:8]}… ({len(secret)} characters, hidden)"
+
+
+class _EstimatedCountPaginator(Paginator):
+    """On PostgreSQL, an unfiltered list of a big table takes its row count from the planner's statistics
+    instead of ``COUNT(*)`` over millions of rows; anything filtered, or small, is counted exactly. (The
+    same as metering's admin; one copy per app keeps the apps' admins independent.)"""
+
+    @cached_property
+    def count(self) -> int:
+        query = getattr(self.object_list, "query", None)
+        if connection.vendor == "postgresql" and query is not None and not query.where:
+            table = query.model._meta.db_table
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
+                row = cursor.fetchone()
+            estimate = int(row[0]) if row and row[0] is not None else -1
+            if estimate >= ESTIMATED_COUNT_THRESHOLD:
+                return estimate
+        return super().count
+
+
+class _ReadOnlyAdminMixin:
+    """View-only: rows written by services alone."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class _BigTableMixin:
+    """Newest first by id (the primary key's index), never a whole-table count."""
+
+    ordering = ["-id"]
+    paginator = _EstimatedCountPaginator
+    show_full_result_count = False
+
+
+class _WideChangelistMixin:
+    """Hides the admin's navigation sidebar on lists with more columns than fit beside it and the filters."""
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return super().changelist_view(  # type: ignore[misc]
+            request, extra_context={"is_nav_sidebar_enabled": False, **(extra_context or {})}
+        )
+
+
+class _IdSearchMixin:
+    """A search term of digits finds rows by exact id (``id_search_fields``, ORed): an index lookup. Any
+    other term goes to Django's search over ``search_fields``; with none, it finds nothing."""
+
+    id_search_fields: tuple[str, ...] = ("pk",)
+    text_search_fields: tuple[str, ...] = ()
+
+    def get_search_fields(self, request: HttpRequest) -> Sequence[str]:
+        # Non-empty so that the search box shows; the id lookups are made in get_search_results.
+        return self.text_search_fields or self.id_search_fields
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.isdigit():
+            if int(term) >= 2**63:
+                return queryset.none(), False
+            by_id = Q()
+            for field in self.id_search_fields:
+                by_id |= Q(**{field: int(term)})
+            return queryset.filter(by_id), False
+        if not self.text_search_fields:
+            return queryset.none(), False
+        return super().get_search_results(request, queryset, term)  # type: ignore[misc]
+
+
+class _LimitedInlineFormSet(forms.models.BaseInlineFormSet):
+    """Shows at most INLINE_ROW_LIMIT rows of the (already ordered) inline queryset."""
+
+    def get_queryset(self) -> QuerySet[Any]:
+        if not hasattr(self, "_limited_queryset"):
+            self._limited_queryset = super().get_queryset()[:INLINE_ROW_LIMIT]
+        return self._limited_queryset
+
+
+class _ReadOnlyInline(_ReadOnlyAdminMixin, admin.TabularInline):
+    formset = _LimitedInlineFormSet
+    extra = 0
+    can_delete = False
+
+
+class _OrganisationFilter(admin.SimpleListFilter):
+    """Organisations of one role, listed from the (small) organisation table, never with a DISTINCT over
+    the filtered model's (big) table."""
+
+    role_field = "is_operator"
+    field_name = "operator"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        rows = (
+            Organisation.objects.filter(**{self.role_field: True}).order_by("slug").values_list("pk", "slug")
+        )
+        return [(str(pk), slug) for pk, slug in rows]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value and value.isdigit():
+            return queryset.filter(**{f"{self.field_name}_id": int(value)})
+        return queryset
+
+
+class OperatorFilter(_OrganisationFilter):
+    title = "operator"
+    parameter_name = "operator"
+
+
+class BuyerFilter(_OrganisationFilter):
+    title = "buyer"
+    parameter_name = "buyer"
+    role_field = "is_buyer"
+    field_name = "buyer"
+
+
+# --- Confirmation pages for actions ----------------------------------------------------------------
+
+# One page for every broker action that needs a confirmation (and, for most, a reason). It is kept here,
+# not in templates/, so the back office of the broker is this one module.
+_CONFIRM_TEMPLATE = """{% extends "admin/base_site.html" %}
+{% load i18n l10n admin_urls static %}
+{% block extrahead %}{{ block.super }}{{ media }}<script src="{% static 'admin/js/cancel.js' %}" async></script>{% endblock %}
+{% block extrastyle %}{{ block.super }}<link rel="stylesheet" href="{% static "admin/css/forms.css" %}">{% endblock %}
+{% block bodyclass %}{{ block.super }} app-{{ opts.app_label }} model-{{ opts.model_name }} delete-confirmation{% endblock %}
+{% block breadcrumbs %}
+<div class="breadcrumbs">
+<a href="{% url 'admin:index' %}">{% translate 'Home' %}</a>
+&rsaquo; <a href="{% url 'admin:app_list' app_label=opts.app_label %}">{{ opts.app_config.verbose_name }}</a>
+&rsaquo; <a href="{% url opts|admin_urlname:'changelist' %}">{{ opts.verbose_name_plural|capfirst }}</a>
+&rsaquo; {{ title }}
+</div>
+{% endblock %}
+{% block content %}
+{% for paragraph in intro %}<p>{{ paragraph }}</p>{% endfor %}
+{% if rows %}
+<table>
+  <thead><tr>{% for header in headers %}<th>{{ header }}</th>{% endfor %}</tr></thead>
+  <tbody>{% for row in rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table>
+{% if more %}<p>… and {{ more }} more.</p>{% endif %}
+{% endif %}
+<form method="post">{% csrf_token %}
+<div>
+  {% for pk in selected %}<input type="hidden" name="{{ action_checkbox_name }}" value="{{ pk|unlocalize }}">{% endfor %}
+  <input type="hidden" name="action" value="{{ action }}">
+  <input type="hidden" name="confirm" value="yes">
+  {% if form %}
+  <fieldset class="module aligned">
+  {% for field in form %}
+    <div class="form-row{% if field.errors %} errors{% endif %}">
+      {{ field.errors }}
+      <div>
+        <div class="flex-container">{{ field.label_tag }} {{ field }}</div>
+        {% if field.help_text %}<div class="help"><div>{{ field.help_text }}</div></div>{% endif %}
+      </div>
+    </div>
+  {% endfor %}
+  </fieldset>
+  {% endif %}
+  <input type="submit" value="{{ submit_label }}">
+  <a href="#" class="button cancel-link">{% translate "No, take me back" %}</a>
+</div>
+</form>
+{% endblock %}
+"""
+
+
+@cache
+def _confirm_template() -> Any:
+    return engines["django"].from_string(_CONFIRM_TEMPLATE)
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        max_length=400,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with your name: on each lease's history and in the admin history.",
+    )
+
+
+def _confirmed(request: HttpRequest) -> bool:
+    return request.POST.get("confirm") == "yes"
+
+
+def _too_many(request: HttpRequest, queryset: QuerySet[Any], noun: str) -> bool:
+    if queryset.count() > ACTION_ROW_LIMIT:
+        messages.error(request, f"Select at most {ACTION_ROW_LIMIT} {noun} at a time: nothing was changed.")
+        return True
+    return False
+
+
+def _confirm_page(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    *,
+    action: str,
+    title: str,
+    intro: Sequence[str],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    selected: Sequence[int],
+    form: forms.Form | None,
+    submit_label: str,
+    more: int = 0,
+) -> TemplateResponse:
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.model._meta,
+        "title": title,
+        "intro": intro,
+        "headers": headers,
+        "rows": rows,
+        "more": more,
+        "selected": selected,
+        "form": form,
+        "submit_label": submit_label,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "action": action,
+        "media": model_admin.media,
+    }
+    return TemplateResponse(request, _confirm_template(), context)
+
+
+# --- Jobs and quotes -------------------------------------------------------------------------------
+
+
+class JobLeaseInline(_ReadOnlyInline):
+    model = Lease
+    fk_name = "job"
+    fields = readonly_fields = ("lease", "cluster_cpi", "cards", "window", "state_badge", "changed", "replaces_link")
+    ordering = ["id"]
+    verbose_name_plural = f"leases (first {INLINE_ROW_LIMIT}, oldest first)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
+        return super().get_queryset(request).select_related("cluster")
+
+    @admin.display(description="Lease")
+    def lease(self, obj: Lease) -> str | SafeString:
+        return _lease_link(obj.pk)
+
+    @admin.display(description="Cluster")
+    def cluster_cpi(self, obj: Lease) -> str:
+        return obj.cluster.cpi
+
+    @admin.display(description="Window")
+    def window(self, obj: Lease) -> SafeString:
+        return _window(obj.start_at, obj.end_at)
+
+    @admin.display(description="State")
+    def state_badge(self, obj: Lease) -> SafeString:
+        return _badge(obj.state, obj.get_state_display(), _LEASE_STATE_COLOURS)
+
+    @admin.display(description="State changed")
+    def changed(self, obj: Lease) -> str:
+        return _local(obj.state_changed_at)
+
+    @admin.display(description="Replaces")
+    def replaces_link(self, obj: Lease) -> str | SafeString:
+        return _lease_link(obj.replaces_id)
+
+
+@admin.register(Job)
+class JobAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Buyers' jobs as submitted; cancelled only through ``job_cancel`` (the action)."""
+
+    list_display = [
+        "id",
+        "name",
+        "buyer_slug",
+        "cards_wanted",
+        "chips",
+        "origin",
+        "window",
+        "duration",
+        "state_badge",
+        "created",
+    ]
+    list_display_links = ["id", "name"]
+    list_filter = ["state", "gang", "preference", "checkpointable", "origin_hub", BuyerFilter]
+    list_select_related = ["buyer", "origin_hub"]
+    text_search_fields = ("name", "buyer__slug__startswith")
+    search_help_text = "A job id, or part of its name, or the start of its buyer's slug."
+    actions = ["cancel_jobs"]
+    inlines = [JobLeaseInline]
+    fieldsets = [
+        ("Job", {"fields": ["buyer", "name", "state_badge", "failure_reason", "quotes_link", "notices_link"]}),
+        (
+            "What",
+            {
+                "fields": [
+                    "cards_wanted",
+                    "accelerators",
+                    "min_fp16_tflops",
+                    "min_memory_gb",
+                    "fabrics",
+                    "gang",
+                    "checkpointable",
+                ]
+            },
+        ),
+        (
+            "Where and when",
+            {"fields": ["origin_hub", "latency_budget_ms", "earliest_start_at", "deadline_at", "duration"]},
+        ),
+        ("Price", {"fields": ["max_price_per_card_hour", "preference", "price_weight"]}),
+        (None, {"fields": ["idempotency_key", "created_at", "updated_at"]}),
+    ]
+    readonly_fields = ["state_badge", "cards_wanted", "duration", "quotes_link", "notices_link"]
+
+    @admin.display(description="Buyer", ordering="buyer__slug")
+    def buyer_slug(self, obj: Job) -> str:
+        return obj.buyer.slug
+
+    @admin.display(description="Cards")
+    def cards_wanted(self, obj: Job) -> str:
+        if obj.cards is not None:
+            return f"{obj.cards} cards"
+        return f"{obj.standard_cards.normalize():f} standard cards" if obj.standard_cards else "—"
+
+    @admin.display(description="Chips")
+    def chips(self, obj: Job) -> str | SafeString:
+        if not obj.accelerators:
+            return "any"
+        return format_html_join(format_html("<br>"), "{}", ((slug,) for slug in obj.accelerators))
+
+    @admin.display(description="From", ordering="origin_hub__sort_order")
+    def origin(self, obj: Job) -> SafeString:
+        return format_html(
+            '<span title="{} ms budget">{}</span>', obj.latency_budget_ms, obj.origin_hub.code
+        )
+
+    @admin.display(description="Window", ordering="earliest_start_at")
+    def window(self, obj: Job) -> SafeString:
+        return _window(obj.earliest_start_at, obj.deadline_at)
+
+    @admin.display(description="Duration", ordering="duration_seconds")
+    def duration(self, obj: Job) -> str:
+        return _duration(obj.duration_seconds)
+
+    @admin.display(description="State", ordering="state")
+    def state_badge(self, obj: Job) -> SafeString:
+        return _badge(obj.state, obj.get_state_display(), _JOB_STATE_COLOURS)
+
+    @admin.display(description="Created", ordering="id")
+    def created(self, obj: Job) -> SafeString:
+        return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.created_at))
+
+    @admin.display(description="Quotes")
+    def quotes_link(self, obj: Job) -> SafeString:
+        return _link(_changelist_url(Quote, job__id__exact=obj.pk), "Its quotes →")
+
+    @admin.display(description="Notices")
+    def notices_link(self, obj: Job) -> SafeString:
+        return _link(_changelist_url(BuyerNotice, job__id__exact=obj.pk), "What the buyer was told →")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("broker.change_job")
+
+    @admin.action(description="Cancel selected jobs", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        from broker.services.jobs import job_cancel
+
+        if _too_many(request, queryset, "jobs"):
+            return None
+        jobs = list(queryset.select_related("buyer").order_by("pk"))
+        form = ReasonForm(request.POST if _confirmed(request) else None)
+        if _confirmed(request) and form.is_valid():
+            reason = form.cleaned_data["reason"].strip()
+            actor = _staff_actor(request)
+            done: list[str] = []
+            for job in jobs:
+                try:
+                    job_cancel(job=job, actor=actor, reason=f"{reason} (staff, admin)")
+                except DomainError as exc:
+                    messages.warning(request, f"Job {job.pk}: {exc.message}")
+                    continue
+                self.log_change(request, job, f"Cancelled: {reason}")
+                done.append(str(job.pk))
+            if done:
+                messages.success(request, f"Cancelled {len(done)} job(s): {', '.join(done)}.")
+            return None
+        live: dict[int, list[Lease]] = {}
+        for lease in Lease.objects.filter(job__in=jobs, state__in=HOLDING_STATES).order_by("pk"):
+            live.setdefault(lease.job_id, []).append(lease)
+        rows = [
+            [
+                _job_link(job.pk),
+                job.name,
+                job.buyer.slug,
+                job.get_state_display(),
+                _job_cancel_outcome(job, live.get(job.pk, [])),
+            ]
+            for job in jobs
+        ]
+        return _confirm_page(
+            self,
+            request,
+            action="cancel_jobs",
+            title="Cancel these jobs?",
+            intro=[
+                "Each job is cancelled for good (the buyer cannot quote it again). Its reserved lease is "
+                "cancelled and its cards released at once; a running lease is asked to stop, and completes "
+                "when the operator reports it stopped. Usage already reported is billed as usual.",
+                "A job already completed, failed or cancelled is refused by the service and reported.",
+            ],
+            headers=["Job", "Name", "Buyer", "State", "What happens"],
+            rows=rows,
+            selected=[job.pk for job in jobs],
+            form=form,
+            submit_label="Yes, cancel these jobs",
+        )
+
+
+def _job_cancel_outcome(job: Job, live: list[Lease]) -> str:
+    if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
+        return f"refused: the job is {job.state}"
+    parts = ["cancelled"]
+    for lease in live:
+        if lease.state == LeaseState.RESERVED:
+            parts.append(f"lease {lease.pk} cancelled, cards released")
+        elif lease.state == LeaseState.RUNNING:
+            parts.append(f"lease {lease.pk} asked to stop")
+        else:
+            parts.append(f"lease {lease.pk} already stopping")
+    return "; ".join(parts)
+
+
+class LiveQuoteFilter(admin.SimpleListFilter):
+    title = "validity"
+    parameter_name = "validity"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("live", "live (not expired)"), ("expired", "expired")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "live":
+            return queryset.filter(expires_at__gt=timezone.now())
+        if self.value() == "expired":
+            return queryset.filter(expires_at__lte=timezone.now())
+        return queryset
+
+
+@admin.register(Quote)
+class QuoteAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Ranked placements the matcher offered; they hold nothing and expire (purged a day later)."""
+
+    list_display = [
+        "id",
+        "job_cell",
+        "rank",
+        "cluster_cpi",
+        "start",
+        "cards",
+        "cost_cny",
+        "latency_ms",
+        "expires",
+        "accepted",
+    ]
+    list_filter = [LiveQuoteFilter, "balance_sufficient"]
+    list_select_related = ["job", "cluster"]
+    id_search_fields = ("pk", "job_id")
+    search_help_text = "A quote id or a job id."
+    fields = readonly_fields = (
+        "job_cell",
+        "rank",
+        "cluster_cpi",
+        "islands",
+        "cards",
+        "window",
+        "price_card_display",
+        "cost_cny",
+        "breakdown_display",
+        "latency_ms",
+        "saving",
+        "expected_draw_display",
+        "balance_sufficient",
+        "replaces_link",
+        "created_at",
+        "expires_at",
+        "lease_link",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Quote]:
+        accepted = Lease.objects.filter(quote_id=OuterRef("pk"))
+        return super().get_queryset(request).annotate(is_accepted=Exists(accepted))
+
+    @admin.display(description="Job", ordering="job_id")
+    def job_cell(self, obj: Quote) -> SafeString:
+        return format_html("{} {}", _job_link(obj.job_id), obj.job.name)
+
+    @admin.display(description="Cluster", ordering="cluster__cpi")
+    def cluster_cpi(self, obj: Quote) -> str:
+        return obj.cluster.cpi
+
+    @admin.display(description="Start", ordering="start_at")
+    def start(self, obj: Quote) -> SafeString:
+        return _window(obj.start_at, obj.end_at)
+
+    @admin.display(description="Cost", ordering="cost")
+    def cost_cny(self, obj: Quote) -> SafeString:
+        return _cny(obj.cost)
+
+    @admin.display(description="Expires", ordering="expires_at")
+    def expires(self, obj: Quote) -> SafeString:
+        expired = obj.expires_at <= timezone.now()
+        return format_html(
+            '<span style="white-space:nowrap;{}">{}</span>',
+            "color:#6b7280" if expired else "",
+            _local(obj.expires_at),
+        )
+
+    @admin.display(description="Accepted", boolean=True, ordering="is_accepted")
+    def accepted(self, obj: Quote) -> bool:
+        return bool(getattr(obj, "is_accepted", False))
+
+    @admin.display(description="Islands (id × cards)")
+    def islands(self, obj: Quote) -> str:
+        return ", ".join(f"{island_id} × {cards}" for island_id, cards in obj.allocation)
+
+    @admin.display(description="Window")
+    def window(self, obj: Quote) -> SafeString:
+        return _window(obj.start_at, obj.end_at)
+
+    @admin.display(description="Price card")
+    def price_card_display(self, obj: Quote) -> str:
+        card = obj.price_card
+        return f"v{card.version}: {card.rate_per_card_hour} CNY per card-hour"
+
+    @admin.display(description="Cost by band")
+    def breakdown_display(self, obj: Quote) -> SafeString:
+        return format_html(
+            '<pre style="margin:0">{}</pre>', json.dumps(obj.breakdown, indent=2, ensure_ascii=False)
+        )
+
+    @admin.display(description="Expected draw")
+    def expected_draw_display(self, obj: Quote) -> str:
+        return f"{obj.expected_draw} card-hours ({obj.draw_class})"
+
+    @admin.display(description="Replaces")
+    def replaces_link(self, obj: Quote) -> str | SafeString:
+        return _lease_link(obj.replaces_id)
+
+    @admin.display(description="Lease")
+    def lease_link(self, obj: Quote) -> str | SafeString:
+        lease_id = Lease.objects.filter(quote_id=obj.pk).values_list("pk", flat=True).first()
+        return "not accepted" if lease_id is None else _lease_link(lease_id)
+
+
+# --- Leases ----------------------------------------------------------------------------------------
+
+
+class CapacityHoldInline(_ReadOnlyInline):
+    model = CapacityHold
+    fields = readonly_fields = ("island_cpi", "cards", "window", "active")
+    ordering = ["island_id"]
+    verbose_name_plural = "capacity holds"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[CapacityHold]:
+        return super().get_queryset(request).select_related("island")
+
+    @admin.display(description="Island")
+    def island_cpi(self, obj: CapacityHold) -> str:
+        return obj.island.cpi
+
+    @admin.display(description="Window")
+    def window(self, obj: CapacityHold) -> SafeString:
+        return _window(obj.start_at, obj.end_at)
+
+
+class LeaseTransitionInline(_ReadOnlyInline):
+    model = LeaseTransition
+    fields = readonly_fields = ("at_display", "from_to", "actor_label", "reason", "delivery_status")
+    ordering = ["id"]
+    verbose_name_plural = f"state history (first {INLINE_ROW_LIMIT}, oldest first)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LeaseTransition]:
+        return super().get_queryset(request).select_related("delivery")
+
+    @admin.display(description="At")
+    def at_display(self, obj: LeaseTransition) -> str:
+        return _local(obj.at)
+
+    @admin.display(description="From → to")
+    def from_to(self, obj: LeaseTransition) -> str:
+        return f"{obj.from_state or '∅'} → {obj.to_state}"
+
+    @admin.display(description="Event")
+    def delivery_status(self, obj: LeaseTransition) -> str | SafeString:
+        try:
+            delivery = obj.delivery
+        except LeaseEventDelivery.DoesNotExist:
+            return "not sent (pulled only)"
+        return _link(_change_url(LeaseEventDelivery, delivery.pk), delivery.get_status_display())
+
+
+@admin.register(Lease)
+class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Accepted quotes holding cards. Read-only even for superusers; cancelled or stopped only through
+    ``lease_cancel`` (the action), failed over only through ``leases_fail_over``."""
+
+    list_display = [
+        "id",
+        "job_cell",
+        "buyer_slug",
+        "operator_slug",
+        "cluster_cpi",
+        "cards",
+        "window",
+        "state_badge",
+        "price_card_version",
+        "expected_cost_cny",
+        "replaces_link",
+        "state_changed",
+    ]
+    list_filter = ["state", OperatorFilter, BuyerFilter, "cluster__hub"]
+    list_select_related = ["job", "buyer", "operator", "cluster", "price_card"]
+    text_search_fields = ("cluster__cpi__exact",)
+    search_help_text = "A lease id, or a cluster's full CPI (cpi:operator:hub:name)."
+    actions = ["cancel_leases", "run_failover"]
+    inlines = [CapacityHoldInline, LeaseTransitionInline]
+    fieldsets = [
+        (
+            "Lease",
+            {
+                "fields": [
+                    "reference",
+                    "job_cell",
+                    "quote_link",
+                    "buyer",
+                    "operator",
+                    "cluster_link",
+                    "cards",
+                    "window",
+                ]
+            },
+        ),
+        ("Price", {"fields": ["price_card_display", "expected_cost_cny", "expected_draw_display"]}),
+        (
+            "State",
+            {
+                "fields": [
+                    "state_badge",
+                    "state_changed_at",
+                    "reason",
+                    "started_at",
+                    "stop_requested_at",
+                    "ended_at",
+                    "last_usage_end_at",
+                    "replaces_link",
+                    "replaced_by_link",
+                    "usage_link",
+                ]
+            },
+        ),
+        (None, {"fields": ["created_at"]}),
+    ]
+    readonly_fields = [
+        "reference",
+        "job_cell",
+        "quote_link",
+        "cluster_link",
+        "window",
+        "price_card_display",
+        "expected_cost_cny",
+        "expected_draw_display",
+        "state_badge",
+        "replaces_link",
+        "replaced_by_link",
+        "usage_link",
+    ]
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Lease | None:
+        # The change page shows the job, the cluster and the price card: one query, not four.
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            return None
+        return (
+            Lease.objects.select_related("job", "buyer", "operator", "cluster", "price_card__tariff_version__tariff")
+            .filter(pk=obj.pk)
+            .first()
+        )
+
+    @admin.display(description="Job", ordering="job_id")
+    def job_cell(self, obj: Lease) -> SafeString:
+        return format_html("{} {}", _job_link(obj.job_id), obj.job.name)
+
+    @admin.display(description="Buyer", ordering="buyer__slug")
+    def buyer_slug(self, obj: Lease) -> str:
+        return obj.buyer.slug
+
+    @admin.display(description="Operator", ordering="operator__slug")
+    def operator_slug(self, obj: Lease) -> str:
+        return obj.operator.slug
+
+    @admin.display(description="Cluster", ordering="cluster__cpi")
+    def cluster_cpi(self, obj: Lease) -> SafeString:
+        return format_html('<span style="white-space:nowrap">{}</span>', obj.cluster.cpi)
+
+    @admin.display(description="Window", ordering="start_at")
+    def window(self, obj: Lease) -> SafeString:
+        return _window(obj.start_at, obj.end_at)
+
+    @admin.display(description="State", ordering="state")
+    def state_badge(self, obj: Lease) -> SafeString:
+        return _badge(obj.state, obj.get_state_display(), _LEASE_STATE_COLOURS)
+
+    @admin.display(description="Price card", ordering="price_card__version")
+    def price_card_version(self, obj: Lease) -> str:
+        return f"v{obj.price_card.version}"
+
+    @admin.display(description="Expected cost", ordering="expected_cost")
+    def expected_cost_cny(self, obj: Lease) -> SafeString:
+        return _cny(obj.expected_cost)
+
+    @admin.display(description="Replaces", ordering="replaces_id")
+    def replaces_link(self, obj: Lease) -> str | SafeString:
+        return _lease_link(obj.replaces_id)
+
+    @admin.display(description="State changed", ordering="state_changed_at")
+    def state_changed(self, obj: Lease) -> SafeString:
+        return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.state_changed_at))
+
+    # --- change page ---
+
+    @admin.display(description="Reference (on usage records)")
+    def reference(self, obj: Lease) -> str:
+        return obj.reference
+
+    @admin.display(description="Quote")
+    def quote_link(self, obj: Lease) -> str | SafeString:
+        if obj.quote_id is None:
+            return "none (placed by failover)" if obj.replaces_id else "none"
+        return _link(_change_url(Quote, obj.quote_id), f"quote {obj.quote_id}")
+
+    @admin.display(description="Cluster")
+    def cluster_link(self, obj: Lease) -> SafeString:
+        return _link(reverse("admin:federation_cluster_change", args=[obj.cluster_id]), obj.cluster.cpi)
+
+    @admin.display(description="Price card")
+    def price_card_display(self, obj: Lease) -> str:
+        card = obj.price_card
+        tariff = card.tariff_version
+        return (
+            f"v{card.version}: {card.rate_per_card_hour} CNY per card-hour, tariff {tariff.tariff.code} "
+            f"v{tariff.version}"
+        )
+
+    @admin.display(description="Expected draw")
+    def expected_draw_display(self, obj: Lease) -> str:
+        return f"{obj.expected_draw} card-hours ({obj.draw_class})"
+
+    @admin.display(description="Replaced by")
+    def replaced_by_link(self, obj: Lease) -> str | SafeString:
+        lease_id = Lease.objects.filter(replaces_id=obj.pk).values_list("pk", flat=True).first()
+        return _lease_link(lease_id)
+
+    @admin.display(description="Usage")
+    def usage_link(self, obj: Lease) -> SafeString:
+        return _link(
+            _changelist_url(UsageRecordModel(), q=obj.reference), "Usage records reported against it →"
+        )
+
+    # --- actions ---
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("broker.change_lease")
+
+    def has_failover_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("broker.change_lease")
+
+    @admin.action(description="Cancel (reserved) / request stop (running)", permissions=["cancel"])
+    def cancel_leases(self, request: HttpRequest, queryset: QuerySet[Lease]) -> HttpResponse | None:
+        from broker.services.leases import lease_cancel
+
+        if _too_many(request, queryset, "leases"):
+            return None
+        leases = list(queryset.select_related("buyer", "cluster").order_by("pk"))
+        form = ReasonForm(request.POST if _confirmed(request) else None)
+        if _confirmed(request) and form.is_valid():
+            reason = form.cleaned_data["reason"].strip()
+            actor = _staff_actor(request)
+            cancelled: list[str] = []
+            stopping: list[str] = []
+            for lease in leases:
+                try:
+                    done = lease_cancel(lease_id=lease.pk, actor=actor, reason=f"{reason} (staff, admin)")
+                except DomainError as exc:
+                    messages.warning(request, f"Lease {lease.pk}: {exc.message}")
+                    continue
+                (cancelled if done.state == LeaseState.CANCELLED else stopping).append(str(lease.pk))
+                self.log_change(request, lease, f"{done.get_state_display()}: {reason}")
+            if cancelled:
+                messages.success(request, f"Cancelled {len(cancelled)} lease(s): {', '.join(cancelled)}.")
+            if stopping:
+                messages.success(
+                    request, f"Asked the operator to stop {len(stopping)} lease(s): {', '.join(stopping)}."
+                )
+            return None
+        rows = [
+            [
+                _lease_link(lease.pk),
+                lease.buyer.slug,
+                lease.cluster.cpi,
+                lease.cards,
+                _window(lease.start_at, lease.end_at),
+                lease.get_state_display(),
+                _lease_cancel_outcome(lease),
+            ]
+            for lease in leases
+        ]
+        return _confirm_page(
+            self,
+            request,
+            action="cancel_leases",
+            title="Cancel or stop these leases?",
+            intro=[
+                "A reserved lease is cancelled and its cards released at once; its job goes back to open, "
+                "so the buyer may quote it again (cancel the job to stop it for good). A running lease is "
+                "asked to stop: the operator's agent stops it and reports its last usage, which is billed.",
+                "A lease already stopping or ended is refused by the service and reported.",
+            ],
+            headers=["Lease", "Buyer", "Cluster", "Cards", "Window", "State", "What happens"],
+            rows=rows,
+            selected=[lease.pk for lease in leases],
+            form=form,
+            submit_label="Yes, cancel or stop these leases",
+        )
+
+    @admin.action(description="Run failover now (every down cluster; the selection is not used)", permissions=["failover"])
+    def run_failover(self, request: HttpRequest, queryset: QuerySet[Lease]) -> HttpResponse | None:
+        from broker.services.failover import DOWN_STATUSES, LIVE_STATES, leases_fail_over
+
+        if _confirmed(request):
+            logger.info("failover run from the admin by %s", request.user)
+            try:
+                handled = leases_fail_over()
+            except OperationalError as exc:
+                messages.error(
+                    request,
+                    f"Failover hit a transient database error ({exc}); what it handled is committed. Run it "
+                    "again, or let the five-second task finish it.",
+                )
+                return None
+            messages.success(request, f"Failover ran: {handled} lease(s) of down clusters handled.")
+            return None
+        down = (
+            Lease.objects.filter(state__in=LIVE_STATES, cluster__status__in=DOWN_STATUSES)
+            .select_related("buyer", "cluster", "job")
+            .order_by("pk")
+        )
+        shown = list(down[:FAILOVER_ROWS_SHOWN])
+        total = down.count() if len(shown) == FAILOVER_ROWS_SHOWN else len(shown)
+        rows = [
+            [
+                _lease_link(lease.pk),
+                lease.buyer.slug,
+                format_html("{} ({})", lease.cluster.cpi, lease.cluster.get_status_display().lower()),
+                lease.cards,
+                lease.get_state_display(),
+                "yes" if lease.job.checkpointable else "no",
+            ]
+            for lease in shown
+        ]
+        first = queryset.order_by("pk").values_list("pk", flat=True).first()
+        return _confirm_page(
+            self,
+            request,
+            action="run_failover",
+            title="Run failover now?",
+            intro=[
+                "Failover runs every five seconds by itself; this runs it once, now, exactly as the task "
+                "does. It takes over every live lease of an offline or retired cluster, whichever leases "
+                "are selected: each is interrupted, billed up to its last reported usage, and re-placed "
+                "elsewhere for its remaining time when its job allows it (a checkpointable job, or a lease "
+                "that never started); otherwise its job fails and the buyer is told.",
+                f"Live leases on down clusters right now: {total}."
+                if total
+                else "There are no live leases on down clusters right now: failover would do nothing.",
+            ],
+            headers=["Lease", "Buyer", "Cluster", "Cards", "State", "Checkpointable job"],
+            rows=rows,
+            more=max(total - len(shown), 0),
+            selected=[first] if first is not None else [],
+            form=None,
+            submit_label="Yes, run failover now",
+        )
+
+
+def UsageRecordModel() -> type[Any]:  # noqa: N802  # reads like the model it returns
+    """Metering's usage record model, for a link to its admin list (searched by the lease's reference)."""
+    from django.apps import apps
+
+    return apps.get_model("metering", "UsageRecord")
+
+
+def _lease_cancel_outcome(lease: Lease) -> str:
+    if lease.state == LeaseState.RESERVED:
+        return "cancelled, cards released"
+    if lease.state == LeaseState.RUNNING:
+        return "asked to stop"
+    return f"refused: the lease is {lease.get_state_display().lower()}"
+
+
+@admin.register(LeaseTransition)
+class LeaseTransitionAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The append-only history of every lease: what operators pull (its id is their cursor) and are sent."""
+
+    list_display = ["id", "lease", "from_to", "at_display", "actor_label", "reason"]
+    list_display_links = ["id"]
+    list_filter = ["to_state"]
+    date_hierarchy = "at"
+    id_search_fields = ("lease_id",)
+    search_help_text = "A lease id."
+    fields = readonly_fields = (
+        "lease",
+        "operator_slug",
+        "from_state",
+        "to_state",
+        "at_display",
+        "actor_label",
+        "reason",
+        "delivery_link",
+    )
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> LeaseTransition | None:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            return None
+        return LeaseTransition.objects.select_related("operator").filter(pk=obj.pk).first()
+
+    @admin.display(description="Lease", ordering="lease_id")
+    def lease(self, obj: LeaseTransition) -> str | SafeString:
+        return _lease_link(obj.lease_id)
+
+    @admin.display(description="From → to")
+    def from_to(self, obj: LeaseTransition) -> str:
+        return f"{obj.from_state or '∅'} → {obj.to_state}"
+
+    @admin.display(description="At", ordering="at")
+    def at_display(self, obj: LeaseTransition) -> SafeString:
+        return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.at))
+
+    @admin.display(description="Operator")
+    def operator_slug(self, obj: LeaseTransition) -> str:
+        return obj.operator.slug
+
+    @admin.display(description="Event delivery")
+    def delivery_link(self, obj: LeaseTransition) -> str | SafeString:
+        delivery = LeaseEventDelivery.objects.filter(transition_id=obj.pk).first()
+        if delivery is None:
+            return "not sent (the operator had no enabled endpoint, or the cluster no URL)"
+        return _link(_change_url(LeaseEventDelivery, delivery.pk), delivery.get_status_display())
+
+
+# --- Operators' endpoints and the lease-event outbox -------------------------------------------------
+
+
+class OperatorEndpointForm(forms.ModelForm):
+    class Meta:
+        model = OperatorEndpoint
+        fields = ["enabled"]
+        help_texts = {
+            "enabled": "Untick to pause POSTing lease events to this operator's clusters (pulling still "
+            "works; events falling due meanwhile are given up, and can be retried later). The secret is kept.",
+        }
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("enabled") and "enabled" in self.changed_data and not self.instance.secret:
+            self.add_error(
+                "enabled",
+                "This operator has no signing secret (it disabled lease events itself): it turns them back "
+                "on by rotating its secret through the API.",
+            )
+        return cleaned
+
+
+@admin.register(OperatorEndpoint)
+class OperatorEndpointAdmin(admin.ModelAdmin):
+    """Where lease events are POSTed. The secret is never shown or set here; ``enabled`` goes through
+    ``operator_endpoint_enabled_set``."""
+
+    form = OperatorEndpointForm
+    list_display = ["operator_slug", "enabled", "masked_secret", "created_at"]
+    list_filter = ["enabled"]
+    search_fields = ["operator__slug"]
+    list_select_related = ["operator"]
+    fields = ["operator", "masked_secret", "enabled", "created_at", "deliveries_link"]
+    readonly_fields = ["operator", "masked_secret", "created_at", "deliveries_link"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: OperatorEndpoint | None = None) -> bool:
+        return False
+
+    @admin.display(description="Operator", ordering="operator__slug")
+    def operator_slug(self, obj: OperatorEndpoint) -> str:
+        return obj.operator.slug
+
+    @admin.display(description="Signing secret")
+    def masked_secret(self, obj: OperatorEndpoint) -> SafeString:
+        return format_html('<code style="white-space:nowrap">{}</code>', _mask(obj.secret))
+
+    @admin.display(description="Deliveries")
+    def deliveries_link(self, obj: OperatorEndpoint) -> SafeString:
+        return _link(
+            _changelist_url(LeaseEventDelivery, operator=obj.operator_id), "Its lease events →"
+        )
+
+    def save_model(
+        self, request: HttpRequest, obj: OperatorEndpoint, form: forms.ModelForm, change: bool
+    ) -> None:
+        if "enabled" not in form.changed_data:
+            return
+        try:
+            operator_endpoint_enabled_set(
+                endpoint=obj, enabled=form.cleaned_data["enabled"], actor=_staff_actor(request)
+            )
+        except DomainError as exc:
+            messages.error(request, exc.message)
+        obj.refresh_from_db()
+
+
+class DeliveryOperatorFilter(OperatorFilter):
+    field_name = "transition__operator"
+
+
+@admin.register(LeaseEventDelivery)
+class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The lease-event outbox: one row per transition sent to a cluster's endpoint."""
+
+    list_display = [
+        "id",
+        "transition_cell",
+        "url_cell",
+        "status_badge",
+        "attempts",
+        "next_attempt",
+        "error_cell",
+        "delivered",
+    ]
+    list_filter = ["status", DeliveryOperatorFilter]
+    list_select_related = ["transition"]
+    id_search_fields = ("transition__lease_id",)
+    search_help_text = "A lease id."
+    actions = ["retry_now"]
+    fields = readonly_fields = (
+        "transition_cell",
+        "lease",
+        "url",
+        "status_badge",
+        "attempts",
+        "next_attempt",
+        "last_error",
+        "delivered",
+    )
+
+    @admin.display(description="Transition", ordering="transition_id")
+    def transition_cell(self, obj: LeaseEventDelivery) -> SafeString:
+        transition = obj.transition
+        return format_html(
+            '<a href="{}" style="white-space:nowrap">{}: {} → {}</a>',
+            _change_url(LeaseTransition, transition.pk),
+            f"lease {transition.lease_id}",
+            transition.from_state or "∅",
+            transition.to_state,
+        )
+
+    @admin.display(description="Lease")
+    def lease(self, obj: LeaseEventDelivery) -> str | SafeString:
+        return _lease_link(obj.transition.lease_id)
+
+    @admin.display(description="URL")
+    def url_cell(self, obj: LeaseEventDelivery) -> SafeString:
+        short = obj.url if len(obj.url) <= 48 else f"{obj.url[:47]}…"
+        return format_html('<span title="{}">{}</span>', obj.url, short)
+
+    @admin.display(description="Status", ordering="status")
+    def status_badge(self, obj: LeaseEventDelivery) -> SafeString:
+        return _badge(obj.status, obj.get_status_display(), _DELIVERY_COLOURS)
+
+    @admin.display(description="Next attempt", ordering="next_attempt_at")
+    def next_attempt(self, obj: LeaseEventDelivery) -> str:
+        return "—" if obj.status != LeaseEventDelivery.Status.PENDING else _local(obj.next_attempt_at)
+
+    @admin.display(description="Last error")
+    def error_cell(self, obj: LeaseEventDelivery) -> str | SafeString:
+        if not obj.last_error:
+            return ""
+        short = obj.last_error if len(obj.last_error) <= 60 else f"{obj.last_error[:59]}…"
+        return format_html('<span title="{}">{}</span>', obj.last_error, short)
+
+    @admin.display(description="Delivered at", ordering="delivered_at")
+    def delivered(self, obj: LeaseEventDelivery) -> str:
+        return _local(obj.delivered_at)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("broker.change_leaseeventdelivery")
+
+    @admin.action(description="Retry now (pending and given-up events)", permissions=["retry"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[LeaseEventDelivery]) -> None:
+        ids = list(queryset.exclude(status=LeaseEventDelivery.Status.DELIVERED).values_list("pk", flat=True))
+        made_due = lease_event_deliveries_retry(delivery_ids=ids, actor=_staff_actor(request))
+        messages.success(
+            request,
+            f"{made_due} event(s) due now; the delivery task sends them on its next run (every few seconds). "
+            "Delivered events were left alone.",
+        )
+        paused = (
+            Organisation.objects.filter(
+                pk__in=queryset.values("transition__operator_id"),
+            )
+            .exclude(pk__in=OperatorEndpoint.objects.filter(enabled=True).exclude(secret="").values("operator_id"))
+            .order_by("slug")
+            .values_list("slug", flat=True)
+        )
+        if paused:
+            messages.warning(
+                request,
+                f"Lease events are paused or disabled for {', '.join(paused)}: their events will be given "
+                "up again until the endpoint is enabled.",
+            )
+
+
+@admin.register(BuyerNotice)
+class BuyerNoticeAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """What the broker told buyers about their jobs (failover, failure, packs exhausted)."""
+
+    list_display = ["id", "created", "buyer_slug", "kind", "job", "lease", "message", "read"]
+    list_filter = [BuyerFilter, ("read_at", admin.EmptyFieldListFilter)]
+    list_select_related = ["buyer"]
+    id_search_fields = ("job_id", "lease_id")
+    text_search_fields = ("buyer__slug__exact", "kind__exact")
+    search_help_text = "A job or lease id, a buyer's slug, or a notice kind (lease_replaced, …)."
+    fields = readonly_fields = ("buyer", "kind", "job", "lease", "message", "created", "read")
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> BuyerNotice | None:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            return None
+        return BuyerNotice.objects.select_related("buyer").filter(pk=obj.pk).first()
+
+    @admin.display(description="Created", ordering="created_at")
+    def created(self, obj: BuyerNotice) -> SafeString:
+        return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.created_at))
+
+    @admin.display(description="Buyer", ordering="buyer__slug")
+    def buyer_slug(self, obj: BuyerNotice) -> str:
+        return obj.buyer.slug
+
+    @admin.display(description="Job", ordering="job_id")
+    def job(self, obj: BuyerNotice) -> str | SafeString:
+        return _job_link(obj.job_id)
+
+    @admin.display(description="Lease", ordering="lease_id")
+    def lease(self, obj: BuyerNotice) -> str | SafeString:
+        return _lease_link(obj.lease_id)
+
+    @admin.display(description="Read at", ordering="read_at")
+    def read(self, obj: BuyerNotice) -> str:
+        return "unread" if obj.read_at is None else _local(obj.read_at)
