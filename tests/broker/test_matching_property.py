@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.catalog import Catalogue
-from broker.matching import integrated_multiplier, match, window_of
+from broker.matching import _blocked_starts, integrated_multiplier, match, window_of
 from broker.types import JobSpec
 from metering.selectors.tariffs import PriceCardRow
 from metering.tariffs import PRESETS, tariff_compile
@@ -76,9 +76,19 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
     cat = catalogue(capacities)
     t0 = int(NOW.timestamp())
     spec = JobSpec(
-        cards=cards, standard_cards=None, accelerators=(), min_fp16_tflops=None, min_memory_gb=None, fabrics=(),
-        gang="island", origin_hub="yrd", latency_budget_ms=50, earliest_start_at=NOW,
-        deadline_at=NOW + timedelta(hours=24), duration_seconds=duration, max_price_per_card_hour=None,
+        cards=cards,
+        standard_cards=None,
+        accelerators=(),
+        min_fp16_tflops=None,
+        min_memory_gb=None,
+        fabrics=(),
+        gang="island",
+        origin_hub="yrd",
+        latency_budget_ms=50,
+        earliest_start_at=NOW,
+        deadline_at=NOW + timedelta(hours=24),
+        duration_seconds=duration,
+        max_price_per_card_hour=None,
         preference="price",
     )
     arrays = (
@@ -87,30 +97,38 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
         np.array([t0 + h[1] + h[2] for h in holds], dtype=np.int64),
         np.array([h[3] for h in holds], dtype=np.int64),
     )
-    result = match(spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__)
+    result = match(
+        spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
+    )
     window = window_of(spec, now=NOW, step=STEP)
     run = -(-duration // STEP)
     expected: dict[str, datetime] = {}
+    candidates = np.array([i for i, capacity in enumerate(capacities) if capacity >= cards], dtype=np.int64)
+    blocked = _blocked_starts(cat, arrays, window, candidates, np.full(4, cards, dtype=np.int64))
     for island, capacity in enumerate(capacities):
         values = integrated_multiplier(TARIFFS[1 + island % 2], window)
         best = None
+        feasible = blocked.feasible(island) if blocked.has(island) else np.ones(window.starts, dtype=bool)
         for k in range(window.starts):
-            start = window.t0 + k * STEP
             fits = capacity >= cards
             for slot in range(k, k + run):
                 lo, hi = window.t0 + slot * STEP, window.t0 + (slot + 1) * STEP
                 used = sum(
-                    c for i, s, length, c in holds
-                    if i == island and _slot_floor(t0 + s, window.t0) < hi and _slot_ceil(t0 + s + length, window.t0) > lo
+                    c
+                    for i, s, length, c in holds
+                    if i == island
+                    and _slot_floor(t0 + s, window.t0) < hi
+                    and _slot_ceil(t0 + s + length, window.t0) > lo
                 )
                 if used > capacity - cards:
                     fits = False
                     break
+            if capacity >= cards:
+                assert bool(feasible[k]) == fits, (island, k)
             if fits and (best is None or values[k] < values[best]):
                 best = k
         if best is not None:
             expected[cat.island_cpi[island]] = datetime.fromtimestamp(window.t0 + best * STEP, tz=UTC)
-        del start
     assert {p.island_cpis[0]: p.start_at for p in result.placements} == expected
     assert result.feasible == len(expected)
     assert result.rejections["capacity"] == 4 - len(expected)
