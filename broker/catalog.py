@@ -235,7 +235,9 @@ class HoldBook:
             return
         seen = {pk for pk, _ in changes}
         top = max(seen | {self.last_id})
-        for missing in range(self.last_id + 1, top):
+        # A transaction holds at most a few ids for a moment; ids far below the newest are not waited for
+        # (this also keeps a first refresh after an empty start from remembering a whole sequence).
+        for missing in range(max(self.last_id + 1, top - _INITIAL_GAP_LOOKBACK), top):
             if missing not in seen:
                 self.gaps.setdefault(missing, now)
         for pk in seen:

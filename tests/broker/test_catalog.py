@@ -1,0 +1,80 @@
+"""The matcher's in-memory hold book follows lease changes incrementally, including a transition that
+commits after a later one (ids are taken at insert, visible at commit)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from broker.catalog import HoldBook, epoch
+from broker.models import LeaseTransition
+from broker.services.leases import lease_lock, lease_transition
+from core.models import Organisation
+from core.types import Actor
+from federation.models import Cluster
+from tests.broker.factories import make_job, make_lease
+from tests.factories import BuyerFactory
+
+
+def live_leases(book: HoldBook, start, end) -> set[tuple[int, int, int]]:  # type: ignore[no-untyped-def]
+    islands, starts, ends, cards = book.overlapping(epoch(start), epoch(end))
+    return {(int(i), int(s), int(c)) for i, s, c in zip(islands, starts, cards, strict=True)}
+
+
+def test_the_book_follows_new_and_released_holds(buyer: Organisation, east_cluster: Cluster) -> None:
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    first = make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=start)
+    book = HoldBook()
+    book.refresh()
+    island = east_cluster.islands.order_by("name").first()
+    assert island is not None
+    assert live_leases(book, start, start + timedelta(hours=3)) == {(island.pk, epoch(start), 3)}
+    second = make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=2, start_at=start)
+    book.refresh()
+    assert len(live_leases(book, start, start + timedelta(hours=3))) == 2
+    lease_transition(lease=lease_lock(lease_id=first.pk), to_state="cancelled", actor=Actor.system("test"))
+    book.refresh()
+    assert live_leases(book, start, start + timedelta(hours=3)) == {(island.pk, epoch(start), 2)}
+    assert live_leases(book, start + timedelta(hours=5), start + timedelta(hours=6)) == set()
+    book.maintain(epoch(timezone.now()))
+    assert live_leases(book, start, start + timedelta(hours=3)) == {(island.pk, epoch(start), 2)}
+    del second
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_transition_committed_after_a_later_one_is_not_lost(buyer: Organisation, east_cluster: Cluster) -> None:
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    book = HoldBook()
+    book.refresh()
+    inserted, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        try:
+            with transaction.atomic():
+                make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=4, start_at=start, island="isl-02")
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert inserted.wait(10)
+    other = BuyerFactory(slug="other")  # another buyer: acceptances lock the buyer's row
+    make_lease(job=make_job(buyer=other), cluster=east_cluster, cards=1, start_at=start, island="isl-01")
+    book.refresh()  # sees the later transition; the earlier id is a gap for now
+    assert [cards for _, _, cards in live_leases(book, start, start + timedelta(hours=2))] == [1]
+    assert book.gaps
+    waiting = set(book.gaps)
+    release.set()
+    thread.join()
+    slow_id = LeaseTransition.objects.get(lease__cards=4).pk
+    assert slow_id in waiting
+    book.refresh()
+    assert sorted(cards for _, _, cards in live_leases(book, start, start + timedelta(hours=2))) == [1, 4]
+    assert slow_id not in book.gaps
