@@ -46,6 +46,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import OperationalError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -112,7 +113,9 @@ _DELIVERY_COLOURS: dict[str, str] = {
 
 
 @transaction.atomic
-def operator_endpoint_enabled_set(*, endpoint: OperatorEndpoint, enabled: bool, actor: Actor) -> OperatorEndpoint:
+def operator_endpoint_enabled_set(
+    *, endpoint: OperatorEndpoint, enabled: bool, actor: Actor
+) -> OperatorEndpoint:
     """Staff pause (``enabled=False``) or resume POSTing lease events to an operator; pulling the lease feed
     always works. Unlike the operator's own disable, pausing keeps the signing secret, so resuming needs
     nothing from the operator. Events that fall due while paused are given up (see dispatch).
@@ -132,7 +135,10 @@ def operator_endpoint_enabled_set(*, endpoint: OperatorEndpoint, enabled: bool, 
         locked.enabled = enabled
         locked.save(update_fields=["enabled"])
         logger.info(
-            "lease events %s for %s by %s", "resumed" if enabled else "paused", locked.operator.slug, actor.label
+            "lease events %s for %s by %s",
+            "resumed" if enabled else "paused",
+            locked.operator.slug,
+            actor.label,
         )
     return locked
 
@@ -213,7 +219,7 @@ def _duration(seconds: int) -> str:
     parts = [f"{days} d" if days else "", f"{hours} h" if hours else "", f"{minutes} min" if minutes else ""]
     if secs and not days:
         parts.append(f"{secs} s")
-    return " ".join(part for part in parts if part)[:20] or "0 s"
+    return " ".join(part for part in parts if part) or "0 s"
 
 
 def _cny(value: Decimal | None) -> SafeString:
@@ -268,7 +274,7 @@ class _ReadOnlyAdminMixin:
         return False
 
 
-class _BigTableMixin:
+class _BigTableMixin(admin.ModelAdmin):
     """Newest first by id (the primary key's index), never a whole-table count."""
 
     ordering = ["-id"]
@@ -276,25 +282,41 @@ class _BigTableMixin:
     show_full_result_count = False
 
 
-class _WideChangelistMixin:
+class _DetailJoinsMixin(admin.ModelAdmin):
+    """The change page loads its object with ``detail_select_related`` joined: one query, not one per
+    related row it shows."""
+
+    detail_select_related: tuple[str, ...] = ()
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        queryset = self.get_queryset(request).select_related(*self.detail_select_related)
+        model = queryset.model
+        field = model._meta.pk if from_field is None else model._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (model.DoesNotExist, ValidationError, ValueError):
+            return None
+
+
+class _WideChangelistMixin(admin.ModelAdmin):
     """Hides the admin's navigation sidebar on lists with more columns than fit beside it and the filters."""
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return super().changelist_view(  # type: ignore[misc]
+        return super().changelist_view(
             request, extra_context={"is_nav_sidebar_enabled": False, **(extra_context or {})}
         )
 
 
-class _IdSearchMixin:
+class _IdSearchMixin(admin.ModelAdmin):
     """A search term of digits finds rows by exact id (``id_search_fields``, ORed): an index lookup. Any
     other term goes to Django's search over ``search_fields``; with none, it finds nothing."""
 
     id_search_fields: tuple[str, ...] = ("pk",)
     text_search_fields: tuple[str, ...] = ()
 
-    def get_search_fields(self, request: HttpRequest) -> Sequence[str]:
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
         # Non-empty so that the search box shows; the id lookups are made in get_search_results.
         return self.text_search_fields or self.id_search_fields
 
@@ -313,7 +335,7 @@ class _IdSearchMixin:
             return queryset.filter(by_id), False
         if not self.text_search_fields:
             return queryset.none(), False
-        return super().get_search_results(request, queryset, term)  # type: ignore[misc]
+        return super().get_search_results(request, queryset, term)
 
 
 class _LimitedInlineFormSet(forms.models.BaseInlineFormSet):
@@ -477,7 +499,15 @@ def _confirm_page(
 class JobLeaseInline(_ReadOnlyInline):
     model = Lease
     fk_name = "job"
-    fields = readonly_fields = ("lease", "cluster_cpi", "cards", "window", "state_badge", "changed", "replaces_link")
+    fields = readonly_fields = (
+        "lease_cell",
+        "cluster_cpi",
+        "cards",
+        "window",
+        "state_badge",
+        "changed",
+        "replaces_link",
+    )
     ordering = ["id"]
     verbose_name_plural = f"leases (first {INLINE_ROW_LIMIT}, oldest first)"
 
@@ -485,7 +515,7 @@ class JobLeaseInline(_ReadOnlyInline):
         return super().get_queryset(request).select_related("cluster")
 
     @admin.display(description="Lease")
-    def lease(self, obj: Lease) -> str | SafeString:
+    def lease_cell(self, obj: Lease) -> str | SafeString:
         return _lease_link(obj.pk)
 
     @admin.display(description="Cluster")
@@ -510,9 +540,17 @@ class JobLeaseInline(_ReadOnlyInline):
 
 
 @admin.register(Job)
-class JobAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class JobAdmin(
+    _DetailJoinsMixin,
+    _WideChangelistMixin,
+    _IdSearchMixin,
+    _BigTableMixin,
+    _ReadOnlyAdminMixin,
+    admin.ModelAdmin,
+):
     """Buyers' jobs as submitted; cancelled only through ``job_cancel`` (the action)."""
 
+    detail_select_related = ("buyer", "origin_hub")
     list_display = [
         "id",
         "name",
@@ -533,7 +571,10 @@ class JobAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAd
     actions = ["cancel_jobs"]
     inlines = [JobLeaseInline]
     fieldsets = [
-        ("Job", {"fields": ["buyer", "name", "state_badge", "failure_reason", "quotes_link", "notices_link"]}),
+        (
+            "Job",
+            {"fields": ["buyer", "name", "state_badge", "failure_reason", "quotes_link", "notices_link"]},
+        ),
         (
             "What",
             {
@@ -575,9 +616,7 @@ class JobAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAd
 
     @admin.display(description="From", ordering="origin_hub__sort_order")
     def origin(self, obj: Job) -> SafeString:
-        return format_html(
-            '<span title="{} ms budget">{}</span>', obj.latency_budget_ms, obj.origin_hub.code
-        )
+        return format_html('<span title="{} ms budget">{}</span>', obj.latency_budget_ms, obj.origin_hub.code)
 
     @admin.display(description="Window", ordering="earliest_start_at")
     def window(self, obj: Job) -> SafeString:
@@ -691,9 +730,17 @@ class LiveQuoteFilter(admin.SimpleListFilter):
 
 
 @admin.register(Quote)
-class QuoteAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class QuoteAdmin(
+    _DetailJoinsMixin,
+    _WideChangelistMixin,
+    _IdSearchMixin,
+    _BigTableMixin,
+    _ReadOnlyAdminMixin,
+    admin.ModelAdmin,
+):
     """Ranked placements the matcher offered; they hold nothing and expire (purged a day later)."""
 
+    detail_select_related = ("job", "cluster", "price_card")
     list_display = [
         "id",
         "job_cell",
@@ -844,10 +891,18 @@ class LeaseTransitionInline(_ReadOnlyInline):
 
 
 @admin.register(Lease)
-class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class LeaseAdmin(
+    _DetailJoinsMixin,
+    _WideChangelistMixin,
+    _IdSearchMixin,
+    _BigTableMixin,
+    _ReadOnlyAdminMixin,
+    admin.ModelAdmin,
+):
     """Accepted quotes holding cards. Read-only even for superusers; cancelled or stopped only through
     ``lease_cancel`` (the action), failed over only through ``leases_fail_over``."""
 
+    detail_select_related = ("job", "buyer", "operator", "cluster", "price_card__tariff_version__tariff")
     list_display = [
         "id",
         "job_cell",
@@ -918,17 +973,6 @@ class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnly
         "replaced_by_link",
         "usage_link",
     ]
-
-    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Lease | None:
-        # The change page shows the job, the cluster and the price card: one query, not four.
-        obj = super().get_object(request, object_id, from_field)
-        if obj is None:
-            return None
-        return (
-            Lease.objects.select_related("job", "buyer", "operator", "cluster", "price_card__tariff_version__tariff")
-            .filter(pk=obj.pk)
-            .first()
-        )
 
     @admin.display(description="Job", ordering="job_id")
     def job_cell(self, obj: Lease) -> SafeString:
@@ -1006,9 +1050,8 @@ class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnly
 
     @admin.display(description="Usage")
     def usage_link(self, obj: Lease) -> SafeString:
-        return _link(
-            _changelist_url(UsageRecordModel(), q=obj.reference), "Usage records reported against it →"
-        )
+        url = f"{reverse('admin:metering_usagerecord_changelist')}?{urlencode({'q': obj.reference})}"
+        return _link(url, "Usage records reported against it →")
 
     # --- actions ---
 
@@ -1076,7 +1119,7 @@ class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnly
             submit_label="Yes, cancel or stop these leases",
         )
 
-    @admin.action(description="Run failover now (every down cluster; the selection is not used)", permissions=["failover"])
+    @admin.action(description="Run failover now (all down clusters)", permissions=["failover"])
     def run_failover(self, request: HttpRequest, queryset: QuerySet[Lease]) -> HttpResponse | None:
         from broker.services.failover import DOWN_STATUSES, LIVE_STATES, leases_fail_over
 
@@ -1136,13 +1179,6 @@ class LeaseAdmin(_WideChangelistMixin, _IdSearchMixin, _BigTableMixin, _ReadOnly
         )
 
 
-def UsageRecordModel() -> type[Any]:  # noqa: N802  # reads like the model it returns
-    """Metering's usage record model, for a link to its admin list (searched by the lease's reference)."""
-    from django.apps import apps
-
-    return apps.get_model("metering", "UsageRecord")
-
-
 def _lease_cancel_outcome(lease: Lease) -> str:
     if lease.state == LeaseState.RESERVED:
         return "cancelled, cards released"
@@ -1152,17 +1188,20 @@ def _lease_cancel_outcome(lease: Lease) -> str:
 
 
 @admin.register(LeaseTransition)
-class LeaseTransitionAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class LeaseTransitionAdmin(
+    _DetailJoinsMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin
+):
     """The append-only history of every lease: what operators pull (its id is their cursor) and are sent."""
 
-    list_display = ["id", "lease", "from_to", "at_display", "actor_label", "reason"]
+    detail_select_related = ("operator",)
+    list_display = ["id", "lease_cell", "from_to", "at_display", "actor_label", "reason"]
     list_display_links = ["id"]
     list_filter = ["to_state"]
     date_hierarchy = "at"
     id_search_fields = ("lease_id",)
     search_help_text = "A lease id."
     fields = readonly_fields = (
-        "lease",
+        "lease_cell",
         "operator_slug",
         "from_state",
         "to_state",
@@ -1172,16 +1211,8 @@ class LeaseTransitionAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, 
         "delivery_link",
     )
 
-    def get_object(
-        self, request: HttpRequest, object_id: str, from_field: str | None = None
-    ) -> LeaseTransition | None:
-        obj = super().get_object(request, object_id, from_field)
-        if obj is None:
-            return None
-        return LeaseTransition.objects.select_related("operator").filter(pk=obj.pk).first()
-
     @admin.display(description="Lease", ordering="lease_id")
-    def lease(self, obj: LeaseTransition) -> str | SafeString:
+    def lease_cell(self, obj: LeaseTransition) -> str | SafeString:
         return _lease_link(obj.lease_id)
 
     @admin.display(description="From → to")
@@ -1228,10 +1259,11 @@ class OperatorEndpointForm(forms.ModelForm):
 
 
 @admin.register(OperatorEndpoint)
-class OperatorEndpointAdmin(admin.ModelAdmin):
+class OperatorEndpointAdmin(_DetailJoinsMixin, admin.ModelAdmin):
     """Where lease events are POSTed. The secret is never shown or set here; ``enabled`` goes through
     ``operator_endpoint_enabled_set``."""
 
+    detail_select_related = ("operator",)
     form = OperatorEndpointForm
     list_display = ["operator_slug", "enabled", "masked_secret", "created_at"]
     list_filter = ["enabled"]
@@ -1256,9 +1288,7 @@ class OperatorEndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="Deliveries")
     def deliveries_link(self, obj: OperatorEndpoint) -> SafeString:
-        return _link(
-            _changelist_url(LeaseEventDelivery, operator=obj.operator_id), "Its lease events →"
-        )
+        return _link(_changelist_url(LeaseEventDelivery, operator=obj.operator_id), "Its lease events →")
 
     def save_model(
         self, request: HttpRequest, obj: OperatorEndpoint, form: forms.ModelForm, change: bool
@@ -1279,9 +1309,12 @@ class DeliveryOperatorFilter(OperatorFilter):
 
 
 @admin.register(LeaseEventDelivery)
-class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class LeaseEventDeliveryAdmin(
+    _DetailJoinsMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin
+):
     """The lease-event outbox: one row per transition sent to a cluster's endpoint."""
 
+    detail_select_related = ("transition",)
     list_display = [
         "id",
         "transition_cell",
@@ -1299,7 +1332,7 @@ class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixi
     actions = ["retry_now"]
     fields = readonly_fields = (
         "transition_cell",
-        "lease",
+        "lease_cell",
         "url",
         "status_badge",
         "attempts",
@@ -1320,7 +1353,7 @@ class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixi
         )
 
     @admin.display(description="Lease")
-    def lease(self, obj: LeaseEventDelivery) -> str | SafeString:
+    def lease_cell(self, obj: LeaseEventDelivery) -> str | SafeString:
         return _lease_link(obj.transition.lease_id)
 
     @admin.display(description="URL")
@@ -1363,7 +1396,9 @@ class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixi
             Organisation.objects.filter(
                 pk__in=queryset.values("transition__operator_id"),
             )
-            .exclude(pk__in=OperatorEndpoint.objects.filter(enabled=True).exclude(secret="").values("operator_id"))
+            .exclude(
+                pk__in=OperatorEndpoint.objects.filter(enabled=True).exclude(secret="").values("operator_id")
+            )
             .order_by("slug")
             .values_list("slug", flat=True)
         )
@@ -1376,24 +1411,19 @@ class LeaseEventDeliveryAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixi
 
 
 @admin.register(BuyerNotice)
-class BuyerNoticeAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+class BuyerNoticeAdmin(
+    _DetailJoinsMixin, _IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin
+):
     """What the broker told buyers about their jobs (failover, failure, packs exhausted)."""
 
-    list_display = ["id", "created", "buyer_slug", "kind", "job", "lease", "message", "read"]
+    detail_select_related = ("buyer",)
+    list_display = ["id", "created", "buyer_slug", "kind", "job_cell", "lease_cell", "message", "read"]
     list_filter = [BuyerFilter, ("read_at", admin.EmptyFieldListFilter)]
     list_select_related = ["buyer"]
     id_search_fields = ("job_id", "lease_id")
     text_search_fields = ("buyer__slug__exact", "kind__exact")
     search_help_text = "A job or lease id, a buyer's slug, or a notice kind (lease_replaced, …)."
-    fields = readonly_fields = ("buyer", "kind", "job", "lease", "message", "created", "read")
-
-    def get_object(
-        self, request: HttpRequest, object_id: str, from_field: str | None = None
-    ) -> BuyerNotice | None:
-        obj = super().get_object(request, object_id, from_field)
-        if obj is None:
-            return None
-        return BuyerNotice.objects.select_related("buyer").filter(pk=obj.pk).first()
+    fields = readonly_fields = ("buyer", "kind", "job_cell", "lease_cell", "message", "created", "read")
 
     @admin.display(description="Created", ordering="created_at")
     def created(self, obj: BuyerNotice) -> SafeString:
@@ -1404,11 +1434,11 @@ class BuyerNoticeAdmin(_IdSearchMixin, _BigTableMixin, _ReadOnlyAdminMixin, admi
         return obj.buyer.slug
 
     @admin.display(description="Job", ordering="job_id")
-    def job(self, obj: BuyerNotice) -> str | SafeString:
+    def job_cell(self, obj: BuyerNotice) -> str | SafeString:
         return _job_link(obj.job_id)
 
     @admin.display(description="Lease", ordering="lease_id")
-    def lease(self, obj: BuyerNotice) -> str | SafeString:
+    def lease_cell(self, obj: BuyerNotice) -> str | SafeString:
         return _lease_link(obj.lease_id)
 
     @admin.display(description="Read at", ordering="read_at")

@@ -68,7 +68,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 def lease_lock(*, lease_id: int) -> Lease:
     """The lease row, locked for the rest of the transaction."""
-    return Lease.objects.select_for_update().select_related("job", "cluster").get(pk=lease_id)
+    return Lease.objects.select_for_update(of=("self",)).select_related("job", "cluster").get(pk=lease_id)
 
 
 def lease_transition(

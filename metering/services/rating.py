@@ -225,6 +225,10 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     draw=draw,
                 )
                 pack.balance -= draw
+                if pack.balance * per_second_den // per_second_num == 0:
+                    # What is left cannot pay for one more card-second at this rate: the pack is spent
+                    # (so the buyer is flagged now, not when a later record finds it empty).
+                    pack.dust = True
                 pack.drawn += draw
                 pack.value += value
                 gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
