@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -235,6 +235,17 @@ def _badge(value: str, label: str, colours: dict[str, str]) -> SafeString:
     )
 
 
+def _timestamp(field: str, description: str) -> Callable[[Any, Any], str]:
+    """A read-only column or field showing a model's datetime to the second (Django's default date format
+    drops the seconds, which history needs)."""
+
+    @admin.display(description=description, ordering=field)
+    def show(self: Any, obj: Any) -> str:
+        return _local(getattr(obj, field))
+
+    return show
+
+
 def _mask(secret: str) -> str:
     """A signing secret as staff may see it: its first eight characters (``chw_`` and four more)."""
     if not secret:
@@ -275,11 +286,13 @@ class _ReadOnlyAdminMixin:
 
 
 class _BigTableMixin(admin.ModelAdmin):
-    """Newest first by id (the primary key's index), never a whole-table count."""
+    """Newest first by id (the primary key's index), never a whole-table count, and no per-choice filter
+    counts (Django's "Show counts" would count each choice over the whole table)."""
 
     ordering = ["-id"]
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
 
 
 class _DetailJoinsMixin(admin.ModelAdmin):
@@ -446,7 +459,7 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(
         max_length=400,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Recorded with your name: on each lease's history and in the admin history.",
+        help_text="Recorded with your name: in the admin history and as the job's or lease's reason.",
     )
 
 
@@ -591,12 +604,26 @@ class JobAdmin(
         ),
         (
             "Where and when",
-            {"fields": ["origin_hub", "latency_budget_ms", "earliest_start_at", "deadline_at", "duration"]},
+            {"fields": ["origin_hub", "latency_budget_ms", "earliest_start", "deadline", "duration"]},
         ),
         ("Price", {"fields": ["max_price_per_card_hour", "preference", "price_weight"]}),
-        (None, {"fields": ["idempotency_key", "created_at", "updated_at"]}),
+        (None, {"fields": ["idempotency_key", "created_display", "updated"]}),
     ]
-    readonly_fields = ["state_badge", "cards_wanted", "duration", "quotes_link", "notices_link"]
+    readonly_fields = [
+        "state_badge",
+        "cards_wanted",
+        "earliest_start",
+        "deadline",
+        "duration",
+        "quotes_link",
+        "notices_link",
+        "created_display",
+        "updated",
+    ]
+    earliest_start = _timestamp("earliest_start_at", "Earliest start")
+    deadline = _timestamp("deadline_at", "Deadline")
+    created_display = _timestamp("created_at", "Created at")
+    updated = _timestamp("updated_at", "Updated at")
 
     @admin.display(description="Buyer", ordering="buyer__slug")
     def buyer_slug(self, obj: Job) -> str:
@@ -772,10 +799,12 @@ class QuoteAdmin(
         "expected_draw_display",
         "balance_sufficient",
         "replaces_link",
-        "created_at",
-        "expires_at",
+        "created",
+        "expires_display",
         "lease_link",
     )
+    created = _timestamp("created_at", "Created at")
+    expires_display = _timestamp("expires_at", "Expires at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Quote]:
         accepted = Lease.objects.filter(quote_id=OuterRef("pk"))
@@ -789,7 +818,7 @@ class QuoteAdmin(
     def cluster_cpi(self, obj: Quote) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Start", ordering="start_at")
+    @admin.display(description="Start → end", ordering="start_at")
     def start(self, obj: Quote) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
@@ -866,7 +895,7 @@ class CapacityHoldInline(_ReadOnlyInline):
 
 class LeaseTransitionInline(_ReadOnlyInline):
     model = LeaseTransition
-    fields = readonly_fields = ("at_display", "from_to", "actor_label", "reason", "delivery_status")
+    fields = readonly_fields = ("at_display", "from_to", "actor", "reason", "delivery_status")
     ordering = ["id"]
     verbose_name_plural = f"state history (first {INLINE_ROW_LIMIT}, oldest first)"
 
@@ -880,6 +909,10 @@ class LeaseTransitionInline(_ReadOnlyInline):
     @admin.display(description="From → to")
     def from_to(self, obj: LeaseTransition) -> str:
         return f"{obj.from_state or '∅'} → {obj.to_state}"
+
+    @admin.display(description="Actor")
+    def actor(self, obj: LeaseTransition) -> str:
+        return obj.actor_label
 
     @admin.display(description="Event")
     def delivery_status(self, obj: LeaseTransition) -> str | SafeString:
@@ -945,19 +978,19 @@ class LeaseAdmin(
             {
                 "fields": [
                     "state_badge",
-                    "state_changed_at",
+                    "state_changed",
                     "reason",
-                    "started_at",
-                    "stop_requested_at",
-                    "ended_at",
-                    "last_usage_end_at",
+                    "started",
+                    "stop_requested",
+                    "ended",
+                    "last_usage_end",
                     "replaces_link",
                     "replaced_by_link",
                     "usage_link",
                 ]
             },
         ),
-        (None, {"fields": ["created_at"]}),
+        (None, {"fields": ["created"]}),
     ]
     readonly_fields = [
         "reference",
@@ -972,7 +1005,18 @@ class LeaseAdmin(
         "replaces_link",
         "replaced_by_link",
         "usage_link",
+        "state_changed",
+        "started",
+        "stop_requested",
+        "ended",
+        "last_usage_end",
+        "created",
     ]
+    started = _timestamp("started_at", "Started at (reported)")
+    stop_requested = _timestamp("stop_requested_at", "Stop requested at")
+    ended = _timestamp("ended_at", "Ended at (billing stops here)")
+    last_usage_end = _timestamp("last_usage_end_at", "Last usage reported up to")
+    created = _timestamp("created_at", "Created at")
 
     @admin.display(description="Job", ordering="job_id")
     def job_cell(self, obj: Lease) -> SafeString:
@@ -1194,7 +1238,7 @@ class LeaseTransitionAdmin(
     """The append-only history of every lease: what operators pull (its id is their cursor) and are sent."""
 
     detail_select_related = ("operator",)
-    list_display = ["id", "lease_cell", "from_to", "at_display", "actor_label", "reason"]
+    list_display = ["id", "lease_cell", "from_to", "at_display", "actor", "reason"]
     list_display_links = ["id"]
     list_filter = ["to_state"]
     date_hierarchy = "at"
@@ -1206,7 +1250,7 @@ class LeaseTransitionAdmin(
         "from_state",
         "to_state",
         "at_display",
-        "actor_label",
+        "actor",
         "reason",
         "delivery_link",
     )
@@ -1222,6 +1266,10 @@ class LeaseTransitionAdmin(
     @admin.display(description="At", ordering="at")
     def at_display(self, obj: LeaseTransition) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.at))
+
+    @admin.display(description="Actor")
+    def actor(self, obj: LeaseTransition) -> str:
+        return obj.actor_label
 
     @admin.display(description="Operator")
     def operator_slug(self, obj: LeaseTransition) -> str:
@@ -1265,12 +1313,13 @@ class OperatorEndpointAdmin(_DetailJoinsMixin, admin.ModelAdmin):
 
     detail_select_related = ("operator",)
     form = OperatorEndpointForm
-    list_display = ["operator_slug", "enabled", "masked_secret", "created_at"]
+    list_display = ["operator_slug", "enabled", "masked_secret", "created"]
     list_filter = ["enabled"]
     search_fields = ["operator__slug"]
     list_select_related = ["operator"]
-    fields = ["operator", "masked_secret", "enabled", "created_at", "deliveries_link"]
-    readonly_fields = ["operator", "masked_secret", "created_at", "deliveries_link"]
+    fields = ["operator", "masked_secret", "enabled", "created", "deliveries_link"]
+    readonly_fields = ["operator", "masked_secret", "created", "deliveries_link"]
+    created = _timestamp("created_at", "Created at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

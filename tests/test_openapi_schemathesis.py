@@ -65,6 +65,7 @@ from metering.services.usage import usage_record_create_batch
 from metering.tariffs import PRESETS
 from metering.types import UsageRecordInput
 from broker.models import Job, Lease, Quote
+from broker.services.leases import lease_lock, lease_transition
 from broker.services.quotes import quote_create
 from tests.broker.factories import make_job, make_lease
 from tests.factories import BuyerFactory, OperatorFactory, OrganisationFactory, make_cluster
@@ -150,6 +151,8 @@ class World:
     other_job: Job  # beta's
     lease: Lease  # acme's, reserved on cucc's cluster
     other_lease: Lease  # beta's, reserved on cmcc's cluster
+    running_lease: Lease  # acme's on cucc's cluster, started an hour ago
+    soon_lease: Lease  # acme's on cucc's cluster, reserved, starting in a minute
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
@@ -318,7 +321,45 @@ def _broker_objects(*, cluster: Cluster, other_cluster: Cluster, buyer: Organisa
     lease = make_lease(job=make_job(buyer=buyer, origin_hub="nx"), cluster=cluster, start_at=start)
     other_job = make_job(buyer=other_buyer, origin_hub="nx")
     other_lease = make_lease(job=other_job, cluster=other_cluster, start_at=start)
-    return {"job": job, "quote": quote, "other_job": other_job, "lease": lease, "other_lease": other_lease}
+    now = timezone.now().replace(microsecond=0)
+    running = make_lease(
+        job=make_job(buyer=buyer, origin_hub="nx"),
+        cluster=cluster,
+        start_at=now - timedelta(hours=1),
+        end_at=now + timedelta(hours=1),
+    )
+    with transaction.atomic():
+        lease_transition(
+            lease=lease_lock(lease_id=running.pk),
+            to_state="running",
+            actor=Actor.system("test"),
+            at=running.start_at,
+        )
+    soon = make_lease(
+        job=make_job(buyer=buyer, origin_hub="nx"), cluster=cluster, start_at=now + timedelta(minutes=1)
+    )
+    return {
+        "job": job,
+        "quote": quote,
+        "other_job": other_job,
+        "lease": lease,
+        "other_lease": other_lease,
+        "running_lease": running,
+        "soon_lease": soon,
+    }
+
+
+def _usage_body(w: World, **overrides: Any) -> dict[str, Any]:
+    start = w.running_lease.start_at
+    record = {
+        "lease": w.running_lease.pk,
+        "idempotency_key": "run-1",
+        "start_at": start.isoformat(),
+        "end_at": (start + timedelta(minutes=30)).isoformat(),
+        "cards": 1,
+        **overrides,
+    }
+    return {"records": [record]}
 
 
 def _job_body(**overrides: Any) -> dict[str, Any]:
@@ -808,6 +849,47 @@ SCENARIOS = [
     Scenario("leases_cancel", 200, "own", lambda w: {"lease_id": w.lease.pk}, as_org="acme"),
     Scenario("leases_cancel", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, as_org="acme"),
     Scenario("notices_list", 200, "buyer", as_org="acme"),
+    # Broker, operators' side: cucc's agent.
+    Scenario("operator_leases_list", 200, "operator"),
+    Scenario(
+        "operator_leases_list",
+        200,
+        "filtered",
+        query={"state": "reserved,running", "cluster": CPI, "after": 0, "wait": 0},
+    ),
+    Scenario("operator_leases_list", 403, "buyer", as_org="acme"),
+    Scenario("operator_leases_get", 200, "own", lambda w: {"lease_id": w.lease.pk}),
+    Scenario("operator_leases_get", 404, "others", lambda w: {"lease_id": w.other_lease.pk}),
+    Scenario("operator_leases_start", 200, "due", lambda w: {"lease_id": w.soon_lease.pk}, body=lambda w: {}),
+    Scenario(
+        "operator_leases_start", 400, "too-early", lambda w: {"lease_id": w.lease.pk}, body=lambda w: {}
+    ),
+    Scenario(
+        "operator_leases_start", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, body=lambda w: {}
+    ),
+    Scenario(
+        "operator_leases_stop",
+        200,
+        "running",
+        lambda w: {"lease_id": w.running_lease.pk},
+        body=lambda w: {"outcome": "completed"},
+    ),
+    Scenario(
+        "operator_leases_stop",
+        409,
+        "reserved",
+        lambda w: {"lease_id": w.lease.pk},
+        body=lambda w: {"outcome": "completed"},
+    ),
+    Scenario(
+        "operator_leases_stop", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, body=lambda w: {}
+    ),
+    Scenario("operator_usage_create", 201, "running", body=lambda w: _usage_body(w)),
+    Scenario("operator_usage_create", 400, "too-many-cards", body=lambda w: _usage_body(w, cards=9)),
+    Scenario("operator_usage_create", 400, "not-started", body=lambda w: _usage_body(w, lease=w.lease.pk)),
+    Scenario("operator_usage_create", 403, "buyer", body=lambda w: _usage_body(w), as_org="acme"),
+    Scenario("operator_endpoint_secret_rotate", 200),
+    Scenario("operator_endpoint_secret_delete", 204),
 ]
 
 

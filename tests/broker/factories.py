@@ -62,7 +62,7 @@ def make_lease(
     islands = cluster.islands.order_by("name")
     target = islands.get(name=island) if island else islands.first()
     assert target is not None
-    card = price_card_current(cluster=cluster, at=start_at)
+    card = price_card_current(cluster=cluster)  # the card in force now, as an acceptance would lock
     with transaction.atomic():
         return lease_create(
             job=job,

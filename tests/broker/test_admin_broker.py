@@ -189,6 +189,24 @@ def test_big_tables_never_count_the_whole_table(world: World) -> None:
     assert admin.site._registry[LeaseTransition].date_hierarchy == "at"
 
 
+def test_the_unfiltered_count_is_the_planners_estimate_on_postgresql(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(broker_admin, "ESTIMATED_COUNT_THRESHOLD", 0)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE broker_leasetransition")
+    paginator = broker_admin._EstimatedCountPaginator(LeaseTransition.objects.order_by("-id"), 100)
+    with CaptureQueriesContext(connection) as queries:
+        count = paginator.count
+    assert count == LeaseTransition.objects.count()
+    counted = any("COUNT(" in q["sql"].upper() for q in queries.captured_queries)
+    assert counted is (connection.vendor != "postgresql")
+    running = world.leases[1]
+    filtered = broker_admin._EstimatedCountPaginator(LeaseTransition.objects.filter(lease=running), 100)
+    assert filtered.count == 2
+
+
 def _results(client: Client, model: type[Model], **params: str) -> list[int]:
     return sorted(obj.pk for obj in client.get(_url(model, "changelist"), params).context["cl"].result_list)
 
@@ -525,25 +543,3 @@ def test_helpers() -> None:
     ]
     assert broker_admin._mask("") == "— (none: the operator disabled lease events)"
     assert broker_admin._mask("chw_abcdefghijklmnop") == "chw_abcd… (20 characters, hidden)"
-
-
-def test_zz_dump(admin_client: Client, world: World) -> None:  # temporary
-    import pathlib
-
-    running = world.leases[1]
-    cluster_status_set(actor=SYSTEM, cluster=world.west, status=ClusterStatus.OFFLINE, reason="power loss")
-    pages = {
-        "lease_list": admin_client.get(_url(Lease, "changelist")),
-        "lease_change": admin_client.get(_url(Lease, "change", running.pk)),
-        "job_list": admin_client.get(_url(Job, "changelist")),
-        "job_change": admin_client.get(_url(Job, "change", running.job_id)),
-        "quote_list": admin_client.get(_url(Quote, "changelist")),
-        "transition_list": admin_client.get(_url(LeaseTransition, "changelist")),
-        "delivery_list": admin_client.get(_url(LeaseEventDelivery, "changelist")),
-        "endpoint_change": admin_client.get(_url(OperatorEndpoint, "change", world.endpoints["cucc"].pk)),
-        "notice_list": admin_client.get(_url(BuyerNotice, "changelist")),
-        "cancel_confirm": _post_action(admin_client, Lease, "cancel_leases", [l.pk for l in world.leases], index="0"),
-        "failover_confirm": _post_action(admin_client, Lease, "run_failover", [world.leases[0].pk], index="0"),
-    }
-    for name, response in pages.items():
-        pathlib.Path(f"/tmp/broker_admin_{name}.html").write_text(response.content.decode())
