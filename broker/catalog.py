@@ -118,7 +118,9 @@ def _load_catalogue() -> Catalogue:
         loaded_at=time.monotonic(),
         island_id=np.fromiter((row[0] for row in islands), dtype=np.int64, count=len(islands)),
         island_cpi=[row[1] for row in islands],
-        island_cluster=np.fromiter((cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands)),
+        island_cluster=np.fromiter(
+            (cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands)
+        ),
         island_capacity=np.fromiter(
             (max(row[3] - row[4], 0) for row in islands), dtype=np.int64, count=len(islands)
         ),
@@ -131,7 +133,9 @@ def _load_catalogue() -> Catalogue:
         cluster_hub=np.fromiter((hub_index[row[3]] for row in clusters), dtype=np.int64, count=len(clusters)),
         cluster_status=[row[4] for row in clusters],
         cluster_active=np.fromiter((row[4] == "active" for row in clusters), dtype=bool, count=len(clusters)),
-        cluster_chip=np.fromiter((chip_index[row[5]] for row in clusters), dtype=np.int64, count=len(clusters)),
+        cluster_chip=np.fromiter(
+            (chip_index[row[5]] for row in clusters), dtype=np.int64, count=len(clusters)
+        ),
         cluster_price=cluster_price,
         cluster_rate=np.array(
             [float(p.rate_per_card_hour) if p else np.nan for p in cluster_price], dtype=np.float64
@@ -188,7 +192,13 @@ class HoldBook:
         rows = []
         for island_id, start, end, cards in holds:
             i = self._size
-            self.island[i], self.start[i], self.end[i], self.cards[i], self.alive[i] = island_id, start, end, cards, True
+            self.island[i], self.start[i], self.end[i], self.cards[i], self.alive[i] = (
+                island_id,
+                start,
+                end,
+                cards,
+                True,
+            )
             rows.append(i)
             self._size += 1
         self.rows_of_lease[lease_id] = rows
@@ -202,7 +212,9 @@ class HoldBook:
         remap = {int(old): new for new, old in enumerate(index)}
         for name in ("island", "start", "end", "cards", "alive"):
             arr = getattr(self, name)
-            setattr(self, name, np.concatenate([arr[index], np.zeros(max(1024, len(index)), dtype=arr.dtype)]))
+            setattr(
+                self, name, np.concatenate([arr[index], np.zeros(max(1024, len(index)), dtype=arr.dtype)])
+            )
         self.rows_of_lease = {
             lease: [remap[r] for r in rows if r in remap]
             for lease, rows in self.rows_of_lease.items()
@@ -250,7 +262,9 @@ class HoldBook:
     def _initial_load(self) -> None:
         last = LeaseTransition.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
         recent = set(
-            LeaseTransition.objects.filter(pk__gt=max(last - _INITIAL_GAP_LOOKBACK, 0)).values_list("pk", flat=True)
+            LeaseTransition.objects.filter(pk__gt=max(last - _INITIAL_GAP_LOOKBACK, 0)).values_list(
+                "pk", flat=True
+            )
         )
         now = time.monotonic()
         self.gaps = {
@@ -258,9 +272,9 @@ class HoldBook:
         }
         floor = datetime.now(tz=UTC).timestamp() - 3600
         by_lease: dict[int, list[tuple[int, int, int, int]]] = {}
-        rows = CapacityHold.objects.filter(active=True, end_at__gt=datetime.fromtimestamp(floor, tz=UTC)).values_list(
-            "lease_id", "island_id", "start_at", "end_at", "cards"
-        )
+        rows = CapacityHold.objects.filter(
+            active=True, end_at__gt=datetime.fromtimestamp(floor, tz=UTC)
+        ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
         for lease_id, island_id, start_at, end_at, cards in rows.iterator(chunk_size=10_000):
             by_lease.setdefault(lease_id, []).append((island_id, epoch(start_at), epoch(end_at), cards))
         for lease_id, holds in by_lease.items():

@@ -142,7 +142,9 @@ def match(
     # Cards each cluster's chip needs: the job's cards, or its standard cards at the chip's factor.
     if spec.standard_cards is not None:
         standard_e4 = int(spec.standard_cards * _E4)
-        cluster_need = _ceil_div(np.full(m, standard_e4, dtype=np.int64), np.maximum(c.chip_factor_e4[chip], 1))
+        cluster_need = _ceil_div(
+            np.full(m, standard_e4, dtype=np.int64), np.maximum(c.chip_factor_e4[chip], 1)
+        )
     else:
         cluster_need = np.full(m, int(spec.cards or 0), dtype=np.int64)
 
@@ -218,7 +220,10 @@ def match(
             first_k[island] = int(np.argmax(blocked.feasible(island)))
         placements.append(
             _placement(
-                spec, c, window, tariff_of,
+                spec,
+                c,
+                window,
+                tariff_of,
                 cluster_index=int(cluster[island]),
                 allocation=[(island, int(need[island]))],
                 k=int(best_k[island]),
@@ -262,7 +267,9 @@ def _hold_slots(window: Window, starts: np.ndarray, ends: np.ndarray) -> tuple[n
     return first, last, int(slots)
 
 
-def _occupancy(rows: np.ndarray, first: np.ndarray, last: np.ndarray, cards: np.ndarray, count: int, slots: int) -> np.ndarray:
+def _occupancy(
+    rows: np.ndarray, first: np.ndarray, last: np.ndarray, cards: np.ndarray, count: int, slots: int
+) -> np.ndarray:
     diff = np.zeros((count, slots + 1), dtype=np.int64)
     np.add.at(diff, (rows, first), cards)
     np.add.at(diff, (rows, last), -cards)
@@ -416,29 +423,34 @@ def _match_spanning(
             reason[islands[cluster[islands] == cl]] = _R["capacity"]
             continue
         values = delta[t]
-        k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+        best = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
         rows = np.nonzero(cluster[islands] == cl)[0]
-        order = rows[np.lexsort((c.island_id[islands[rows]], -free[rows, k]))]
+        by_free = rows[np.lexsort((c.island_id[islands[rows]], -free[rows, best]))]
         left = int(cluster_need[cl])
         allocation = []
-        for row in order:
-            take = min(int(free[row, k]), left)
+        for row in by_free:
+            take = min(int(free[row, best]), left)
             if take > 0:
                 allocation.append((int(islands[row]), take))
                 left -= take
             if left == 0:
                 break
-        cost = float(c.cluster_rate[cl]) * float(cluster_need[cl]) * float(values[k])
-        placements_raw.append((cost, float(latency[cl]), int(cl), allocation, k, int(np.argmax(ok))))
+        placement_cost = float(c.cluster_rate[cl]) * float(cluster_need[cl]) * float(values[best])
+        placements_raw.append(
+            (placement_cost, float(latency[cl]), int(cl), allocation, best, int(np.argmax(ok)))
+        )
     if not placements_raw:
         return _result(reason, [], window, n)
-    cost = np.array([p[0] for p in placements_raw])
+    costs = np.array([p[0] for p in placements_raw])
     lat = np.array([p[1] for p in placements_raw])
-    order = _rank(spec, cost, lat, np.array([c.cluster_id[p[2]] for p in placements_raw]), limit)
+    order = _rank(spec, costs, lat, np.array([c.cluster_id[p[2]] for p in placements_raw]), limit)
     origin = c.hub_codes.index(spec.origin_hub)
     placements = [
         _placement(
-            spec, c, window, tariff_of,
+            spec,
+            c,
+            window,
+            tariff_of,
             cluster_index=placements_raw[j][2],
             allocation=placements_raw[j][3],
             k=placements_raw[j][4],
@@ -494,7 +506,10 @@ def _placement(
         cost
         if first_k == k
         else sum(
-            (b.cost for b in _bands(tariff, earliest, earliest + window.duration, cards, price.rate_per_card_hour)),
+            (
+                b.cost
+                for b in _bands(tariff, earliest, earliest + window.duration, cards, price.rate_per_card_hour)
+            ),
             Decimal("0.00"),
         )
     )

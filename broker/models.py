@@ -90,7 +90,9 @@ class Job(models.Model):
                 | (Q(cards__isnull=True) & Q(standard_cards__isnull=False)),
                 name="job_cards_xor_standard_cards",
             ),
-            models.CheckConstraint(condition=Q(cards__isnull=True) | Q(cards__gt=0), name="job_cards_positive"),
+            models.CheckConstraint(
+                condition=Q(cards__isnull=True) | Q(cards__gt=0), name="job_cards_positive"
+            ),
             models.CheckConstraint(
                 condition=Q(standard_cards__isnull=True) | Q(standard_cards__gt=0),
                 name="job_standard_cards_positive",
@@ -127,9 +129,7 @@ class Quote(models.Model):
     expected_draw = models.DecimalField(max_digits=20, decimal_places=6)
     draw_class = models.CharField(max_length=64)
     balance_sufficient = models.BooleanField()
-    replaces = models.ForeignKey(
-        "Lease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    replaces = models.ForeignKey("Lease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 
@@ -161,7 +161,9 @@ class Lease(models.Model):
     at a locked price card."""
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="leases")
-    quote = models.OneToOneField(Quote, null=True, blank=True, on_delete=models.SET_NULL, related_name="lease")
+    quote = models.OneToOneField(
+        Quote, null=True, blank=True, on_delete=models.SET_NULL, related_name="lease"
+    )
     buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="leases")
     operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="operated_leases")
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="leases")
@@ -311,4 +313,3 @@ class BuyerNotice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} for {self.buyer_id}"
-

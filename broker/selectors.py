@@ -32,7 +32,9 @@ def job_get_for(*, buyer: Organisation, job_id: int) -> Job:
 
 def quote_get_for(*, buyer: Organisation, quote_id: int) -> Quote:
     quote = (
-        Quote.objects.filter(pk=quote_id, job__buyer=buyer).select_related("job", "cluster", "price_card").first()
+        Quote.objects.filter(pk=quote_id, job__buyer=buyer)
+        .select_related("job", "cluster", "price_card")
+        .first()
         if 0 < quote_id < 2**63
         else None
     )
@@ -75,7 +77,11 @@ def lease_list_for_operator(*, operator: Organisation) -> QuerySet[Lease]:
 
 
 def lease_get_for_operator(*, operator: Organisation, lease_id: int) -> Lease:
-    lease = lease_list_for_operator(operator=operator).filter(pk=lease_id).first() if 0 < lease_id < 2**63 else None
+    lease = (
+        lease_list_for_operator(operator=operator).filter(pk=lease_id).first()
+        if 0 < lease_id < 2**63
+        else None
+    )
     if lease is None:
         raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
     return lease
@@ -127,7 +133,9 @@ def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> A
         if balance.accelerator is None:
             standard += balance.remaining_card_hours
         else:
-            chip[balance.accelerator] = chip.get(balance.accelerator, Decimal(0)) + balance.remaining_card_hours
+            chip[balance.accelerator] = (
+                chip.get(balance.accelerator, Decimal(0)) + balance.remaining_card_hours
+            )
     committed: dict[str, Decimal] = {}
     factors: dict[str, Decimal | None] = {}
     live = Lease.objects.filter(buyer=buyer, state__in=HOLDING_STATES, end_at__gt=at).values_list(

@@ -9,7 +9,9 @@ from django.db import OperationalError
 from broker.services import dispatch, failover, quotes
 
 
-@shared_task(name="broker.leases_fail_over", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3)
+@shared_task(
+    name="broker.leases_fail_over", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
 def leases_fail_over() -> int:
     """Interrupt the leases of offline clusters and re-place the checkpointable ones (every 5 s, so a
     lease is re-placed within 10 s of its cluster going offline). Safe to run twice: a handled lease is

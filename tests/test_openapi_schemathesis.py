@@ -50,6 +50,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from broker.models import Job, Lease, Quote
+from broker.services.leases import lease_lock, lease_transition
+from broker.services.quotes import quote_create
 from config.wsgi import application
 from core.models import ApiToken, Organisation
 from core.services import api_token_create
@@ -64,9 +67,6 @@ from metering.services.tariffs import tariff_create
 from metering.services.usage import usage_record_create_batch
 from metering.tariffs import PRESETS
 from metering.types import UsageRecordInput
-from broker.models import Job, Lease, Quote
-from broker.services.leases import lease_lock, lease_transition
-from broker.services.quotes import quote_create
 from tests.broker.factories import make_job, make_lease
 from tests.factories import BuyerFactory, OperatorFactory, OrganisationFactory, make_cluster
 from tests.metering.factories import make_paid_pack, make_price_card

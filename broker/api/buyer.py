@@ -89,36 +89,57 @@ class JobListApi(generics.ListAPIView):
     class Input(serializers.Serializer):
         name = serializers.CharField(max_length=200)
         cards = serializers.IntegerField(
-            required=False, allow_null=True, min_value=-(2**31), max_value=2**31 - 1,
+            required=False,
+            allow_null=True,
+            min_value=-(2**31),
+            max_value=2**31 - 1,
             help_text="Cards of one chip. Give this or standard_cards.",
         )
         standard_cards = serializers.DecimalField(
-            max_digits=12, decimal_places=4, required=False, allow_null=True,
+            max_digits=12,
+            decimal_places=4,
+            required=False,
+            allow_null=True,
             help_text="Standard cards (400 dense FP16 TFLOPS each): any chip may serve, counted by its factor.",
         )
         accelerators = serializers.ListField(
-            child=serializers.CharField(max_length=64), required=False, default=list, max_length=50,
+            child=serializers.CharField(max_length=64),
+            required=False,
+            default=list,
+            max_length=50,
             help_text="Allowed accelerator slugs (see /accelerators); empty = any.",
         )
-        min_fp16_tflops = serializers.DecimalField(max_digits=10, decimal_places=3, required=False, allow_null=True)
-        min_memory_gb = serializers.DecimalField(max_digits=8, decimal_places=1, required=False, allow_null=True)
+        min_fp16_tflops = serializers.DecimalField(
+            max_digits=10, decimal_places=3, required=False, allow_null=True
+        )
+        min_memory_gb = serializers.DecimalField(
+            max_digits=8, decimal_places=1, required=False, allow_null=True
+        )
         fabrics = serializers.ListField(
             child=serializers.ChoiceField(choices=Fabric.choices), required=False, default=list, max_length=5
         )
         gang = serializers.ChoiceField(choices=Gang.choices, default=Gang.ISLAND)
         origin_hub = serializers.CharField(max_length=8, help_text="Where the job's users are (a hub code).")
         latency_budget_ms = serializers.IntegerField(min_value=-(2**31), max_value=2**31 - 1)
-        earliest_start_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Default: now.")
+        earliest_start_at = serializers.DateTimeField(
+            required=False, allow_null=True, help_text="Default: now."
+        )
         deadline_at = serializers.DateTimeField(help_text="The run must end by then.")
         duration_seconds = serializers.IntegerField(min_value=-(2**31), max_value=2**31 - 1)
         max_price_per_card_hour = serializers.DecimalField(
-            max_digits=12, decimal_places=4, required=False, allow_null=True,
+            max_digits=12,
+            decimal_places=4,
+            required=False,
+            allow_null=True,
             help_text="Cap on the average price per card-hour (per standard card-hour for standard cards).",
         )
         checkpointable = serializers.BooleanField(default=False)
         preference = serializers.ChoiceField(choices=Preference.choices, default=Preference.PRICE)
         price_weight = serializers.DecimalField(
-            max_digits=4, decimal_places=3, required=False, allow_null=True,
+            max_digits=4,
+            decimal_places=3,
+            required=False,
+            allow_null=True,
             help_text="For `weighted`: 1 = price only, 0 = latency only.",
         )
         idempotency_key = serializers.CharField(max_length=200, required=False, default="")
@@ -172,7 +193,9 @@ class JobListApi(generics.ListAPIView):
             actor=actor,
         )
         job = selectors.job_get_for(buyer=actor.organisation, job_id=job.pk)
-        return Response(JobOutput(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            JobOutput(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
 
 class JobDetailApi(APIView):
@@ -210,7 +233,9 @@ class BandOutput(serializers.Serializer):
     multiplier = serializers.DecimalField(max_digits=8, decimal_places=4)
     card_seconds = serializers.IntegerField()
     card_hours = serializers.DecimalField(max_digits=20, decimal_places=6)
-    cost = serializers.DecimalField(max_digits=16, decimal_places=2, help_text="card-hours × rate × multiplier")
+    cost = serializers.DecimalField(
+        max_digits=16, decimal_places=2, help_text="card-hours × rate × multiplier"
+    )
 
 
 class AllocationOutput(serializers.Serializer):
@@ -240,7 +265,8 @@ class QuoteOutput(serializers.Serializer):
     latency_ms = serializers.DecimalField(max_digits=8, decimal_places=3)
     price_card = QuotePriceCardOutput()
     saving = serializers.DecimalField(
-        max_digits=16, decimal_places=2,
+        max_digits=16,
+        decimal_places=2,
         help_text="What this start saves against the island's earliest feasible start (valley shift).",
     )
     expected_draw = serializers.DecimalField(
@@ -295,7 +321,9 @@ class RejectionsOutput(serializers.Serializer):
     latency = serializers.IntegerField(help_text="Origin hub to cluster hub over the latency budget.")
     unpriced = serializers.IntegerField(help_text="The cluster has no price card in force.")
     price = serializers.IntegerField(help_text="Even the cheapest start is over the price cap.")
-    capacity = serializers.IntegerField(help_text="Not enough free cards for the whole duration at any start.")
+    capacity = serializers.IntegerField(
+        help_text="Not enough free cards for the whole duration at any start."
+    )
     window = serializers.IntegerField(help_text="No start fits the window any more.")
 
 
@@ -385,13 +413,13 @@ class LeaseOutput(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
     @extend_schema_field(AllocationOutput(many=True))
-    def get_islands(self, lease: Lease) -> list[dict[str, Any]]:
+    def get_islands(self, lease: Lease) -> Any:
         return AllocationOutput(
             [{"cpi": hold.island.cpi, "cards": hold.cards} for hold in lease.holds.all()], many=True
         ).data
 
     @extend_schema_field(QuotePriceCardOutput)
-    def get_price_card(self, lease: Lease) -> dict[str, Any]:
+    def get_price_card(self, lease: Lease) -> Any:
         card = lease.price_card
         return QuotePriceCardOutput(
             {
@@ -400,7 +428,6 @@ class LeaseOutput(serializers.Serializer):
                 "tariff": card.tariff_version.tariff.code,
             }
         ).data
-
 
 
 class LeaseDetailOutput(LeaseOutput):
@@ -435,7 +462,9 @@ class QuoteAcceptApi(APIView):
         quote = selectors.quote_get_for(buyer=actor.organisation, quote_id=quote_id)
         lease, created = lease_services.lease_accept(quote=quote, actor=actor)
         lease = selectors.lease_get_for_buyer(buyer=actor.organisation, lease_id=lease.pk)
-        return Response(LeaseOutput(lease).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            LeaseOutput(lease).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
 
 
 class LeaseListApi(generics.ListAPIView):
@@ -447,9 +476,9 @@ class LeaseListApi(generics.ListAPIView):
     queryset = Lease.objects.none()
 
     def get_queryset(self) -> QuerySet[Lease]:
-        return selectors.lease_list_for_buyer(buyer=actor_from_request(self.request).organisation).select_related(
-            "price_card__tariff_version__tariff"
-        )
+        return selectors.lease_list_for_buyer(
+            buyer=actor_from_request(self.request).organisation
+        ).select_related("price_card__tariff_version__tariff")
 
     @extend_schema(operation_id="leases_list", tags=[TAG_LEASES])
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -480,7 +509,9 @@ class LeaseCancelApi(APIView):
         actor = actor_from_request(request)
         lease = selectors.lease_get_for_buyer(buyer=actor.organisation, lease_id=lease_id)
         lease_services.lease_cancel(lease_id=lease.pk, actor=actor)
-        return Response(LeaseOutput(selectors.lease_get_for_buyer(buyer=actor.organisation, lease_id=lease_id)).data)
+        return Response(
+            LeaseOutput(selectors.lease_get_for_buyer(buyer=actor.organisation, lease_id=lease_id)).data
+        )
 
 
 class NoticeOutput(serializers.Serializer):

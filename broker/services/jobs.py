@@ -63,21 +63,35 @@ def _validate(data: JobInput, *, now: datetime) -> tuple[list[dict[str, str]], d
     if (data.cards is None) == (data.standard_cards is None):
         _fault(errors, "cards", "cards_or_standard_cards", "Give either cards or standard_cards, not both.")
     if data.cards is not None and not 0 < data.cards <= MAX_CARDS:
-        _fault(errors, "cards", "cards_not_positive" if data.cards <= 0 else "too_many_cards",
-               f"cards must be between 1 and {MAX_CARDS}.")
+        _fault(
+            errors,
+            "cards",
+            "cards_not_positive" if data.cards <= 0 else "too_many_cards",
+            f"cards must be between 1 and {MAX_CARDS}.",
+        )
     if data.standard_cards is not None and not Decimal(0) < data.standard_cards <= MAX_CARDS:
         _fault(errors, "standard_cards", "cards_not_positive", "standard_cards must be positive.")
     if data.duration_seconds <= 0:
         _fault(errors, "duration_seconds", "duration_not_positive", "The duration must be positive.")
     if data.latency_budget_ms <= 0:
-        _fault(errors, "latency_budget_ms", "latency_budget_not_positive", "The latency budget must be positive.")
+        _fault(
+            errors, "latency_budget_ms", "latency_budget_not_positive", "The latency budget must be positive."
+        )
     if data.deadline_at < earliest + timedelta(seconds=max(data.duration_seconds, 0)):
-        _fault(errors, "deadline_at", "deadline_before_end",
-               "The deadline is before the earliest start plus the duration.")
+        _fault(
+            errors,
+            "deadline_at",
+            "deadline_before_end",
+            "The deadline is before the earliest start plus the duration.",
+        )
     horizon = timedelta(days=settings.CARDHOUR_PLANNING_HORIZON_DAYS)
     if data.deadline_at > now + horizon:
-        _fault(errors, "deadline_at", "window_beyond_horizon",
-               f"The window reaches beyond the planning horizon of {settings.CARDHOUR_PLANNING_HORIZON_DAYS} days.")
+        _fault(
+            errors,
+            "deadline_at",
+            "window_beyond_horizon",
+            f"The window reaches beyond the planning horizon of {settings.CARDHOUR_PLANNING_HORIZON_DAYS} days.",
+        )
     if not hub_list().filter(code=data.origin_hub).exists():
         _fault(errors, "origin_hub", "unknown_hub", f"No hub {data.origin_hub!r}.")
     if data.accelerators:
@@ -87,11 +101,21 @@ def _validate(data: JobInput, *, now: datetime) -> tuple[list[dict[str, str]], d
                 _fault(errors, "accelerators", "unknown_accelerator", f"No accelerator model {slug!r}.")
     for fabric in data.fabrics:
         if fabric not in Fabric.values:
-            _fault(errors, "fabrics", "unknown_fabric", f"No fabric {fabric!r}; one of {', '.join(Fabric.values)}.")
+            _fault(
+                errors,
+                "fabrics",
+                "unknown_fabric",
+                f"No fabric {fabric!r}; one of {', '.join(Fabric.values)}.",
+            )
     if data.gang not in Gang.values:
         _fault(errors, "gang", "unknown_gang", f"gang is one of {', '.join(Gang.values)}.")
     if data.preference not in Preference.values:
-        _fault(errors, "preference", "unknown_preference", f"preference is one of {', '.join(Preference.values)}.")
+        _fault(
+            errors,
+            "preference",
+            "unknown_preference",
+            f"preference is one of {', '.join(Preference.values)}.",
+        )
     if data.price_weight is not None and not Decimal(0) <= data.price_weight <= Decimal(1):
         _fault(errors, "price_weight", "price_weight_range", "price_weight is between 0 and 1.")
     if data.max_price_per_card_hour is not None and data.max_price_per_card_hour <= 0:
@@ -109,7 +133,9 @@ def _body_hash(data: JobInput, earliest: datetime | None) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def job_create(*, buyer: Organisation, data: JobInput, actor: Actor, now: datetime | None = None) -> tuple[Job, bool]:
+def job_create(
+    *, buyer: Organisation, data: JobInput, actor: Actor, now: datetime | None = None
+) -> tuple[Job, bool]:
     """Submit a job; returns ``(job, created)``.
 
     Every rule is checked and every fault listed at once: JobInvalidError (400 ``job_invalid``) with
@@ -191,7 +217,9 @@ def job_cancel(*, job: Job, actor: Actor, reason: str = "") -> Job:
         if lease.state == LeaseState.RESERVED:
             lease_transition(lease=lease, to_state=LeaseState.CANCELLED, actor=actor, reason="job cancelled")
         elif lease.state == LeaseState.RUNNING:
-            lease_transition(lease=lease, to_state=LeaseState.STOP_REQUESTED, actor=actor, reason="job cancelled")
+            lease_transition(
+                lease=lease, to_state=LeaseState.STOP_REQUESTED, actor=actor, reason="job cancelled"
+            )
     return job
 
 

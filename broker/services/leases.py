@@ -135,15 +135,23 @@ def _job_after_lease_end(*, lease: Lease, to_state: str, reason: str) -> None:
     job.save(update_fields=["state", "failure_reason", "updated_at"])
 
 
-def notice_create(*, buyer_id: int, kind: str, message: str, job_id: int | None, lease_id: int | None) -> None:
+def notice_create(
+    *, buyer_id: int, kind: str, message: str, job_id: int | None, lease_id: int | None
+) -> None:
     """Tell the buyer something about its job (shown in the portal and the API)."""
     BuyerNotice.objects.create(
-        buyer_id=buyer_id, job_id=job_id, lease_id=lease_id, kind=kind, message=message[:1000],
+        buyer_id=buyer_id,
+        job_id=job_id,
+        lease_id=lease_id,
+        kind=kind,
+        message=message[:1000],
         created_at=timezone.now(),
     )
 
 
-def peak_occupancy(*, island_id: int, start_at: datetime, end_at: datetime, exclude_lease: int | None = None) -> int:
+def peak_occupancy(
+    *, island_id: int, start_at: datetime, end_at: datetime, exclude_lease: int | None = None
+) -> int:
     """The most cards active holds occupy on the island at any instant of ``[start_at, end_at)``, exactly
     (a sweep over hold edges, ends before starts at the same instant: intervals are half-open)."""
     holds = CapacityHold.objects.filter(
@@ -216,7 +224,8 @@ def lease_create(
     cluster = Cluster.objects.get(pk=cluster_id)
     if cluster.status != ClusterStatus.ACTIVE:
         raise ClusterUnavailableError(
-            f"Cluster {cluster.cpi} is {cluster.status}.", extra={"cpi": cluster.cpi, "status": cluster.status}
+            f"Cluster {cluster.cpi} is {cluster.status}.",
+            extra={"cpi": cluster.cpi, "status": cluster.status},
         )
     for island_id, cards in allocation:
         island = islands.get(island_id)
@@ -345,10 +354,15 @@ def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
     LeaseTransitionError for a lease already stopping or ended."""
     lease = lease_lock(lease_id=lease_id)
     if lease.state == LeaseState.RESERVED:
-        lease_transition(lease=lease, to_state=LeaseState.CANCELLED, actor=actor, reason=reason or "cancelled by the buyer")
+        lease_transition(
+            lease=lease, to_state=LeaseState.CANCELLED, actor=actor, reason=reason or "cancelled by the buyer"
+        )
     elif lease.state == LeaseState.RUNNING:
         lease_transition(
-            lease=lease, to_state=LeaseState.STOP_REQUESTED, actor=actor, reason=reason or "cancelled by the buyer"
+            lease=lease,
+            to_state=LeaseState.STOP_REQUESTED,
+            actor=actor,
+            reason=reason or "cancelled by the buyer",
         )
     else:
         raise LeaseTransitionError(
@@ -359,7 +373,12 @@ def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
 
 
 def lease_create_from_placement(
-    *, job: Job, placement: Placement, actor: Actor, replaces: Lease | None = None, check_balance: bool = True,
+    *,
+    job: Job,
+    placement: Placement,
+    actor: Actor,
+    replaces: Lease | None = None,
+    check_balance: bool = True,
     reason: str = "",
 ) -> Lease:
     """``lease_create`` for a matcher Placement (failover re-places without a quote). Same errors."""

@@ -17,9 +17,10 @@ from broker.services.jobs import job_spec
 from broker.types import JobSpec, MatchResult, Placement
 from core.models import Organisation
 from metering.selectors.tariffs import compiled_tariff
+from metering.tariffs import CompiledTariff
 
 
-def _tariff(tariff_version_id: int):  # type: ignore[no-untyped-def]
+def _tariff(tariff_version_id: int) -> CompiledTariff:
     return compiled_tariff(tariff_version_id=tariff_version_id)
 
 
@@ -67,7 +68,9 @@ def _breakdown(placement: Placement) -> dict[str, object]:
             {"cpi": cpi, "cards": cards}
             for cpi, (_, cards) in zip(placement.island_cpis, placement.allocation, strict=True)
         ],
-        "standard_card_factor": str(placement.standard_card_factor) if placement.standard_card_factor else None,
+        "standard_card_factor": str(placement.standard_card_factor)
+        if placement.standard_card_factor
+        else None,
         "expected_standard_draw": (
             str(placement.expected_standard_draw) if placement.expected_standard_draw is not None else None
         ),
@@ -106,7 +109,9 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             balance_sufficient=bool(
                 affordability
                 and affordability.covers(
-                    chip=placement.accelerator, draw=placement.expected_draw, factor=placement.standard_card_factor
+                    chip=placement.accelerator,
+                    draw=placement.expected_draw,
+                    factor=placement.standard_card_factor,
                 )
             ),
             created_at=now,
@@ -124,4 +129,3 @@ def quotes_purge(*, now: datetime | None = None, older_than: timedelta = timedel
     now = now or timezone.now()
     deleted, _ = Quote.objects.filter(expires_at__lt=now - older_than, lease__isnull=True).delete()
     return deleted
-

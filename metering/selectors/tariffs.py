@@ -181,8 +181,17 @@ def price_cards_in_force(*, at: datetime | None = None) -> dict[int, PriceCardRo
     """The price card in force at ``at`` (default now) for every cluster that has one, by cluster id:
     one query (DISTINCT ON on PostgreSQL)."""
     at = at or timezone.now()
-    cards = PriceCard.objects.filter(effective_from__lte=at).order_by("cluster_id", "-effective_from", "-version")
-    fields = ("cluster_id", "pk", "version", "rate_per_card_hour", "tariff_version_id", "tariff_version__tariff__code")
+    cards = PriceCard.objects.filter(effective_from__lte=at).order_by(
+        "cluster_id", "-effective_from", "-version"
+    )
+    fields = (
+        "cluster_id",
+        "pk",
+        "version",
+        "rate_per_card_hour",
+        "tariff_version_id",
+        "tariff_version__tariff__code",
+    )
     rows = cards.distinct("cluster_id") if connection.vendor == "postgresql" else cards
     out: dict[int, PriceCardRow] = {}
     for cluster_id, pk, version, rate, tariff_version_id, code in rows.values_list(*fields):

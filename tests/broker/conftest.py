@@ -35,7 +35,11 @@ def west_operator(db: None) -> Organisation:
 def east_cluster(east_operator: Organisation, presets: None) -> Cluster:
     """16 A800 cards in Shanghai (yrd), two islands of 8, 12 CNY/card-hour on Guangdong's tariff."""
     cluster = make_cluster(
-        operator=east_operator, hub="yrd", name="sh-ai01", islands=[("isl-01", 8), ("isl-02", 8)], site="Shanghai"
+        operator=east_operator,
+        hub="yrd",
+        name="sh-ai01",
+        islands=[("isl-01", 8), ("isl-02", 8)],
+        site="Shanghai",
     )
     make_price_card(cluster=cluster, rate="12.0000", tariff_code="cn-gd")
     return cluster

@@ -21,7 +21,7 @@ from tests.factories import BuyerFactory
 
 
 def live_leases(book: HoldBook, start, end) -> set[tuple[int, int, int]]:  # type: ignore[no-untyped-def]
-    islands, starts, ends, cards = book.overlapping(epoch(start), epoch(end))
+    islands, starts, _ends, cards = book.overlapping(epoch(start), epoch(end))
     return {(int(i), int(s), int(c)) for i, s, c in zip(islands, starts, cards, strict=True)}
 
 
@@ -47,7 +47,9 @@ def test_the_book_follows_new_and_released_holds(buyer: Organisation, east_clust
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_transition_committed_after_a_later_one_is_not_lost(buyer: Organisation, east_cluster: Cluster) -> None:
+def test_a_transition_committed_after_a_later_one_is_not_lost(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
     start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
     book = HoldBook()
     book.refresh()
@@ -56,7 +58,9 @@ def test_a_transition_committed_after_a_later_one_is_not_lost(buyer: Organisatio
     def slow() -> None:
         try:
             with transaction.atomic():
-                make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=4, start_at=start, island="isl-02")
+                make_lease(
+                    job=make_job(buyer=buyer), cluster=east_cluster, cards=4, start_at=start, island="isl-02"
+                )
                 inserted.set()
                 release.wait(10)
         finally:

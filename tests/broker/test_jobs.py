@@ -31,7 +31,12 @@ def test_a_job_is_submitted_with_its_defaults(buyer: Organisation, token_client)
     )
     assert response.status_code == 201, response.json()
     job = response.json()
-    assert (job["state"], job["gang"], job["preference"], job["price_weight"]) == ("open", "island", "price", "1.000")
+    assert (job["state"], job["gang"], job["preference"], job["price_weight"]) == (
+        "open",
+        "island",
+        "price",
+        "1.000",
+    )
     assert job["accelerators"] == ["nvidia-a800-sxm4-80gb"] and job["checkpointable"] is False
 
 
@@ -55,8 +60,10 @@ def now_plus(**delta: float) -> str:
         ({"earliest_start_at": "PLACEHOLDER_PAST"}, ["start_in_past"]),
         ({"max_price_per_card_hour": "0"}, ["price_cap_not_positive"]),
         ({"price_weight": "1.5", "preference": "weighted"}, ["price_weight_range"]),
-        ({"cards": 0, "duration_seconds": -5, "origin_hub": "mars"},
-         ["cards_not_positive", "duration_not_positive", "unknown_hub"]),
+        (
+            {"cards": 0, "duration_seconds": -5, "origin_hub": "mars"},
+            ["cards_not_positive", "duration_not_positive", "unknown_hub"],
+        ),
     ],
 )
 def test_bad_specs_are_400_with_a_code_per_fault(
@@ -67,8 +74,10 @@ def test_bad_specs_are_400_with_a_code_per_fault(
         "PLACEHOLDER_FAR": now_plus(days=8),
         "PLACEHOLDER_PAST": now_plus(hours=-1),
     }
-    values = {key: placeholders.get(value, value) if isinstance(value, str) else value
-              for key, value in overrides.items()}
+    values = {
+        key: placeholders.get(value, value) if isinstance(value, str) else value
+        for key, value in overrides.items()
+    }
     response = token_client(buyer).post("/api/v1/jobs", body(**values), format="json")
     assert response.status_code == 400, response.json()
     error = response.json()
@@ -79,7 +88,9 @@ def test_bad_specs_are_400_with_a_code_per_fault(
 
 
 def test_malformed_input_is_a_400_from_the_serializer(buyer: Organisation, token_client) -> None:
-    response = token_client(buyer).post("/api/v1/jobs", body(fabrics=["ethernet"], gang="galaxy"), format="json")
+    response = token_client(buyer).post(
+        "/api/v1/jobs", body(fabrics=["ethernet"], gang="galaxy"), format="json"
+    )
     assert response.status_code == 400
     assert set(response.json()["extra"]["fields"]) >= {"fabrics", "gang"}
     assert not Job.objects.exists()

@@ -71,7 +71,8 @@ def test_accepting_a_quote_holds_its_cards_and_repeating_it_returns_the_lease(
     other = submit(client)
     islands = [q["islands"][0]["cpi"] for q in quote(client, other["id"])["quotes"]]
     assert first["islands"][0]["cpi"] not in islands or all(
-        q["start_at"] >= first["end_at"] for q in quote(client, other["id"])["quotes"]
+        q["start_at"] >= first["end_at"]
+        for q in quote(client, other["id"])["quotes"]
         if q["islands"][0]["cpi"] == first["islands"][0]["cpi"]
     )
 
@@ -89,7 +90,9 @@ def test_a_second_quote_of_a_placed_job_is_superseded(
     assert response.json()["code"] == "quote_superseded"
 
 
-def test_an_expired_quote_cannot_be_accepted(funded_buyer: Organisation, east_cluster: Cluster, token_client) -> None:
+def test_an_expired_quote_cannot_be_accepted(
+    funded_buyer: Organisation, east_cluster: Cluster, token_client
+) -> None:
     client = token_client(funded_buyer)
     job = submit(client)
     body = quote(client, job["id"])
@@ -116,10 +119,16 @@ def test_a_buyer_who_cannot_pay_is_told_in_the_quote_and_refused_with_402(
     assert body["code"] == "insufficient_balance"
     assert body["extra"]["pack_class"] == A800
     assert Decimal(body["extra"]["expected_draw"]) == Decimal(first["expected_draw"])
-    assert not Lease.objects.exists() and not CapacityHold.objects.exists() and not LeaseTransition.objects.exists()
+    assert (
+        not Lease.objects.exists()
+        and not CapacityHold.objects.exists()
+        and not LeaseTransition.objects.exists()
+    )
 
 
-def test_live_leases_count_against_the_balance(buyer: Organisation, east_cluster: Cluster, token_client) -> None:
+def test_live_leases_count_against_the_balance(
+    buyer: Organisation, east_cluster: Cluster, token_client
+) -> None:
     # 8 cards × 1 h at most 1.7 → ≤ 13.6 card-hours each; 20 card-hours pay for one, not two.
     make_paid_pack(buyer=buyer, accelerator=A800, card_hours=20, price="200.00", key="twenty")
     client = token_client(buyer)
@@ -163,8 +172,12 @@ def test_every_transition_is_recorded_and_the_state_machine_holds(
     actor = Actor.system("test")
     for state, allowed in TRANSITIONS.items():
         for target in LeaseState.values:
-            lease = make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=1,
-                               start_at=timezone.now() + timedelta(days=1, minutes=len(allowed)))
+            lease = make_lease(
+                job=make_job(buyer=buyer),
+                cluster=east_cluster,
+                cards=1,
+                start_at=timezone.now() + timedelta(days=1, minutes=len(allowed)),
+            )
             path = {
                 LeaseState.RESERVED: [],
                 LeaseState.RUNNING: [LeaseState.RUNNING],
@@ -182,7 +195,11 @@ def test_every_transition_is_recorded_and_the_state_machine_holds(
                 lease_transition(lease=lease, to_state=target, actor=actor, reason="why")
                 assert LeaseTransition.objects.filter(lease=lease).count() == before + 1
                 last = LeaseTransition.objects.filter(lease=lease).last()
-                assert last is not None and (last.from_state, last.to_state, last.reason) == (state, target, "why")
+                assert last is not None and (last.from_state, last.to_state, last.reason) == (
+                    state,
+                    target,
+                    "why",
+                )
             else:
                 with pytest.raises(Exception) as raised:
                     lease_transition(lease=lease, to_state=target, actor=actor)
@@ -233,8 +250,9 @@ def test_64_concurrent_acceptances_for_the_last_cards(east_operator: Organisatio
         _, secret = api_token_create(organisation=buyer, name="race", scope="read_write")
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
-        job = submit(client, earliest_start_at=start.isoformat(),
-                     deadline_at=(start + timedelta(hours=1)).isoformat())
+        job = submit(
+            client, earliest_start_at=start.isoformat(), deadline_at=(start + timedelta(hours=1)).isoformat()
+        )
         (only,) = quote(client, job["id"])["quotes"]
         clients.append(client)
         quote_ids.append(only["id"])
@@ -260,6 +278,10 @@ def test_64_concurrent_acceptances_for_the_last_cards(east_operator: Organisatio
     assert Counter(outcomes) == Counter({(201, "reserved"): 8, (409, "capacity_taken"): 56})
     island = cluster.islands.get()
     assert CapacityHold.objects.filter(island=island, active=True).count() == 8
-    assert peak_occupancy(island_id=island.pk, start_at=start - timedelta(hours=1),
-                          end_at=start + timedelta(hours=3)) == 64
+    assert (
+        peak_occupancy(
+            island_id=island.pk, start_at=start - timedelta(hours=1), end_at=start + timedelta(hours=3)
+        )
+        == 64
+    )
     assert Lease.objects.count() == 8 == LeaseTransition.objects.count()

@@ -38,7 +38,12 @@ def find(job, *, now: datetime | None = None, limit: int = 10, **overrides):  # 
 def h800_cluster(east_operator: Organisation, presets: None) -> Cluster:
     """8 H800 cards in Guangdong (gba), 30 CNY/card-hour flat."""
     cluster = make_cluster(
-        operator=east_operator, hub="gba", name="sz-ai01", accelerator=H800, islands=[("isl-01", 8)], site="Shenzhen"
+        operator=east_operator,
+        hub="gba",
+        name="sz-ai01",
+        accelerator=H800,
+        islands=[("isl-01", 8)],
+        site="Shenzhen",
     )
     make_price_card(cluster=cluster, rate="30.0000", tariff_code="flat")
     return cluster
@@ -58,7 +63,9 @@ def test_a_valley_start_beats_a_peak_start(buyer: Organisation, east_cluster: Cl
     assert result.feasible == 2 and len(result.placements) == 2
 
 
-def test_cost_is_split_by_band_when_a_run_crosses_band_edges(buyer: Organisation, east_cluster: Cluster) -> None:
+def test_cost_is_split_by_band_when_a_run_crosses_band_edges(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
     # 07:00–11:00 exactly (window = duration): valley 1 h, flat 2 h, peak 1 h.
     job = make_job(buyer=buyer, earliest_start_at=at(7), deadline_at=at(11), duration_seconds=4 * 3600)
     best = find(job).placements[0]
@@ -95,12 +102,22 @@ def test_latency_preference_puts_the_nearest_first(
     )
     result = find(job)
     assert [p.cluster_cpi for p in result.placements][:2] == [east_cluster.cpi] * 2
-    weighted = find(make_job(buyer=buyer, preference="weighted", price_weight=Decimal("0.9"),
-                             earliest_start_at=at(10), deadline_at=at(12), duration_seconds=7200))
+    weighted = find(
+        make_job(
+            buyer=buyer,
+            preference="weighted",
+            price_weight=Decimal("0.9"),
+            earliest_start_at=at(10),
+            deadline_at=at(12),
+            duration_seconds=7200,
+        )
+    )
     assert weighted.placements[0].cluster_cpi == west_cluster.cpi
 
 
-def test_price_ties_are_broken_by_latency(buyer: Organisation, east_operator: Organisation, presets: None) -> None:
+def test_price_ties_are_broken_by_latency(
+    buyer: Organisation, east_operator: Organisation, presets: None
+) -> None:
     near = make_cluster(operator=east_operator, hub="yrd", name="a-near", islands=[("isl-01", 8)])
     far = make_cluster(operator=east_operator, hub="gz", name="a-far", islands=[("isl-01", 8)])
     for cluster in (far, near):
@@ -112,10 +129,22 @@ def test_price_ties_are_broken_by_latency(buyer: Organisation, east_operator: Or
 def test_every_rejection_reason_is_counted(
     buyer: Organisation, east_operator: Organisation, west_operator: Organisation, presets: None
 ) -> None:
-    def cluster(name: str, hub: str = "yrd", chip: str = A800, cards: int = 8, fabric: str = "infiniband",
-                rate: str | None = "10.0000") -> Cluster:
-        made = make_cluster(operator=east_operator, hub=hub, name=name, accelerator=chip,
-                            islands=[("isl-01", cards)], fabric=fabric)
+    def cluster(
+        name: str,
+        hub: str = "yrd",
+        chip: str = A800,
+        cards: int = 8,
+        fabric: str = "infiniband",
+        rate: str | None = "10.0000",
+    ) -> Cluster:
+        made = make_cluster(
+            operator=east_operator,
+            hub=hub,
+            name=name,
+            accelerator=chip,
+            islands=[("isl-01", cards)],
+            fabric=fabric,
+        )
         if rate:
             make_price_card(cluster=made, rate=rate, tariff_code="flat")
         return made
@@ -145,21 +174,45 @@ def test_every_rejection_reason_is_counted(
     )
     result = find(job)
     assert result.rejections == {
-        "offline": 2, "chip": 1, "memory": 0, "fabric": 1, "latency": 1, "unpriced": 1, "price": 1,
-        "capacity": 2, "window": 0,
+        "offline": 2,
+        "chip": 1,
+        "memory": 0,
+        "fabric": 1,
+        "latency": 1,
+        "unpriced": 1,
+        "price": 1,
+        "capacity": 2,
+        "window": 0,
     }
     assert [p.cluster_cpi for p in result.placements] == [good.cpi]
     assert result.considered == 10 and result.feasible == 1
-    memory_job = make_job(buyer=buyer, min_memory_gb=Decimal("96"), earliest_start_at=at(10), deadline_at=at(12),
-                          duration_seconds=7200)
+    memory_job = make_job(
+        buyer=buyer,
+        min_memory_gb=Decimal("96"),
+        earliest_start_at=at(10),
+        deadline_at=at(12),
+        duration_seconds=7200,
+    )
     memory = find(memory_job)
     assert memory.rejections["memory"] == 8 and memory.rejections["chip"] == 0  # the L20 has 48 GB
     # Too little TFLOPS is the chip's fault.
-    assert find(make_job(buyer=buyer, min_fp16_tflops=Decimal("500"), earliest_start_at=at(10),
-                         deadline_at=at(12), duration_seconds=7200)).rejections["chip"] == 8  # the two offline ones count as offline
+    assert (
+        find(
+            make_job(
+                buyer=buyer,
+                min_fp16_tflops=Decimal("500"),
+                earliest_start_at=at(10),
+                deadline_at=at(12),
+                duration_seconds=7200,
+            )
+        ).rejections["chip"]
+        == 8
+    )  # the two offline ones count as offline
 
 
-def test_a_window_that_has_passed_rejects_everything_as_window(buyer: Organisation, east_cluster: Cluster) -> None:
+def test_a_window_that_has_passed_rejects_everything_as_window(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
     job = make_job(buyer=buyer, earliest_start_at=at(10), deadline_at=at(12), duration_seconds=7200)
     result = find(job, now=at(10, 1))
     assert result.placements == ()
@@ -170,7 +223,11 @@ def test_standard_cards_are_matched_across_chips_by_their_factor(
     buyer: Organisation, east_cluster: Cluster, h800_cluster: Cluster
 ) -> None:
     job = make_job(
-        buyer=buyer, cards=None, standard_cards=Decimal("6"), earliest_start_at=at(12), deadline_at=at(14),
+        buyer=buyer,
+        cards=None,
+        standard_cards=Decimal("6"),
+        earliest_start_at=at(12),
+        deadline_at=at(14),
         duration_seconds=7200,
     )
     result = find(job, latency_budget_ms=100)
@@ -190,13 +247,22 @@ def test_standard_cards_are_matched_across_chips_by_their_factor(
 def test_a_chip_without_public_figures_cannot_serve_standard_cards(
     buyer: Organisation, east_operator: Organisation, presets: None
 ) -> None:
-    secret = make_cluster(operator=east_operator, hub="yrd", name="k100", accelerator="hygon-dcu-k100",
-                          islands=[("isl-01", 16)])
+    secret = make_cluster(
+        operator=east_operator, hub="yrd", name="k100", accelerator="hygon-dcu-k100", islands=[("isl-01", 16)]
+    )
     make_price_card(cluster=secret, rate="5.0000")
-    job = make_job(buyer=buyer, cards=None, standard_cards=Decimal("2"), earliest_start_at=at(10),
-                   deadline_at=at(12), duration_seconds=7200)
+    job = make_job(
+        buyer=buyer,
+        cards=None,
+        standard_cards=Decimal("2"),
+        earliest_start_at=at(10),
+        deadline_at=at(12),
+        duration_seconds=7200,
+    )
     assert find(job).rejections["chip"] == 1
-    by_cards = make_job(buyer=buyer, cards=4, earliest_start_at=at(10), deadline_at=at(12), duration_seconds=7200)
+    by_cards = make_job(
+        buyer=buyer, cards=4, earliest_start_at=at(10), deadline_at=at(12), duration_seconds=7200
+    )
     assert find(by_cards).placements[0].cluster_cpi == secret.cpi
 
 
@@ -205,28 +271,58 @@ def test_gang_placement_never_splits_an_island(buyer: Organisation, east_cluster
     result = find(job)
     assert result.placements == ()
     assert result.rejections["capacity"] == 2  # two islands of 8
-    spanning = find(make_job(buyer=buyer, cards=10, gang="cluster", earliest_start_at=at(10), deadline_at=at(12),
-                             duration_seconds=7200))
+    spanning = find(
+        make_job(
+            buyer=buyer,
+            cards=10,
+            gang="cluster",
+            earliest_start_at=at(10),
+            deadline_at=at(12),
+            duration_seconds=7200,
+        )
+    )
     (placement,) = spanning.placements
     assert placement.cards == 10
     assert sorted(cards for _, cards in placement.allocation) == [2, 8]
     assert len({island for island, _ in placement.allocation}) == 2
 
 
-def test_spanning_counts_only_cards_free_for_the_whole_run(buyer: Organisation, east_cluster: Cluster) -> None:
+def test_spanning_counts_only_cards_free_for_the_whole_run(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
     isl1 = east_cluster.islands.get(name="isl-01")
-    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=5, island="isl-01",
-               start_at=at(11), end_at=at(11, 30))
-    job = make_job(buyer=buyer, cards=12, gang="cluster", earliest_start_at=at(10), deadline_at=at(12),
-                   duration_seconds=7200)
+    make_lease(
+        job=make_job(buyer=buyer),
+        cluster=east_cluster,
+        cards=5,
+        island="isl-01",
+        start_at=at(11),
+        end_at=at(11, 30),
+    )
+    job = make_job(
+        buyer=buyer,
+        cards=12,
+        gang="cluster",
+        earliest_start_at=at(10),
+        deadline_at=at(12),
+        duration_seconds=7200,
+    )
     assert find(job).placements == ()  # 3 + 8 < 12 while the hold lasts
-    job = make_job(buyer=buyer, cards=11, gang="cluster", earliest_start_at=at(10), deadline_at=at(12),
-                   duration_seconds=7200)
+    job = make_job(
+        buyer=buyer,
+        cards=11,
+        gang="cluster",
+        earliest_start_at=at(10),
+        deadline_at=at(12),
+        duration_seconds=7200,
+    )
     (placement,) = find(job).placements
     assert dict(placement.allocation)[isl1.pk] == 3
 
 
-def test_holds_push_the_start_past_them(buyer: Organisation, east_operator: Organisation, presets: None) -> None:
+def test_holds_push_the_start_past_them(
+    buyer: Organisation, east_operator: Organisation, presets: None
+) -> None:
     cluster = make_cluster(operator=east_operator, hub="yrd", name="one", islands=[("isl-01", 8)])
     make_price_card(cluster=cluster, rate="10.0000", tariff_code="flat")
     make_lease(job=make_job(buyer=buyer), cluster=cluster, cards=4, start_at=at(10), end_at=at(11, 10))
@@ -237,14 +333,22 @@ def test_holds_push_the_start_past_them(buyer: Organisation, east_operator: Orga
     assert placement.start_at == at(11, 15)
     assert placement.saving == Decimal("0.00")
     # Four cards still fit beside the hold from the start.
-    small = make_job(buyer=buyer, cards=4, earliest_start_at=at(10), deadline_at=at(16), duration_seconds=3600)
+    small = make_job(
+        buyer=buyer, cards=4, earliest_start_at=at(10), deadline_at=at(16), duration_seconds=3600
+    )
     assert find(small).placements[0].start_at == at(10)
 
 
 def test_a_full_island_is_a_capacity_rejection(buyer: Organisation, east_cluster: Cluster) -> None:
     for island in ("isl-01", "isl-02"):
-        make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=8, island=island,
-                   start_at=at(9), end_at=at(13))
+        make_lease(
+            job=make_job(buyer=buyer),
+            cluster=east_cluster,
+            cards=8,
+            island=island,
+            start_at=at(9),
+            end_at=at(13),
+        )
     job = make_job(buyer=buyer, earliest_start_at=at(10), deadline_at=at(13), duration_seconds=7200)
     result = find(job)
     assert result.placements == ()

@@ -39,24 +39,41 @@ def _jobs(now: Any) -> list[tuple[JobInput, bool]]:
     return [
         (
             JobInput(
-                name="demo: pretrain 8×A800", idempotency_key="demo-pretrain", cards=8,
-                accelerators=("nvidia-a800-sxm4-80gb",), origin_hub="yrd", latency_budget_ms=30,
-                deadline_at=day, duration_seconds=4 * 3600, checkpointable=True,
+                name="demo: pretrain 8×A800",
+                idempotency_key="demo-pretrain",
+                cards=8,
+                accelerators=("nvidia-a800-sxm4-80gb",),
+                origin_hub="yrd",
+                latency_budget_ms=30,
+                deadline_at=day,
+                duration_seconds=4 * 3600,
+                checkpointable=True,
             ),
             True,
         ),
         (
             JobInput(
-                name="demo: fine-tune 12 standard cards", idempotency_key="demo-finetune",
-                standard_cards=Decimal("12"), gang="cluster", origin_hub="jjj", latency_budget_ms=30,
-                deadline_at=day, duration_seconds=2 * 3600, max_price_per_card_hour=Decimal("20"),
+                name="demo: fine-tune 12 standard cards",
+                idempotency_key="demo-finetune",
+                standard_cards=Decimal("12"),
+                gang="cluster",
+                origin_hub="jjj",
+                latency_budget_ms=30,
+                deadline_at=day,
+                duration_seconds=2 * 3600,
+                max_price_per_card_hour=Decimal("20"),
             ),
             True,
         ),
         (
             JobInput(
-                name="demo: inference burst", idempotency_key="demo-inference", cards=4, origin_hub="gba",
-                latency_budget_ms=10, deadline_at=now + timedelta(hours=6), duration_seconds=3600,
+                name="demo: inference burst",
+                idempotency_key="demo-inference",
+                cards=4,
+                origin_hub="gba",
+                latency_budget_ms=10,
+                deadline_at=now + timedelta(hours=6),
+                duration_seconds=3600,
                 preference="latency",
             ),
             False,
@@ -90,4 +107,6 @@ class Command(BaseCommand):
                     continue
                 placed += 1
                 break
-        self.stdout.write(f"Broker demo: {Job.objects.filter(buyer=buyer).count()} jobs, {placed} newly placed.")
+        self.stdout.write(
+            f"Broker demo: {Job.objects.filter(buyer=buyer).count()} jobs, {placed} newly placed."
+        )
