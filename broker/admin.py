@@ -28,15 +28,14 @@ Decisions, so the next person does not have to rediscover them:
   operators from the organisation table (never a ``DISTINCT`` over the big one), and search by exact id or
   indexed key: a number finds rows by id, anything else the text fields named in the search help.
 
-``operator_endpoint_enabled_set`` and ``lease_event_deliveries_retry`` are services that live here until
-they move to ``broker.services.dispatch``.
+``operator_endpoint_enabled_set`` and ``lease_event_deliveries_retry`` are in ``broker.services.dispatch``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
@@ -48,7 +47,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template import engines
@@ -71,7 +70,8 @@ from broker.models import (
     OperatorEndpoint,
     Quote,
 )
-from core.errors import ConflictError, DomainError
+from broker.services import dispatch
+from core.errors import DomainError
 from core.models import Organisation
 from core.types import Actor
 
@@ -107,61 +107,6 @@ _DELIVERY_COLOURS: dict[str, str] = {
     LeaseEventDelivery.Status.DELIVERED: "#15803d",
     LeaseEventDelivery.Status.GAVE_UP: "#b91c1c",
 }
-
-
-# --- Services that live here until they move to broker.services.dispatch --------------------------
-
-
-@transaction.atomic
-def operator_endpoint_enabled_set(
-    *, endpoint: OperatorEndpoint, enabled: bool, actor: Actor
-) -> OperatorEndpoint:
-    """Staff pause (``enabled=False``) or resume POSTing lease events to an operator; pulling the lease feed
-    always works. Unlike the operator's own disable, pausing keeps the signing secret, so resuming needs
-    nothing from the operator. Events that fall due while paused are given up (see dispatch).
-
-    Raises ConflictError ``endpoint_secret_missing`` when resuming an endpoint that has no secret (the
-    operator disabled lease events itself and turns them back on by rotating its secret).
-    """
-    locked = OperatorEndpoint.objects.select_for_update().select_related("operator").get(pk=endpoint.pk)
-    if enabled and not locked.secret:
-        raise ConflictError(
-            f"{locked.operator.slug} has no signing secret: it turns lease events back on by rotating its "
-            "secret through the API.",
-            code="endpoint_secret_missing",
-            extra={"operator": locked.operator.slug},
-        )
-    if locked.enabled != enabled:
-        locked.enabled = enabled
-        locked.save(update_fields=["enabled"])
-        logger.info(
-            "lease events %s for %s by %s",
-            "resumed" if enabled else "paused",
-            locked.operator.slug,
-            actor.label,
-        )
-    return locked
-
-
-@transaction.atomic
-def lease_event_deliveries_retry(
-    *, delivery_ids: Iterable[int], actor: Actor, now: datetime | None = None
-) -> int:
-    """Make undelivered lease events due now; returns how many. A pending event keeps its attempts; a given
-    up one goes back to pending with its attempts reset, so it gets the whole backoff series again (its last
-    error stays until the next attempt replaces it). Delivered events are left alone.
-
-    Delivery stays at least once: an event a worker is POSTing at this moment may be POSTed again by the
-    next run; receivers deduplicate on ``X-Cardhour-Delivery`` (the transition id).
-    """
-    now = now or timezone.now()
-    rows = LeaseEventDelivery.objects.filter(pk__in=list(delivery_ids))
-    pending = rows.filter(status=LeaseEventDelivery.Status.PENDING).update(next_attempt_at=now)
-    revived = rows.filter(status=LeaseEventDelivery.Status.GAVE_UP).update(
-        status=LeaseEventDelivery.Status.PENDING, attempts=0, next_attempt_at=now
-    )
-    logger.info("lease events retried by %s: %s pending, %s given up", actor.label, pending, revived)
-    return pending + revived
 
 
 # --- Helpers ---------------------------------------------------------------------------------------
@@ -1345,7 +1290,7 @@ class OperatorEndpointAdmin(_DetailJoinsMixin, admin.ModelAdmin):
         if "enabled" not in form.changed_data:
             return
         try:
-            operator_endpoint_enabled_set(
+            dispatch.operator_endpoint_enabled_set(
                 endpoint=obj, enabled=form.cleaned_data["enabled"], actor=_staff_actor(request)
             )
         except DomainError as exc:
@@ -1435,7 +1380,7 @@ class LeaseEventDeliveryAdmin(
     @admin.action(description="Retry now (pending and given-up events)", permissions=["retry"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[LeaseEventDelivery]) -> None:
         ids = list(queryset.exclude(status=LeaseEventDelivery.Status.DELIVERED).values_list("pk", flat=True))
-        made_due = lease_event_deliveries_retry(delivery_ids=ids, actor=_staff_actor(request))
+        made_due = dispatch.lease_event_deliveries_retry(delivery_ids=ids, actor=_staff_actor(request))
         messages.success(
             request,
             f"{made_due} event(s) due now; the delivery task sends them on its next run (every few seconds). "

@@ -3,3 +3,4 @@ from django.apps import AppConfig
 
 class BrokerConfig(AppConfig):
     name = "broker"
+    verbose_name = "Broker: jobs, quotes, leases"

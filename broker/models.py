@@ -266,7 +266,7 @@ class OperatorEndpoint(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
-        return f"endpoint of {self.operator_id}"
+        return f"lease-event endpoint of {self.operator}"
 
 
 class LeaseEventDelivery(models.Model):
@@ -286,6 +286,7 @@ class LeaseEventDelivery(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name_plural = "lease event deliveries"
         indexes = [
             models.Index(
                 fields=["next_attempt_at"], condition=Q(status="pending"), name="delivery_pending_due"

@@ -23,7 +23,7 @@ import secrets
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -51,6 +51,7 @@ from broker.models import (
     OperatorEndpoint,
 )
 from broker.services import leases
+from core.errors import ConflictError
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster
@@ -893,3 +894,58 @@ def lease_events_deliver_due(*, now: datetime | None = None, limit: int = 100) -
         if _delivery_record(claimed=item, error=_post(item), now=now):
             delivered += 1
     return delivered
+
+
+# --- Staff controls (the admin) -------------------------------------------------------------------
+
+
+@transaction.atomic
+def operator_endpoint_enabled_set(
+    *, endpoint: OperatorEndpoint, enabled: bool, actor: Actor
+) -> OperatorEndpoint:
+    """Staff pause (``enabled=False``) or resume POSTing lease events to an operator; pulling the lease feed
+    always works. Unlike the operator's own disable, pausing keeps the signing secret, so resuming needs
+    nothing from the operator. Events that fall due while paused are given up (see dispatch).
+
+    Raises ConflictError ``endpoint_secret_missing`` when resuming an endpoint that has no secret (the
+    operator disabled lease events itself and turns them back on by rotating its secret).
+    """
+    locked = OperatorEndpoint.objects.select_for_update().select_related("operator").get(pk=endpoint.pk)
+    if enabled and not locked.secret:
+        raise ConflictError(
+            f"{locked.operator.slug} has no signing secret: it turns lease events back on by rotating its "
+            "secret through the API.",
+            code="endpoint_secret_missing",
+            extra={"operator": locked.operator.slug},
+        )
+    if locked.enabled != enabled:
+        locked.enabled = enabled
+        locked.save(update_fields=["enabled"])
+        logger.info(
+            "lease events %s for %s by %s",
+            "resumed" if enabled else "paused",
+            locked.operator.slug,
+            actor.label,
+        )
+    return locked
+
+
+@transaction.atomic
+def lease_event_deliveries_retry(
+    *, delivery_ids: Iterable[int], actor: Actor, now: datetime | None = None
+) -> int:
+    """Make undelivered lease events due now; returns how many. A pending event keeps its attempts; a given
+    up one goes back to pending with its attempts reset, so it gets the whole backoff series again (its last
+    error stays until the next attempt replaces it). Delivered events are left alone.
+
+    Delivery stays at least once: an event a worker is POSTing at this moment may be POSTed again by the
+    next run; receivers deduplicate on ``X-Cardhour-Delivery`` (the transition id).
+    """
+    now = now or timezone.now()
+    rows = LeaseEventDelivery.objects.filter(pk__in=list(delivery_ids))
+    pending = rows.filter(status=LeaseEventDelivery.Status.PENDING).update(next_attempt_at=now)
+    revived = rows.filter(status=LeaseEventDelivery.Status.GAVE_UP).update(
+        status=LeaseEventDelivery.Status.PENDING, attempts=0, next_attempt_at=now
+    )
+    logger.info("lease events retried by %s: %s pending, %s given up", actor.label, pending, revived)
+    return pending + revived

@@ -37,6 +37,7 @@ from broker.models import (
 from broker.services import dispatch
 from broker.services.leases import lease_lock, lease_transition, notice_create
 from broker.services.quotes import quote_create
+from core.errors import ConflictError
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster, ClusterStatus
@@ -529,8 +530,8 @@ def test_an_endpoint_without_a_secret_cannot_be_resumed_here(admin_client: Clien
     assert "rotating its secret" in str(response.context["adminform"].form.errors)
     endpoint.refresh_from_db()
     assert (endpoint.enabled, endpoint.secret) == (False, "")
-    with pytest.raises(broker_admin.ConflictError) as raised:
-        broker_admin.operator_endpoint_enabled_set(endpoint=endpoint, enabled=True, actor=SYSTEM)
+    with pytest.raises(ConflictError) as raised:
+        dispatch.operator_endpoint_enabled_set(endpoint=endpoint, enabled=True, actor=SYSTEM)
     assert raised.value.code == "endpoint_secret_missing"
 
 
