@@ -365,14 +365,23 @@ class WsgiServers:
 
     @classmethod
     def start(
-        cls, *, workers: int, environment: dict[str, str], host: str = "127.0.0.1", timeout_s: float = 60
+        cls,
+        *,
+        workers: int,
+        environment: dict[str, str],
+        host: str = "127.0.0.1",
+        timeout_s: float = 60,
+        module: str = "benchmarks._common",
     ) -> WsgiServers:
+        """Start the servers; each runs ``python -m <module> serve HOST PORT``. A benchmark that must
+        prepare its server processes (a clock, a setting) passes its own module, whose ``serve`` does that
+        and then calls ``serve_wsgi``."""
         log = tempfile.NamedTemporaryFile(prefix="cardhour-bench-server-", suffix=".log", delete=False)  # noqa: SIM115
         env = {**os.environ, **environment}
         ports = [free_port(host) for _ in range(workers)]
         processes = [
             subprocess.Popen(
-                [sys.executable, "-m", "benchmarks._common", "serve", host, str(port)],
+                [sys.executable, "-m", module, "serve", host, str(port)],
                 cwd=PROJECT_ROOT,
                 env=env,
                 stdout=log,
@@ -422,6 +431,11 @@ class WsgiServers:
                 process.wait()
         if not keep_log:
             self.log_path.unlink(missing_ok=True)
+
+
+def serve_wsgi(host: str, port: int) -> None:
+    """Serve config.wsgi.application on ``host:port`` until killed (the body of one server process)."""
+    _serve(host, port)
 
 
 def _serve(host: str, port: int) -> None:
@@ -564,3 +578,88 @@ def main(argv: Sequence[str]) -> Any:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+# --- A JSON client for benchmark drivers ------------------------------------------------------------------
+
+
+class JsonClient:
+    """Blocking JSON-over-HTTP calls for a benchmark's driver threads: one keep-alive connection per
+    thread, threads spread round-robin over the server ports (as ``run_closed_loop`` does). Every call's
+    latency is kept per ``label`` (see ``latencies``).
+
+    A connection the server closed between two requests is reopened and the request sent once more; that
+    is the only retry (so a POST is never repeated after the server may have seen it)."""
+
+    def __init__(self, *, host: str, ports: Sequence[int], timeout_s: float = 300):
+        self.host = host
+        self.ports = list(ports)
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._next_port = 0
+        self.latencies: dict[str, list[float]] = {}
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            with self._lock:
+                port = self.ports[self._next_port % len(self.ports)]
+                self._next_port += 1
+            conn = http.client.HTTPConnection(self.host, port, timeout=self.timeout_s)
+            self._local.conn = conn
+        return conn
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str,
+        body: Any = None,
+        raw: bytes | None = None,
+        content_type: str = "application/json",
+        label: str | None = None,
+    ) -> tuple[int, Any]:
+        """Send one request; returns (status, parsed JSON body or None)."""
+        import json
+
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        for attempt in range(2):
+            conn = self._connection()
+            t0 = time.perf_counter()
+            try:
+                conn.request(method, path, body=data, headers=headers)
+            except (ConnectionError, http.client.CannotSendRequest, BrokenPipeError):
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise
+                continue
+            try:
+                response = conn.getresponse()
+                payload = response.read()
+            except http.client.RemoteDisconnected:
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise
+                continue
+            elapsed = time.perf_counter() - t0
+            if label is not None:
+                with self._lock:
+                    self.latencies.setdefault(label, []).append(elapsed)
+            if response.getheader("Connection", "").lower() == "close":
+                conn.close()
+                self._local.conn = None
+            return response.status, (json.loads(payload) if payload else None)
+        raise RuntimeError("unreachable")
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
