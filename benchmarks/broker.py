@@ -30,8 +30,10 @@ What it does, in order:
    book) is timed apart; then ``--warmup`` quotes, then ``--quotes`` ``POST /api/v1/jobs/<id>/quotes``
    from ``--concurrency`` closed-loop clients: p50 / p99 / p99.9 / max, quotes per second, CPU per quote,
    and the servers' peak RSS (VmHWM).
-3. **The matcher alone.** ``broker.services.quotes.placements_find`` for the same jobs in this process
-   (same TTL), as the breakdown of a quote's latency.
+3. **Breakdown.** ``broker.services.quotes.placements_find`` (the matcher alone) and ``quote_create`` (the
+   matcher, the buyer's affordability and storing the quotes) for the same jobs in this process (same TTL),
+   so the HTTP figure can be split into matcher, service and HTTP/DRF. Also one client alone over HTTP,
+   for the latency without queueing.
 4. **Usage over REST.** ``--records`` usage records of one minute each against the running leases,
    ``POST /api/v1/operator/usage`` in batches of 1,000 (one operator per batch, each operator with its own
    token) from ``--usage-concurrency`` clients; then one batch sent again must come back all
@@ -545,7 +547,8 @@ def create_jobs(client: JsonClient, *, token: str, n: int, duration_hours: int, 
     now = timezone.now().replace(microsecond=0)
     ids = []
     for i in range(n):
-        earliest = now + timedelta(minutes=5 + rng.randrange(5 * 24 * 60))
+        # Windows of 48 h starting within the first 5 days keep every deadline inside the 7-day horizon.
+        earliest = now + timedelta(minutes=5 + rng.randrange((5 * 24 - 1) * 60))
         body = {
             "name": f"quote-{i}",
             "cards": 8,
@@ -603,6 +606,21 @@ def matcher_in_process(job_ids: Sequence[int], n: int) -> tuple[list[float], flo
         latencies.append(time.perf_counter() - t0)
         feasible.append(result.feasible)
     return latencies, first, feasible
+
+
+def service_in_process(job_ids: Sequence[int], n: int) -> list[float]:
+    """broker.services.quotes.quote_create (matcher + the buyer's affordability + storing the quotes) for
+    ``n`` jobs (cycling), in this process, after the matcher's catalogue is loaded."""
+    from broker.models import Job
+    from broker.services.quotes import quote_create
+
+    jobs = list(Job.objects.filter(pk__in=job_ids).select_related("origin_hub", "buyer"))
+    latencies = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        quote_create(job=jobs[i % len(jobs)], limit=10)
+        latencies.append(time.perf_counter() - t0)
+    return latencies
 
 
 # --- Usage ------------------------------------------------------------------------------------------------------
@@ -749,6 +767,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quotes", type=int, default=6_000, help="timed quotes (run at least ~20 s)")
     parser.add_argument("--min-seconds", type=float, default=20.0, help="repeat the quotes until this long")
     parser.add_argument("--concurrency", type=int, default=4, help="quote clients (closed loop)")
+    parser.add_argument(
+        "--single-quotes", type=int, default=500, help="quotes from one client (unloaded latency)"
+    )
     parser.add_argument("--matcher-calls", type=int, default=2_000, help="in-process placements_find calls")
     parser.add_argument("--records", type=int, default=200_000, help="usage records over REST")
     parser.add_argument("--usage-concurrency", type=int, default=4)
@@ -866,6 +887,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             check=quoted,
         )
         errors += warm.errors
+        single = run_closed_loop(
+            requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
+            host=servers.host,
+            ports=servers.ports,
+            concurrency=1,
+            check=quoted,
+        )
+        errors += single.errors
         latencies: list[float] = []
         done_at: list[float] = []
         wall = 0.0
@@ -940,6 +969,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         errors.append(f"{stored_count} usage records stored, {len(rows)} sent")
 
     matcher, matcher_first, feasible = matcher_in_process(job_ids, args.matcher_calls)
+    service = sorted(service_in_process(job_ids, args.matcher_calls // 2))
 
     # --- Report ----------------------------------------------------------------------------------------------------
     ordered = sorted(latencies)
@@ -957,6 +987,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             ["p50 / p90 ms", f"{ms(p50)} / {ms(percentile(ordered, 90))}"],
             ["p99 / p99.9 / max ms", f"{ms(p99)} / {ms(p999)} / {ms(ordered[-1])}"],
             ["quotes per second (sustained)", f"{rate:,.0f}"],
+            [
+                f"one client alone ({len(single.latency_s):,} quotes): p50 / p99 ms, quotes/s",
+                f"{ms(percentile(sorted(single.latency_s), 50))} / {ms(percentile(sorted(single.latency_s), 99))}, "
+                f"{len(single.latency_s) / single.wall_s:,.0f}",
+            ],
             ["quotes per second in 10 slices (min / median / max)", spread(windows) if windows else "—"],
             [
                 "CPU ms per quote: servers / PostgreSQL / clients",
@@ -970,12 +1005,20 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     )
     m = sorted(matcher)
     print_table(
-        "Breakdown: broker.services.quotes.placements_find in this process (no HTTP, no Quote rows)",
+        "Breakdown, in this process (one caller, no HTTP): the matcher (broker.services.quotes.placements_find) "
+        "and the quote service",
         ["figure", "value"],
         [
             ["calls", f"{len(matcher):,} (first call, loading the catalogue: {matcher_first:.2f} s)"],
             ["p50 / p99 / max ms", f"{ms(percentile(m, 50))} / {ms(percentile(m, 99))} / {ms(m[-1])}"],
-            ["feasible placements per call (min / median / max)", spread([float(f) for f in feasible])],
+            [
+                f"quote_create (matcher + affordability + 10 Quote rows), {len(service):,} calls: p50 / p99 ms",
+                f"{ms(percentile(service, 50))} / {ms(percentile(service, 99))}",
+            ],
+            [
+                "feasible islands per call (min / median / max)",
+                f"{min(feasible):,} / {sorted(feasible)[len(feasible) // 2]:,} / {max(feasible):,}",
+            ],
             ["this process's peak RSS", f"{peak_rss_mb():.0f} MiB"],
         ],
     )

@@ -81,6 +81,7 @@ import csv
 import heapq
 import math
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -1592,6 +1593,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     }
     servers = WsgiServers.start(workers=args.workers, environment=environment, module="benchmarks.replay")
     failures: list[str] = []
+    clean = False
     try:
         with Timer() as timer:
             operator_tokens, buyer_tokens, buyer_slugs = create_organisations(buyers=args.buyers)
@@ -1653,9 +1655,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             final = billing.finish(clock, result.last)
         timings["final rating and closes"] = timer.seconds
         print(f"billing finished at {final.astimezone(SHANGHAI):%Y-%m-%d %H:%M} simulated", flush=True)
+        clean = not result.errors
     finally:
-        servers.stop(keep_log=True)
-        print(f"server log: {servers.log_path}")
+        servers.stop(keep_log=not clean)
+        shutil.rmtree(clock_dir, ignore_errors=True)  # this process keeps its descriptor open
+        if not clean:
+            print(f"server log: {servers.log_path}")
     with Timer() as timer:
         failures += report(
             args=args,

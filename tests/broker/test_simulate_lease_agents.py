@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -24,6 +25,20 @@ from core.types import Actor
 from federation.models import Cluster
 from metering.models import PriceCard, UsageRecord
 from tests.broker.factories import make_job, make_lease
+
+
+@pytest.fixture(autouse=True)
+def _agent_log_captured(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """caplog listens on the root logger; a logging reconfiguration by an earlier test in the same worker
+    process (a Celery worker's setup, say) can disable this module's logger or stop it propagating, and
+    caplog would then see nothing. Listen on the logger itself."""
+    monkeypatch.setattr(agents.logger, "disabled", False)
+    agents.logger.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        agents.logger.removeHandler(caplog.handler)
+
 
 TEST = Actor.system("test")
 
