@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,16 +27,12 @@ from tests.broker.factories import make_job, make_lease
 
 
 @pytest.fixture(autouse=True)
-def _agent_log_captured(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """caplog listens on the root logger; a logging reconfiguration by an earlier test in the same worker
-    process (a Celery worker's setup, say) can disable this module's logger or stop it propagating, and
-    caplog would then see nothing. Listen on the logger itself."""
+def _agent_log_captured(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A Celery worker started by an earlier test in the same process raises the root logger's level
+    (it hijacks the root logger) and a logging reconfiguration can disable existing loggers; either would
+    hide this module's warnings from caplog. Pin the level on the logger itself and keep it enabled."""
     monkeypatch.setattr(agents.logger, "disabled", False)
-    agents.logger.addHandler(caplog.handler)
-    try:
-        yield
-    finally:
-        agents.logger.removeHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger=agents.logger.name)
 
 
 TEST = Actor.system("test")
