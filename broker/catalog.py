@@ -24,6 +24,7 @@ from decimal import Decimal
 import numpy as np
 from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
 from broker.models import CapacityHold, LeaseTransition
 from federation.selectors import catalog_rows
@@ -270,7 +271,7 @@ class HoldBook:
         self.gaps = {
             pk: now for pk in range(max(last - _INITIAL_GAP_LOOKBACK, 0) + 1, last + 1) if pk not in recent
         }
-        floor = datetime.now(tz=UTC).timestamp() - 3600
+        floor = timezone.now().timestamp() - 3600
         by_lease: dict[int, list[tuple[int, int, int, int]]] = {}
         rows = CapacityHold.objects.filter(
             active=True, end_at__gt=datetime.fromtimestamp(floor, tz=UTC)
@@ -317,7 +318,7 @@ class Market:
             self.holds.refresh()
             self._quotes += 1
             if self._quotes % 1000 == 0:
-                self.holds.maintain(int(time.time()))
+                self.holds.maintain(epoch(timezone.now()))
             return self.catalogue, self.holds.overlapping(start, end)
 
     def reset(self) -> None:

@@ -82,3 +82,18 @@ def test_a_transition_committed_after_a_later_one_is_not_lost(
     book.refresh()
     assert sorted(cards for _, _, cards in live_leases(book, start, start + timedelta(hours=2))) == [1, 4]
     assert slow_id not in book.gaps
+
+
+def test_the_book_keeps_holds_by_the_platform_clock_not_the_machine_clock(
+    buyer: Organisation, east_cluster: Cluster, monkeypatch
+) -> None:
+    """A platform clock behind the machine's (a replay, a pinned test) must not drop holds that are still
+    in its future."""
+    past = timezone.now().replace(microsecond=0) - timedelta(days=30)
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=past + timedelta(hours=1))
+    monkeypatch.setattr(timezone, "now", lambda: past)
+    book = HoldBook()
+    book.refresh()
+    assert len(live_leases(book, past, past + timedelta(hours=5))) == 1
+    book.maintain(epoch(past))
+    assert len(live_leases(book, past, past + timedelta(hours=5))) == 1
