@@ -46,15 +46,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
-from django.db import OperationalError, connection
+from django.db import OperationalError
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template import engines
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -71,14 +69,20 @@ from broker.models import (
     Quote,
 )
 from broker.services import dispatch
+from core.admin_tools import (
+    BuyerFilter,
+    LimitedInlineFormSet,
+    OperatorFilter,
+)
+from core.admin_tools import EstimatedCountPaginator as _EstimatedCountPaginator
+from core.admin_tools import ReadOnlyAdminMixin as _ReadOnlyAdminMixin
+from core.admin_tools import changelist_url as _changelist_url
+from core.admin_tools import staff_actor as _staff_actor
 from core.errors import DomainError
 from core.models import Organisation
-from core.types import Actor
 
 logger = logging.getLogger(__name__)
 
-# Below this many rows (by the planner's estimate) an exact count is cheap enough to make.
-ESTIMATED_COUNT_THRESHOLD = 100_000
 # An action confirms at most this many rows at a time (its page lists each one and what will happen to it).
 ACTION_ROW_LIMIT = 100
 # Inlines show at most this many rows; the full list is one click away.
@@ -110,16 +114,6 @@ _DELIVERY_COLOURS: dict[str, str] = {
 
 
 # --- Helpers ---------------------------------------------------------------------------------------
-
-
-def _staff_actor(request: HttpRequest) -> Actor:
-    """Staff act for the platform (no organisation), as themselves."""
-    return Actor(organisation=None, user=request.user if request.user.is_authenticated else None)
-
-
-def _changelist_url(model: type[Any], **params: object) -> str:
-    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
-    return f"{url}?{urlencode(params)}" if params else url
 
 
 def _change_url(model: type[Any], pk: object) -> str:
@@ -198,38 +192,6 @@ def _mask(secret: str) -> str:
     return f"{secret[:8]}… ({len(secret)} characters, hidden)"
 
 
-class _EstimatedCountPaginator(Paginator):
-    """On PostgreSQL, an unfiltered list of a big table takes its row count from the planner's statistics
-    instead of ``COUNT(*)`` over millions of rows; anything filtered, or small, is counted exactly. (The
-    same as metering's admin; one copy per app keeps the apps' admins independent.)"""
-
-    @cached_property
-    def count(self) -> int:
-        query = getattr(self.object_list, "query", None)
-        if connection.vendor == "postgresql" and query is not None and not query.where:
-            table = query.model._meta.db_table
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
-                row = cursor.fetchone()
-            estimate = int(row[0]) if row and row[0] is not None else -1
-            if estimate >= ESTIMATED_COUNT_THRESHOLD:
-                return estimate
-        return super().count
-
-
-class _ReadOnlyAdminMixin:
-    """View-only: rows written by services alone."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 class _BigTableMixin(admin.ModelAdmin):
     """Newest first by id (the primary key's index), never a whole-table count, and no per-choice filter
     counts (Django's "Show counts" would count each choice over the whole table)."""
@@ -296,13 +258,8 @@ class _IdSearchMixin(admin.ModelAdmin):
         return super().get_search_results(request, queryset, term)
 
 
-class _LimitedInlineFormSet(forms.models.BaseInlineFormSet):
-    """Shows at most INLINE_ROW_LIMIT rows of the (already ordered) inline queryset."""
-
-    def get_queryset(self) -> QuerySet[Any]:
-        if not hasattr(self, "_limited_queryset"):
-            self._limited_queryset = super().get_queryset()[:INLINE_ROW_LIMIT]
-        return self._limited_queryset
+class _LimitedInlineFormSet(LimitedInlineFormSet):
+    row_limit = INLINE_ROW_LIMIT
 
 
 class _ReadOnlyInline(_ReadOnlyAdminMixin, admin.TabularInline):
@@ -311,42 +268,6 @@ class _ReadOnlyInline(_ReadOnlyAdminMixin, admin.TabularInline):
     can_delete = False
 
 
-class _OrganisationFilter(admin.SimpleListFilter):
-    """Organisations of one role, listed from the (small) organisation table, never with a DISTINCT over
-    the filtered model's (big) table."""
-
-    role_field = "is_operator"
-    field_name = "operator"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        rows = (
-            Organisation.objects.filter(**{self.role_field: True}).order_by("slug").values_list("pk", "slug")
-        )
-        return [(str(pk), slug) for pk, slug in rows]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value and value.isdigit():
-            return queryset.filter(**{f"{self.field_name}_id": int(value)})
-        return queryset
-
-
-class OperatorFilter(_OrganisationFilter):
-    title = "operator"
-    parameter_name = "operator"
-
-
-class BuyerFilter(_OrganisationFilter):
-    title = "buyer"
-    parameter_name = "buyer"
-    role_field = "is_buyer"
-    field_name = "buyer"
-
-
-# --- Confirmation pages for actions ----------------------------------------------------------------
-
-# One page for every broker action that needs a confirmation (and, for most, a reason). It is kept here,
-# not in templates/, so the back office of the broker is this one module.
 _CONFIRM_TEMPLATE = """{% extends "admin/base_site.html" %}
 {% load i18n l10n admin_urls static %}
 {% block extrahead %}{{ block.super }}{{ media }}<script src="{% static 'admin/js/cancel.js' %}" async></script>{% endblock %}

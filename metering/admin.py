@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -51,23 +50,28 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Max, Q, QuerySet, Sum
-from django.forms.models import BaseInlineFormSet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from core.admin_tools import (
+    BuyerFilter,
+    LimitedInlineFormSet,
+    OperatorFilter,
+)
+from core.admin_tools import EstimatedCountPaginator as _EstimatedCountPaginator
+from core.admin_tools import ReadOnlyAdminMixin as _ReadOnlyAdminMixin
+from core.admin_tools import changelist_url as _changelist_url
+from core.admin_tools import staff_actor as _staff_actor
 from core.errors import DomainError
 from core.models import Organisation
 from core.money import from_micros
-from core.types import Actor
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError
 from metering.models import (
@@ -114,8 +118,6 @@ logger = logging.getLogger(__name__)
 # Inlines show at most this many rows (a rating transfer may touch thousands of accounts); the full list is
 # one click away.
 INLINE_ROW_LIMIT = 200
-# Below this many rows (by the planner's estimate) an exact count is cheap enough to make.
-ESTIMATED_COUNT_THRESHOLD = 100_000
 USAGE_CSV_MAX_BYTES = 64 * 1024 * 1024
 USAGE_CSV_MAX_ROWS = 200_000
 USAGE_CSV_COLUMNS = (
@@ -137,16 +139,6 @@ _SERVICE_FORM_TEMPLATE = "admin/metering/service_form.html"
 
 
 # --- Helpers ---------------------------------------------------------------------------------------
-
-
-def _staff_actor(request: HttpRequest) -> Actor:
-    """Staff act for the platform (no organisation), as themselves."""
-    return Actor(organisation=None, user=request.user if request.user.is_authenticated else None)
-
-
-def _changelist_url(model: type[Any], **params: object) -> str:
-    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
-    return f"{url}?{urlencode(params)}" if params else url
 
 
 def _change_url(obj: Any) -> str:
@@ -203,81 +195,13 @@ def _domain_error_into_form(form: forms.Form, exc: DomainError) -> None:
     form.add_error(None, f"{exc.message} ({exc.code})")
 
 
-class _EstimatedCountPaginator(Paginator):
-    """On PostgreSQL, an unfiltered list of a big table takes its row count from the planner's statistics
-    instead of ``COUNT(*)`` over millions of rows; anything filtered, or small, is counted exactly."""
-
-    @cached_property
-    def count(self) -> int:
-        query = getattr(self.object_list, "query", None)
-        if connection.vendor == "postgresql" and query is not None and not query.where:
-            table = query.model._meta.db_table
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
-                row = cursor.fetchone()
-            estimate = int(row[0]) if row and row[0] is not None else -1
-            if estimate >= ESTIMATED_COUNT_THRESHOLD:
-                return estimate
-        return super().count
-
-
-class _ReadOnlyAdminMixin:
-    """View-only: rows written by services alone (money, history, immutable versions)."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class _LimitedInlineFormSet(BaseInlineFormSet):
-    """Shows at most INLINE_ROW_LIMIT rows of the (already ordered) inline queryset."""
-
-    def get_queryset(self) -> QuerySet[Any]:
-        if not hasattr(self, "_limited_queryset"):
-            self._limited_queryset = super().get_queryset()[:INLINE_ROW_LIMIT]
-        return self._limited_queryset
+class _LimitedInlineFormSet(LimitedInlineFormSet):
+    row_limit = INLINE_ROW_LIMIT
 
 
 class _ReadOnlyInline(_ReadOnlyAdminMixin, admin.TabularInline):
     extra = 0
     can_delete = False
-
-
-class _OrganisationFilter(admin.SimpleListFilter):
-    """Organisations of one role, listed from the (small) organisation table, never with a DISTINCT over
-    the filtered model's (big) table."""
-
-    role_field = "is_operator"
-    field_name = "operator"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        rows = (
-            Organisation.objects.filter(**{self.role_field: True}).order_by("slug").values_list("pk", "slug")
-        )
-        return [(str(pk), slug) for pk, slug in rows]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value and value.isdigit():
-            return queryset.filter(**{f"{self.field_name}_id": int(value)})
-        return queryset
-
-
-class OperatorFilter(_OrganisationFilter):
-    title = "operator"
-    parameter_name = "operator"
-
-
-class BuyerFilter(_OrganisationFilter):
-    title = "buyer"
-    parameter_name = "buyer"
-    role_field = "is_buyer"
-    field_name = "buyer"
 
 
 class UnitFilter(admin.SimpleListFilter):

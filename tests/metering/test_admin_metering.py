@@ -272,7 +272,7 @@ def test_big_tables_never_count_the_whole_table(world: World) -> None:
 def test_the_unfiltered_count_is_the_planners_estimate_on_postgresql(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metering_admin, "ESTIMATED_COUNT_THRESHOLD", 0)
+    monkeypatch.setattr(metering_admin._EstimatedCountPaginator, "threshold", 0)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE metering_ledgerentry")
