@@ -18,6 +18,11 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # The portal: server-rendered pages for buyers, operators and staff.
+    path("", include("core.urls")),
+    path("", include("federation.urls")),
+    path("", include("metering.urls")),
+    path("", include("broker.urls")),
 ]
 
 handler404 = "core.views.not_found"

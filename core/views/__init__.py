@@ -1,7 +1,11 @@
+from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
 from django.views import defaults
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 
 @require_GET
@@ -36,3 +40,19 @@ def server_error(request: HttpRequest) -> HttpResponse:
         body = {"code": "server_error", "message": "Internal error; it has been logged.", "extra": {}}
         return JsonResponse(body, status=500)
     return defaults.server_error(request)
+
+
+@require_POST
+def organisation_switch(request: HttpRequest) -> HttpResponse:
+    """Act for another of the person's organisations (the header's switcher); back to where they were."""
+    from core.portal import portal_organisation_choose
+
+    if not request.user.is_authenticated:
+        return redirect("login")
+    slug = request.POST.get("organisation", "")
+    if not portal_organisation_choose(request, slug=slug):
+        messages.error(request, _("You are not a member of that organisation."))
+    target = request.POST.get("next") or request.headers.get("referer") or ""
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = reverse("home")
+    return redirect(target)

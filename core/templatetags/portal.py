@@ -1,0 +1,104 @@
+"""Template helpers every portal page uses: money and quantity formatting, ages, band strips and legends."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from core.charts import band_colour, band_sort_key
+
+register = template.Library()
+
+
+def _decimal(value: Any) -> Decimal | None:
+    if value is None or value == "":
+        return None
+    try:
+        return Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+@register.filter
+def money(value: Any, currency: str = "CNY") -> str:
+    """``Decimal('1234.5')`` → ``"¥1,234.50"`` (CNY) or ``"1,234.50 USD"``; rounded half-even to the cent
+    for display only."""
+    amount = _decimal(value)
+    if amount is None:
+        return "—"
+    text = f"{amount.quantize(Decimal('0.01')):,}"
+    return f"¥{text}" if currency == "CNY" else f"{text} {currency}"
+
+
+@register.filter
+def quantity(value: Any, places: int = 2) -> str:
+    """A card-hour or similar quantity with thousands separators and ``places`` decimals."""
+    number = _decimal(value)
+    if number is None:
+        return "—"
+    return f"{number.quantize(Decimal(1).scaleb(-int(places))):,}"
+
+
+@register.filter
+def age(value: datetime | None) -> str:
+    """How long ago ``value`` was, briefly: "12 s ago", "3 min ago", "2 h ago", "5 days ago", or "never"."""
+    if value is None:
+        return _("never")
+    seconds = int((timezone.now() - value).total_seconds())
+    if seconds < 0:
+        return _("just now")
+    if seconds < 90:
+        return _("%(n)d s ago") % {"n": seconds}
+    if seconds < 90 * 60:
+        return _("%(n)d min ago") % {"n": seconds // 60}
+    if seconds < 36 * 3600:
+        return _("%(n)d h ago") % {"n": seconds // 3600}
+    days = seconds // 86400
+    return ngettext("%(n)d day ago", "%(n)d days ago", days) % {"n": days}
+
+
+@register.filter
+def band_colour_of(band: str) -> str:
+    return band_colour(band)
+
+
+@register.simple_tag
+def band_legend(bands: Any, multipliers: Any = None) -> SafeString:
+    """A legend (swatch and name, with the multiplier if given) for ``bands``, cheapest first."""
+    names = sorted({str(b) for b in bands}, key=band_sort_key)
+    multipliers = multipliers or {}
+    return format_html(
+        '<ul class="legend">{}</ul>',
+        format_html_join(
+            "",
+            '<li><span class="swatch" style="background:{}"></span>{}{}</li>',
+            (
+                (band_colour(name), name, f" ×{multipliers[name]}" if name in multipliers else "")
+                for name in names
+            ),
+        ),
+    )
+
+
+@register.filter
+def state_class(state: str) -> str:
+    """A CSS class for a state badge: good, warn, bad or neutral."""
+    good = {"running", "active", "completed", "paid", "succeeded", "healthy", "placed", "issued", "online"}
+    warn = {"reserved", "pending", "stop_requested", "degraded", "draining", "open", "requires_payment"}
+    bad = {"failed", "interrupted", "offline", "cancelled", "declined", "expired", "retired", "overdue"}
+    state = str(state)
+    if state in good:
+        return "badge good"
+    if state in warn:
+        return "badge warn"
+    if state in bad:
+        return "badge bad"
+    return "badge"

@@ -1,0 +1,5 @@
+"""Portal pages (being built)."""
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []

@@ -1,0 +1,39 @@
+// Cardhour portal: small progressive enhancements. Every page works without this file.
+(function () {
+  "use strict";
+  // On a phone the navigation starts folded; on a wide screen it is always open.
+  var menu = document.querySelector(".nav-menu");
+  if (menu && window.matchMedia("(max-width: 760px)").matches) {
+    menu.removeAttribute("open");
+  }
+  // Forms marked data-confirm ask before they submit (cancel a lease, revoke a token).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+    }
+  });
+  // Elements with data-poll-url reload their content from that URL every data-poll-seconds (default 3)
+  // until the response carries data-poll-done; used for pending payments and live usage.
+  document.querySelectorAll("[data-poll-url]").forEach(function (el) {
+    var seconds = parseFloat(el.getAttribute("data-poll-seconds") || "3");
+    function tick() {
+      fetch(el.getAttribute("data-poll-url"), { headers: { "X-Requested-With": "fetch" }, credentials: "same-origin" })
+        .then(function (response) { return response.ok ? response.text() : null; })
+        .then(function (html) {
+          if (html === null) { return; }
+          var holder = document.createElement("div");
+          holder.innerHTML = html;
+          var fresh = holder.firstElementChild;
+          if (fresh) {
+            el.innerHTML = fresh.innerHTML;
+            if (fresh.hasAttribute("data-poll-done")) { return; }
+          }
+          window.setTimeout(tick, seconds * 1000);
+        })
+        .catch(function () { window.setTimeout(tick, seconds * 4000); });
+    }
+    window.setTimeout(tick, seconds * 1000);
+  });
+})();
