@@ -314,3 +314,15 @@ class BuyerNotice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} for {self.buyer_id}"
+
+
+class BuyerPreference(models.Model):
+    """A buyer's portal preferences: the hub its work comes from (the marketplace measures latency from
+    it, and the job form defaults a job's origin hub to it)."""
+
+    buyer = models.OneToOneField(Organisation, on_delete=models.CASCADE, related_name="buyer_preference")
+    home_hub = models.ForeignKey(Hub, on_delete=models.PROTECT, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"preferences of {self.buyer_id}"

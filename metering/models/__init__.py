@@ -20,6 +20,7 @@ from metering.models.packs import (
     StripeEvent,
     pack_class_key,
 )
+from metering.models.reconciliation import ReconciliationRun
 from metering.models.tariffs import (
     ALL_MONTHS,
     ALL_WEEKDAYS,
@@ -55,6 +56,7 @@ __all__ = [
     "PackRefund",
     "PriceCard",
     "RatedSegment",
+    "ReconciliationRun",
     "Settlement",
     "SettlementLine",
     "StripeEvent",

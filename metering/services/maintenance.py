@@ -45,6 +45,7 @@ from metering.models import (
     PackOrder,
     PackRefund,
     RatedSegment,
+    ReconciliationRun,
     TransferKind,
     UsageRecord,
 )
@@ -499,7 +500,7 @@ def ledger_reconcile() -> ReconciliationReport:
     transfer, and every purchase transfer has its paid order; every pack's balance equals card-hours bought
     − rated draws − refunds − expiry; every usage transfer posts what its rated segments say, every
     segment is on its record's rating transfer and every rated record's segments add up to its
-    card-seconds. Reads only; takes no locks (a posting commits its entries and balances together, so a
+    card-seconds. Reads only, then records the outcome as a ReconciliationRun; takes no locks (a posting commits its entries and balances together, so a
     consistent snapshot — one statement each — sees either all of a transfer or none of it).
     """
     outermost = not connection.in_atomic_block
@@ -518,7 +519,14 @@ def ledger_reconcile() -> ReconciliationReport:
             breach.count,
             list(breach.sample),
         )
-    report = ReconciliationReport(ok=not breaches, breaches=breaches, checked_at=timezone.now())
+    checked_at = timezone.now()
+    report = ReconciliationReport(ok=not breaches, breaches=breaches, checked_at=checked_at)
+    # Kept for the staff dashboard (outside the read-only snapshot above).
+    ReconciliationRun.objects.create(
+        checked_at=checked_at,
+        ok=report.ok,
+        breaches=[{"code": b.code, "message": b.message, "count": b.count} for b in breaches],
+    )
     if report.ok:
         ledger_logger.info("ledger reconciled: no breach")
     return report
