@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Max, Prefetch, QuerySet, Sum
 from django.utils import timezone
 
 from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
 from broker.models import HOLDING_STATES, BuyerNotice, CapacityHold, Job, Lease, LeaseTransition, Quote
+from core.charts import band_sort_key
 from core.models import Organisation
+from core.money import from_micros
+from metering.models import RatedSegment, UsageRecord
 from metering.selectors.payments import buyer_balance_summary
 
 STANDARD_CLASS = "std"
@@ -159,3 +162,148 @@ def _chip_factors(slugs: set[str]) -> dict[str, Decimal | None]:
         accelerator.slug: standard_card_factor(tflops=accelerator.dense_fp16_tflops, standard=standard)
         for accelerator in accelerator_list().filter(slug__in=slugs)
     }
+
+
+# --- Portal reads -----------------------------------------------------------------------------------
+
+
+def job_list_with_leases_for(*, buyer: Organisation, state: str | None = None) -> QuerySet[Job]:
+    """The buyer's jobs, newest first (optionally in one ``state``), each with its leases prefetched
+    newest first (one query for the whole page, however many jobs)."""
+    jobs = job_list_for(buyer=buyer)
+    if state:
+        jobs = jobs.filter(state=state)
+    return jobs.prefetch_related(
+        Prefetch("leases", queryset=Lease.objects.select_related("cluster").order_by("-created_at", "-id"))
+    )
+
+
+def job_quotes_latest(*, job: Job) -> list[Quote]:
+    """The job's latest batch of quotes (those made by its last quote request), best rank first, each
+    with its lease if it was accepted. Empty when the job was never quoted."""
+    latest = Quote.objects.filter(job=job).order_by("-created_at", "-id").values_list("created_at", flat=True)
+    created_at = latest.first()
+    if created_at is None:
+        return []
+    return list(
+        Quote.objects.filter(job=job, created_at=created_at).select_related("lease").order_by("rank", "id")
+    )
+
+
+def job_leases(*, job: Job) -> QuerySet[Lease]:
+    """The job's leases, newest first, with their clusters and islands."""
+    return _leases().filter(job=job).order_by("-created_at", "-id")
+
+
+def job_history(*, job: Job) -> QuerySet[LeaseTransition]:
+    """Every state change of every lease of the job, in order."""
+    return LeaseTransition.objects.filter(lease__job=job).order_by("at", "id")
+
+
+def job_notices(*, job: Job) -> QuerySet[BuyerNotice]:
+    return BuyerNotice.objects.filter(job=job, buyer_id=job.buyer_id).order_by("-created_at", "-id")
+
+
+@dataclass(frozen=True)
+class BandUsage:
+    """Rated usage of a lease in one tariff band: card-seconds, what it cost (rate × card-hours ×
+    multiplier) and what it drew from the buyer's packs."""
+
+    band: str
+    card_seconds: int
+    cost: Decimal
+    draw: Decimal
+
+    @property
+    def card_hours(self) -> Decimal:
+        return (Decimal(self.card_seconds) / 3600).quantize(_DRAW_QUANTUM)
+
+
+@dataclass(frozen=True)
+class UsageLine:
+    start_at: datetime
+    end_at: datetime
+    cards: int
+    received_at: datetime
+    rated: bool
+
+    @property
+    def card_hours(self) -> Decimal:
+        seconds = int((self.end_at - self.start_at).total_seconds()) * self.cards
+        return (Decimal(seconds) / 3600).quantize(_DRAW_QUANTUM)
+
+
+@dataclass(frozen=True)
+class LeaseUsage:
+    """What was reported against a lease so far (usage records carrying its reference ``lease:<id>``):
+    how many records, the card-hours they cover, the rated part by band with its cost and pack draw, and
+    the latest records."""
+
+    records: int
+    unrated_records: int
+    card_seconds: int
+    bands: tuple[BandUsage, ...]
+    recent: tuple[UsageLine, ...]
+    last_end_at: datetime | None
+
+    @property
+    def card_hours(self) -> Decimal:
+        return (Decimal(self.card_seconds) / 3600).quantize(_DRAW_QUANTUM)
+
+    @property
+    def rated_card_hours(self) -> Decimal:
+        return sum((band.card_hours for band in self.bands), Decimal(0))
+
+    @property
+    def cost(self) -> Decimal:
+        return sum((band.cost for band in self.bands), Decimal(0))
+
+    @property
+    def draw(self) -> Decimal:
+        return sum((band.draw for band in self.bands), Decimal(0))
+
+
+def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
+    """Usage reported against ``lease`` (its buyer's records with reference ``lease:<id>``) in a fixed
+    number of queries, however many records: the rated part is summed per band in the database, only the
+    records not rated yet (a few, between rating runs) are read row by row."""
+    records = UsageRecord.objects.filter(buyer_id=lease.buyer_id, reference=lease.reference)
+    totals = records.aggregate(count=Count("id"), last_end_at=Max("end_at"))
+    unrated = list(records.filter(rated_at__isnull=True).values_list("cards", "start_at", "end_at"))
+    unrated_seconds = sum(cards * int((end - start).total_seconds()) for cards, start, end in unrated)
+    rows = (
+        RatedSegment.objects.filter(
+            usage_record__buyer_id=lease.buyer_id, usage_record__reference=lease.reference
+        )
+        .values("band")
+        .annotate(card_seconds=Sum("card_seconds"), gross=Sum("gross"), draw=Sum("pack_draw"))
+        .order_by()
+    )
+    bands = tuple(
+        sorted(
+            (
+                BandUsage(
+                    band=row["band"],
+                    card_seconds=int(row["card_seconds"] or 0),
+                    cost=from_micros(int(row["gross"] or 0)),
+                    draw=from_micros(int(row["draw"] or 0)),
+                )
+                for row in rows
+            ),
+            key=lambda band: band_sort_key(band.band),
+        )
+    )
+    latest = [
+        UsageLine(start_at=start, end_at=end, cards=cards, received_at=received, rated=rated_at is not None)
+        for cards, start, end, received, rated_at in records.order_by("-end_at", "-id").values_list(
+            "cards", "start_at", "end_at", "received_at", "rated_at"
+        )[:recent]
+    ]
+    return LeaseUsage(
+        records=int(totals["count"] or 0),
+        unrated_records=len(unrated),
+        card_seconds=unrated_seconds + sum(band.card_seconds for band in bands),
+        bands=bands,
+        recent=tuple(latest),
+        last_end_at=totals["last_end_at"],
+    )

@@ -3,7 +3,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core import services
-from core.models import ApiToken, Membership, Organisation
+from core.admin_tools import ReadOnlyAdminMixin
+from core.errors import ConflictError
+from core.models import ApiToken, Invitation, Membership, Organisation
 
 
 class MembershipInline(admin.TabularInline):
@@ -63,3 +65,40 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in queryset:
             services.api_token_revoke(organisation=token.organisation, token_id=token.pk)
         messages.success(request, f"Revoked {queryset.count()} token(s).")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Invitations are sent from the portal's team page (the link's token exists only in the e-mail); the
+    back office sees them and can revoke pending ones."""
+
+    list_display = [
+        "email",
+        "organisation",
+        "role",
+        "invited_by",
+        "created_at",
+        "expires_at",
+        "accepted_at",
+        "revoked_at",
+    ]
+    list_filter = [
+        "role",
+        ("accepted_at", admin.EmptyFieldListFilter),
+        ("revoked_at", admin.EmptyFieldListFilter),
+    ]
+    search_fields = ["email", "organisation__slug"]
+    list_select_related = ["organisation", "invited_by"]
+    exclude = ["token_hash"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke selected pending invitations")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Invitation]) -> None:
+        revoked = 0
+        for invitation in queryset.filter(accepted_at__isnull=True, revoked_at__isnull=True):
+            try:
+                services.invitation_revoke_by_staff(invitation_id=invitation.pk)
+            except ConflictError:  # accepted since the list was shown
+                continue
+            revoked += 1
+        messages.success(request, f"Revoked {revoked} invitation(s).")

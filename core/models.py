@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 # The operator segment of a compute identifier is the organisation's slug, so the two share one grammar
@@ -108,3 +110,63 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class Invitation(models.Model):
+    """An offer to join an organisation with a role, sent by e-mail as a one-time link.
+
+    Only the SHA-256 of the link's token is stored, as for API tokens. An invitation is pending until it is
+    accepted or revoked; it lapses at ``expires_at``. At most one pending invitation exists per address
+    and organisation (a lapsed one is retired when the address is invited again).
+    """
+
+    organisation = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=254)
+    role = models.CharField(max_length=16, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organisation", "email"],
+                condition=Q(accepted_at__isnull=True, revoked_at__isnull=True),
+                name="invitation_unique_pending_per_email",
+            ),
+            models.CheckConstraint(condition=~Q(token_hash=""), name="invitation_hash_not_empty"),
+            models.CheckConstraint(
+                condition=Q(accepted_at__isnull=True) | Q(revoked_at__isnull=True),
+                name="invitation_not_accepted_and_revoked",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} → {self.organisation.slug} ({self.role})"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.accepted_at is None and self.revoked_at is None
+
+    def is_expired(self, *, now: datetime | None = None) -> bool:
+        return self.expires_at <= (now or timezone.now())
+
+    @property
+    def state(self) -> str:
+        """One of "accepted", "revoked", "expired", "pending"."""
+        if self.accepted_at is not None:
+            return "accepted"
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.is_expired():
+            return "expired"
+        return "pending"

@@ -1,5 +1,84 @@
-"""Portal pages (being built)."""
+"""The buyers' marketplace: capacity by hub, chip and operator, with free cards now, the price per
+card-hour, today's band strip of each tariff and the latency from the buyer's home hub."""
 
-from django.urls import URLPattern
+from __future__ import annotations
 
-urlpatterns: list[URLPattern] = []
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import path
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from broker.forms.market import HomeHubForm, MarketFilterForm
+from broker.market import (
+    MarketQuery,
+    buyer_home_hub_resolve,
+    market_clusters,
+    market_filter_choices,
+    market_rows,
+    market_summary,
+)
+from broker.services.preferences import buyer_home_hub_set
+from core.errors import DomainError
+from core.portal import portal_view
+
+PAGE_SIZE = 50
+
+
+@portal_view("buyer", write=True)
+def market(request: HttpRequest) -> HttpResponse:
+    """GET: the marketplace, filtered by its GET form. POST: set the buyer's home hub, then back to the
+    same filtered page."""
+    buyer = request.portal.organisation  # type: ignore[attr-defined]
+    hubs, chips, operators = market_filter_choices()
+    home_form = HomeHubForm(request.POST or None, hubs=hubs)
+    if request.method == "POST" and home_form.is_valid():
+        try:
+            buyer_home_hub_set(
+                buyer=buyer,
+                hub_code=home_form.cleaned_data["home_hub"],
+                actor=request.portal.actor,  # type: ignore[attr-defined]
+            )
+        except DomainError as exc:
+            fields = exc.extra.get("fields", {})
+            for message in fields.get("home_hub", []) or [exc.message]:
+                home_form.add_error("home_hub", message)
+        else:
+            messages.success(
+                request,
+                _("Your home hub is now %(hub)s: latency is measured from there.")
+                % {"hub": home_form.cleaned_data["home_hub"]},
+            )
+            return redirect(request.get_full_path())
+    home = buyer_home_hub_resolve(buyer=buyer)
+    if request.method != "POST":
+        home_form = HomeHubForm(initial={"home_hub": home.code}, hubs=hubs)
+
+    filters = MarketFilterForm(request.GET or None, hubs=hubs, chips=chips, operators=operators)
+    query = filters.market_query() if filters.is_bound else MarketQuery()
+    now = timezone.now()
+    clusters = market_clusters(query=query, origin_hub=home.code, at=now)
+    page = Paginator(clusters, PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = market_rows(clusters=list(page.object_list), at=now)
+    strips = {row.strip.tariff_version_id: row.strip for row in rows if row.strip is not None}
+    return render(
+        request,
+        "broker/market/market.html",
+        {
+            "filters": filters,
+            "query": query,
+            "home": home,
+            "home_form": home_form,
+            "home_hub_name": next((h.name for h in hubs if h.code == home.code), home.code),
+            "summary": market_summary(include_offline=query.include_offline, at=now),
+            "page": page,
+            "rows": rows,
+            "bands": sorted({band for strip in strips.values() for band in strip.multipliers}),
+            "now": now,
+        },
+    )
+
+
+urlpatterns = [path("market/", market, name="market")]

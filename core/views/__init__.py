@@ -1,15 +1,38 @@
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views import defaults
 from django.views.decorators.http import require_GET, require_POST
 
 
+def _home_url_name(request: HttpRequest) -> str | None:
+    """Where a signed-in person starts: their side's main page (None: the landing page)."""
+    from core.portal import portal_actor_resolve
+
+    actor = portal_actor_resolve(request)
+    if actor is None:
+        return None
+    if not actor.has_organisation:
+        return "staff-dashboard" if actor.is_staff else None
+    if actor.is_buyer:
+        return "usage-dashboard"
+    if actor.is_operator:
+        return "operator-cluster-list"
+    return "staff-dashboard" if actor.is_staff else None
+
+
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
+    """The landing page for a visitor; a signed-in person goes on to their side's main page."""
+    url_name = _home_url_name(request)
+    if url_name is not None:
+        try:
+            return redirect(reverse(url_name))
+        except NoReverseMatch:
+            pass  # that page is not built yet: the landing page still works
     return render(request, "home.html")
 
 

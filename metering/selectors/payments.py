@@ -18,6 +18,7 @@ from django.utils import timezone
 from core.models import Organisation
 from core.money import from_micros
 from metering.errors import PackOrderNotFoundError, UnknownPackProductError
+from metering.integrations import stripe as gateway
 from metering.models import Pack, PackOrder, PackProduct, pack_class_key
 
 
@@ -50,6 +51,15 @@ def pack_order_get_for(*, buyer: Organisation, order_id: int) -> PackOrder:
     if order is None:
         raise PackOrderNotFoundError(f"Pack order {order_id} does not exist.", extra={"order": order_id})
     return order
+
+
+def pack_order_payment_intent(*, order: PackOrder) -> gateway.PaymentIntentInfo | None:
+    """The order's PaymentIntent as Stripe reports it now (status, client secret, the last decline), or
+    None when the order never got one (Stripe was down when it was created). What a checkout page shows
+    after a reload. Raises PaymentProviderError."""
+    if not order.stripe_payment_intent_id:
+        return None
+    return gateway.payment_intent_retrieve(payment_intent_id=order.stripe_payment_intent_id)
 
 
 def pack_list_for(*, buyer: Organisation, status: str | None = None) -> QuerySet[Pack]:
