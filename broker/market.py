@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
@@ -22,9 +22,11 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 from django.conf import settings
+from django.core.paginator import Page, Paginator
 from django.db.models import (
     Count,
     DecimalField,
+    Exists,
     F,
     IntegerField,
     OuterRef,
@@ -209,7 +211,7 @@ def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> Que
     elif query.sort == "hub":
         order = ["hub__sort_order", "hub__code", F("rate_per_card_hour").asc(nulls_last=True)]
     else:
-        order = [F("rate_per_card_hour").asc(nulls_last=True), F("free_cards").desc()]
+        order = [F("rate_per_card_hour").asc(nulls_last=True)]
     return clusters.order_by(*order, "cpi")
 
 
@@ -281,8 +283,8 @@ def tariff_strip(*, price_card: PriceCard, at: datetime, cache: dict[int, Tariff
 
 
 def market_rows(*, clusters: Sequence[Cluster], at: datetime) -> list[MarketRow]:
-    """A page of annotated clusters (from :func:`market_clusters`) as rows with their price cards (one
-    query for the page) and each tariff version's strip drawn once."""
+    """Annotated clusters (from :func:`market_clusters`) as rows with their price cards (one query) and
+    each tariff version's strip drawn once."""
     card_ids = {c.market_price_card_id for c in clusters if c.market_price_card_id is not None}  # type: ignore[attr-defined]
     cards = PriceCard.objects.select_related("tariff_version__tariff").in_bulk(card_ids) if card_ids else {}
     strips: dict[int, TariffStrip] = {}
@@ -301,6 +303,20 @@ def market_rows(*, clusters: Sequence[Cluster], at: datetime) -> list[MarketRow]
             )
         )
     return rows
+
+
+def market_page(
+    *, query: MarketQuery, origin_hub: str, at: datetime, page_number: str | int | None, per_page: int = 50
+) -> tuple[Page[int], list[MarketRow]]:
+    """One page of the marketplace. Two steps so that the per-cluster subqueries run only where needed:
+    the page's ids, filtered and sorted in SQL (only the expressions the filters and the sort use are
+    computed over every cluster), then the page's 50 clusters with every annotation, then their price
+    cards. Four queries (with the count) however many clusters there are."""
+    clusters = market_clusters(query=query, origin_hub=origin_hub, at=at)
+    page = Paginator(clusters.values_list("pk", flat=True), per_page).get_page(page_number)
+    ids = list(page.object_list)
+    by_id = {cluster.pk: cluster for cluster in clusters.order_by().filter(pk__in=ids)} if ids else {}
+    return page, market_rows(clusters=[by_id[pk] for pk in ids if pk in by_id], at=at)
 
 
 # --- Capacity by hub and chip (marketplace summaries, staff matrix) ---------------------------------
@@ -322,46 +338,110 @@ class CapacityCell:
     free_cards: int
 
 
-def capacity_by_hub_and_chip(*, statuses: Iterable[str], at: datetime) -> list[CapacityCell]:
-    """Cards, unhealthy, held and free cards at ``at`` for each (hub, chip) of the clusters in
-    ``statuses``: one grouped query over the islands."""
-    islands = (
-        Island.objects.filter(cluster__status__in=list(statuses))
+_CELL_KEYS = (
+    "cluster__hub__code",
+    "cluster__hub__name",
+    "cluster__hub__sort_order",
+    "cluster__accelerator__slug",
+    "cluster__accelerator__vendor",
+    "cluster__accelerator__model",
+    "cluster__status",
+)
+
+
+def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, CapacityCell]]:
+    """(cluster status, cell) for each hub, chip and status of the clusters in ``statuses``. Three grouped
+    queries: the clusters' cards, the unhealthy cards of the islands that have any, and the holds live at
+    ``at`` per island (few: only islands holding cards now). An island whose holds exceed its healthy cards (unhealthy cards reported after a lease
+    took them) counts zero free cards, never fewer."""
+    statuses = list(statuses)
+    # Cluster totals are kept equal to the sum of their islands' cards by the federation services.
+    rows = (
+        Cluster.objects.filter(status__in=statuses)
+        .order_by()
+        .values(*(key.removeprefix("cluster__") for key in _CELL_KEYS))
+        .annotate(clusters=Count("id"), cards_total=Sum("total_cards"))
+    )
+    unhealthy_rows = (
+        Island.objects.filter(cluster__status__in=statuses, unhealthy_cards__gt=0)
+        .order_by()
+        .values("cluster__hub__code", "cluster__accelerator__slug", "cluster__status")
+        .annotate(unhealthy=Sum("unhealthy_cards"))
+    )
+    unhealthy_of = {
+        (row["cluster__hub__code"], row["cluster__accelerator__slug"], row["cluster__status"]): int(
+            row["unhealthy"]
+        )
+        for row in unhealthy_rows
+    }
+    held_rows = (
+        CapacityHold.objects.filter(
+            active=True, start_at__lte=at, end_at__gt=at, island__cluster__status__in=statuses
+        )
         .order_by()
         .values(
-            "cluster__hub__code",
-            "cluster__hub__name",
-            "cluster__hub__sort_order",
-            "cluster__accelerator__slug",
-            "cluster__accelerator__vendor",
-            "cluster__accelerator__model",
+            "island_id",
+            "island__cards",
+            "island__unhealthy_cards",
+            "island__cluster__hub__code",
+            "island__cluster__accelerator__slug",
+            "island__cluster__status",
         )
-        .annotate(
-            clusters=Count("cluster_id", distinct=True),
-            # Names that are not island fields: an annotation named "cards" would shadow the column in
-            # the expressions after it.
-            cards_total=Sum("cards"),
-            unhealthy_total=Sum("unhealthy_cards"),
-            held_total=Sum(_held_now(at)),
-            free_total=Sum(_island_free(_held_now(at))),
-        )
+        .annotate(held=Sum("cards"))
     )
-    cells = [
-        CapacityCell(
-            hub=row["cluster__hub__code"],
-            hub_name=row["cluster__hub__name"],
-            hub_order=row["cluster__hub__sort_order"],
-            chip=row["cluster__accelerator__slug"],
-            chip_name=f"{row['cluster__accelerator__vendor']} {row['cluster__accelerator__model']}",
-            clusters=row["clusters"],
-            cards=int(row["cards_total"] or 0),
-            unhealthy_cards=int(row["unhealthy_total"] or 0),
-            held_cards=int(row["held_total"] or 0),
-            free_cards=int(row["free_total"] or 0),
+    held: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for row in held_rows:
+        key = (
+            row["island__cluster__hub__code"],
+            row["island__cluster__accelerator__slug"],
+            row["island__cluster__status"],
         )
-        for row in islands
-    ]
-    return sorted(cells, key=lambda c: (c.hub_order, c.hub, c.chip))
+        cards = int(row["held"])
+        held[key][0] += cards
+        held[key][1] += max(cards - (row["island__cards"] - row["island__unhealthy_cards"]), 0)
+    out = []
+    for row in rows:
+        key = (row["hub__code"], row["accelerator__slug"], row["status"])
+        cards, unhealthy = int(row["cards_total"] or 0), unhealthy_of.get(key, 0)
+        held_cards, excess = held.get(key, (0, 0))
+        cell = CapacityCell(
+            hub=key[0],
+            hub_name=row["hub__name"],
+            hub_order=row["hub__sort_order"],
+            chip=key[1],
+            chip_name=f"{row['accelerator__vendor']} {row['accelerator__model']}",
+            clusters=row["clusters"],
+            cards=cards,
+            unhealthy_cards=unhealthy,
+            held_cards=held_cards,
+            free_cards=cards - unhealthy - held_cards + excess,
+        )
+        out.append((key[2], cell))
+    return out
+
+
+def _merge(cells: Iterable[CapacityCell]) -> list[CapacityCell]:
+    """Cells of the same hub and chip (different statuses) added together, sorted by hub then chip."""
+    merged: dict[tuple[str, str], CapacityCell] = {}
+    for cell in cells:
+        seen = merged.get((cell.hub, cell.chip))
+        if seen is not None:
+            cell = replace(
+                seen,
+                clusters=seen.clusters + cell.clusters,
+                cards=seen.cards + cell.cards,
+                unhealthy_cards=seen.unhealthy_cards + cell.unhealthy_cards,
+                held_cards=seen.held_cards + cell.held_cards,
+                free_cards=seen.free_cards + cell.free_cards,
+            )
+        merged[(cell.hub, cell.chip)] = cell
+    return sorted(merged.values(), key=lambda c: (c.hub_order, c.hub, c.chip))
+
+
+def capacity_by_hub_and_chip(*, statuses: Iterable[str], at: datetime) -> list[CapacityCell]:
+    """Cards, unhealthy, held and free cards at ``at`` for each (hub, chip) of the clusters in
+    ``statuses`` (see :func:`capacity_cells`)."""
+    return _merge(cell for _, cell in capacity_cells(statuses=statuses, at=at))
 
 
 @dataclass(frozen=True)
@@ -434,12 +514,13 @@ def market_summary(*, include_offline: bool, at: datetime) -> MarketSummary:
 def market_filter_choices() -> tuple[list[Hub], list[Accelerator], list[Organisation]]:
     """Hubs, chips and operators the marketplace's filters offer: those with a listed cluster (chips,
     operators) or every hub (latency is measured from any of them)."""
-    listed = Cluster.objects.filter(status__in=LISTED_STATUSES)
+
+    def listed(field: str) -> Exists:
+        return Exists(Cluster.objects.filter(status__in=LISTED_STATUSES, **{field: OuterRef("pk")}))
+
     hubs = list(Hub.objects.order_by("sort_order", "code"))
-    chips = list(
-        Accelerator.objects.filter(pk__in=listed.values("accelerator_id")).order_by("vendor", "model")
-    )
-    operators = list(Organisation.objects.filter(pk__in=listed.values("operator_id")).order_by("name"))
+    chips = list(Accelerator.objects.filter(listed("accelerator_id")).order_by("vendor", "model"))
+    operators = list(Organisation.objects.filter(listed("operator_id")).order_by("name"))
     return hubs, chips, operators
 
 
@@ -485,7 +566,8 @@ class StaffCapacity:
 def staff_capacity(*, at: datetime) -> StaffCapacity:
     """The federation matrix over every cluster that is not retired, and utilisation now (held cards /
     sellable cards of active and draining clusters), overall and by hub. Two queries."""
-    cells = capacity_by_hub_and_chip(statuses=LISTED_STATUSES, at=at)
+    by_status = capacity_cells(statuses=LISTED_STATUSES, at=at)
+    cells = _merge(cell for _, cell in by_status)
     matrix_cells: dict[tuple[str, str], int] = defaultdict(int)
     hubs: dict[str, tuple[int, str]] = {}
     chips: dict[str, str] = {}
@@ -507,7 +589,7 @@ def staff_capacity(*, at: datetime) -> StaffCapacity:
         total=sum(matrix_cells.values()),
     )
     # Utilisation counts sellable clusters only; the federated cells above also include offline ones.
-    sellable = _totals(capacity_by_hub_and_chip(statuses=SELLABLE_STATUSES, at=at), "hub")
+    sellable = _totals(_merge(cell for status, cell in by_status if status in SELLABLE_STATUSES), "hub")
     overall = CapacityTotal(
         key="",
         name=_("All hubs"),
@@ -666,8 +748,8 @@ def clusters_offline(*, limit: int = 50) -> OfflineClusters:
     items = [
         OfflineCluster(
             cluster=c,
-            since=c.offline_since,  # type: ignore[attr-defined]
-            reason=c.offline_reason or "",  # type: ignore[attr-defined]
+            since=c.offline_since,
+            reason=c.offline_reason or "",
         )
         for c in rows
     ]

@@ -15,7 +15,8 @@ urlpatterns = [
     path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
-    path("api/v1/", include(api_v1)),
+    # Namespaced, so the portal can use the same URL names for its pages (job-list, lease-detail, …).
+    path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     # The portal: server-rendered pages for buyers, operators and staff.

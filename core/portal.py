@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from django.contrib.auth.models import User
 from django.contrib.auth.views import redirect_to_login
@@ -29,6 +29,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 from core.errors import NotFoundError
 from core.models import Membership, Organisation
@@ -168,7 +171,7 @@ def portal_view(side: Side = "any", *, write: bool = False) -> Callable[[ViewFun
 
 @dataclass(frozen=True)
 class NavItem:
-    label: str
+    label: StrOrPromise
     url_name: str
     section: str  # "buyer" | "operator" | "staff" | "account"
 

@@ -103,7 +103,10 @@ def fleet_import_page(request: HttpRequest) -> HttpResponse:
             errors = list(exc.extra.get("errors", []))
             error_count = int(exc.extra.get("error_count", len(errors)))
             form.add_error(
-                None, _("The file has errors; nothing was imported. Fix the lines listed above and upload the file again.")
+                None,
+                _(
+                    "The file has errors; nothing was imported. Fix the lines listed above and upload the file again."
+                ),
             )
         except InvalidInputError as exc:
             for name, problems in (exc.extra.get("fields") or {}).items():

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from core.models import Organisation
-from core.services import api_token_create
+from core.services import api_token_create, invitation_create
 from core.types import Actor
 from federation import services
 from federation.admin import human_duration
@@ -47,7 +47,7 @@ def _url(model: type[Model], view: str, *args: object) -> str:
 @pytest.fixture
 def fleet(operator: Organisation) -> list[Cluster]:
     """Two clusters with every kind of related row: islands, identifiers, status history, a heartbeat,
-    a member and a token, so each admin page has something to show."""
+    a member, a token and an invitation, so each admin page has something to show."""
     a800 = make_cluster(operator=operator)
     unknown_chip = make_cluster(operator=operator, hub="gz", name="gy-910c", accelerator="huawei-ascend-910c")
     services.heartbeat_record(
@@ -57,8 +57,11 @@ def fleet(operator: Organisation) -> list[Cluster]:
         health="ok",
         islands=[IslandReport(name="isl-01", available_cards=40, unhealthy_cards=2)],
     )
-    MembershipFactory(organisation=operator)
+    owner = MembershipFactory(organisation=operator)
     api_token_create(organisation=operator, name="agent", scope="read_write")
+    invitation_create(
+        actor=Actor(organisation=operator, user=owner.user), email="new@example.com", role="member"
+    )
     return [a800, unknown_chip]
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
+from django.http import QueryDict
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -193,8 +194,9 @@ class JobForm(forms.Form):
         super().__init__(*args, **kwargs)
         now = (now or timezone.now()).replace(second=0, microsecond=0)
         chips = accelerator_list().order_by("vendor", "model").values_list("slug", "vendor", "model")
-        self.fields["accelerators"].choices = [(slug, f"{vendor} {model}") for slug, vendor, model in chips]
-        self.fields["origin_hub"].choices = [
+        self._chips = [(slug, f"{vendor} {model}") for slug, vendor, model in chips]
+        cast(forms.ChoiceField, self.fields["accelerators"]).choices = self._chips
+        cast(forms.ChoiceField, self.fields["origin_hub"]).choices = [
             (code, f"{code} — {name}") for code, name in hub_list().values_list("code", "name")
         ]
         if not self.is_bound:
@@ -248,7 +250,7 @@ class JobForm(forms.Form):
     def add_service_errors(self, faults: Iterable[Mapping[str, str]]) -> None:
         """Put each ``{field, code, message}`` of a JobInvalidError beside its form field."""
         standard = self.cleaned_data.get("size_kind") == SIZE_STANDARD
-        known = {value for value, _label in self.fields["accelerators"].choices}
+        known = {value for value, _label in self._chips}
         unknown = [slug for slug in self.cleaned_data.get("accelerators", []) if slug not in known]
         for fault in faults:
             field = SERVICE_FIELDS.get(fault.get("field", ""))
@@ -267,6 +269,7 @@ class JobForm(forms.Form):
 
     def fresh_key(self) -> None:
         """Give the re-rendered form a new idempotency key (its old one already placed a job)."""
-        data = self.data.copy()
+        data = QueryDict(mutable=True)
+        data.update(self.data)
         data[self.add_prefix("idempotency_key")] = uuid.uuid4().hex
         self.data = data

@@ -283,7 +283,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "history": list(selectors.job_history(job=job)),
             "notices": list(selectors.job_notices(job=job)[:20]),
             "can_accept": open_job,
-            "can_requote": job.state in (Job.State.OPEN, Job.State.PLACED) and open_job,
+            "can_requote": open_job,
             "can_cancel": job.state in (Job.State.OPEN, Job.State.PLACED),
             "quote_ttl": settings.CARDHOUR_QUOTE_TTL_SECONDS,
             "time_zone": timezone.get_current_timezone_name(),

@@ -4,7 +4,6 @@ card-hour, today's band strip of each tariff and the latency from the buyer's ho
 from __future__ import annotations
 
 from django.contrib import messages
-from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
@@ -15,9 +14,8 @@ from broker.forms.market import HomeHubForm, MarketFilterForm
 from broker.market import (
     MarketQuery,
     buyer_home_hub_resolve,
-    market_clusters,
     market_filter_choices,
-    market_rows,
+    market_page,
     market_summary,
 )
 from broker.services.preferences import buyer_home_hub_set
@@ -59,9 +57,9 @@ def market(request: HttpRequest) -> HttpResponse:
     filters = MarketFilterForm(request.GET or None, hubs=hubs, chips=chips, operators=operators)
     query = filters.market_query() if filters.is_bound else MarketQuery()
     now = timezone.now()
-    clusters = market_clusters(query=query, origin_hub=home.code, at=now)
-    page = Paginator(clusters, PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = market_rows(clusters=list(page.object_list), at=now)
+    page, rows = market_page(
+        query=query, origin_hub=home.code, at=now, page_number=request.GET.get("page"), per_page=PAGE_SIZE
+    )
     strips = {row.strip.tariff_version_id: row.strip for row in rows if row.strip is not None}
     return render(
         request,

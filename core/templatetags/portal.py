@@ -91,9 +91,48 @@ def band_legend(bands: Any, multipliers: Any = None) -> SafeString:
 @register.filter
 def state_class(state: str) -> str:
     """A CSS class for a state badge: good, warn, bad or neutral."""
-    good = {"running", "active", "completed", "paid", "succeeded", "healthy", "placed", "issued", "online"}
-    warn = {"reserved", "pending", "stop_requested", "degraded", "draining", "open", "requires_payment"}
-    bad = {"failed", "interrupted", "offline", "cancelled", "declined", "expired", "retired", "overdue"}
+    good = {
+        "running",
+        "active",
+        "completed",
+        "paid",
+        "succeeded",
+        "healthy",
+        "placed",
+        "issued",
+        "online",
+        "processed",
+        "accepted",
+        "ok",
+    }
+    warn = {
+        "reserved",
+        "pending",
+        "stop_requested",
+        "degraded",
+        "draining",
+        "open",
+        "requires_payment",
+        "unknown",
+        "received",
+        "exhausted",
+        "refunded",
+        "partially_refunded",
+    }
+    bad = {
+        "failed",
+        "interrupted",
+        "offline",
+        "cancelled",
+        "canceled",
+        "declined",
+        "expired",
+        "retired",
+        "overdue",
+        "revoked",
+        "unhealthy",
+        "breach",
+    }
     state = str(state)
     if state in good:
         return "badge good"

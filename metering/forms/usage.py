@@ -41,7 +41,6 @@ class UsageFilterForm(forms.Form):
                 required=False,
                 initial=today,
                 widget=forms.DateInput(attrs=date_widget, format="%Y-%m-%d"),
-                help_text=_("Both days included."),
             ),
             **self.fields,
         }

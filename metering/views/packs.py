@@ -251,6 +251,7 @@ def pack_order_test_payment(request: HttpRequest, order_id: int) -> HttpResponse
     order = selectors.pack_order_get_for(buyer=actor.organisation, order_id=order_id)
     config = services.payment_public_config()
     if not config.localstripe or config.mode == "live":
+        messages.error(request, _("Test cards are taken only in test mode; pay with the card form."))
         return redirect("pack-order", order_id=order.pk)
     form = TestCardForm(request.POST)
     if not form.is_valid():

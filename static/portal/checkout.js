@@ -43,6 +43,22 @@
     });
   });
 
+  // The order summary's status badge follows the polled payment status (portal.js or the poll below
+  // replace the status fragment; the fragment names the order's status).
+  var badge = document.getElementById("order-status");
+  if (badge && window.MutationObserver) {
+    var observer = new MutationObserver(function (mutations) {
+      var mark = mutations[0].target.querySelector("[data-order-status-label]");
+      if (mark) {
+        badge.textContent = mark.getAttribute("data-order-status-label");
+        badge.className = mark.getAttribute("data-order-status-class");
+      }
+    });
+    document.querySelectorAll("[data-poll-url], #checkout-waiting").forEach(function (el) {
+      observer.observe(el, { childList: true });
+    });
+  }
+
   // --- Stripe Elements: confirm the PaymentIntent in the browser, then wait for the webhook. -----------
   var form = document.querySelector("[data-checkout]");
   if (!form) { return; }

@@ -233,6 +233,16 @@ def shot(page: Any, name: str, *, directory: Path = SCREENSHOTS) -> list[Path]:
     return paths
 
 
+def phone_overflow(page: Any) -> int:
+    """How many CSS pixels the page is wider than a phone's viewport (390 px); 0 when it fits."""
+    before = page.viewport_size
+    page.set_viewport_size(PHONE)
+    width = int(page.evaluate("document.documentElement.scrollWidth"))
+    if before:
+        page.set_viewport_size(before)
+    return max(0, width - PHONE["width"])
+
+
 # --- Payments: localstripe delivers webhooks to the live server ------------------------------------------
 
 

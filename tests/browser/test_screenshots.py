@@ -2,8 +2,9 @@
 
 The pages come from the root resolver (tests/browser/portal_world.py: the same enumeration and the same
 world as the permission sweep), so a new page is photographed without editing this test. Each page must
-answer 200 and leave no console error, uncaught exception, failed request or error answer from the
-server behind. The PNGs go to var/screenshots/<side>-<url name>.{desktop,phone}.png for people to look at.
+answer 200, leave no console error, uncaught exception, failed request or error answer from the
+server behind, and fit a 390 px phone without scrolling sideways (wide tables scroll inside their
+``.table-wrap``). The PNGs go to var/screenshots/<side>-<url name>.{desktop,phone}.png for people to look at.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.browser.conftest import Portal, shot
+from tests.browser.conftest import Portal, phone_overflow, shot
 from tests.browser.portal_world import PortalPattern, PortalWorld, build_world, portal_patterns, world_kwargs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -60,6 +61,9 @@ def _visit(portal: Portal, name: str, path: str) -> list[str]:
     if response is None or response.status != 200:
         wrong.append(f"{name} {path}: HTTP {response.status if response else 'no answer'}")
     shot(portal.page, name)
+    overflow = phone_overflow(portal.page)
+    if overflow:
+        wrong.append(f"{name} {path}: {overflow} px wider than a 390 px phone (sideways scrolling)")
     wrong.extend(f"{name} {path}: {problem}" for problem in portal.problems.all())
     return wrong
 

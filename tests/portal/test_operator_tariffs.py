@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.contrib.auth.models import User
@@ -79,7 +79,7 @@ def own_tariff(operator: Organisation, code: str = "own-flat") -> Tariff:
 
 @pytest.fixture
 def operator_viewer_client(east_operator: Organisation, login: Callable[[User], Client]) -> Client:
-    user = UserFactory(username="vic")
+    user = cast(User, UserFactory(username="vic"))
     MembershipFactory(user=user, organisation=east_operator, role=Membership.Role.VIEWER)
     return login(user)
 
@@ -129,7 +129,9 @@ def test_another_operators_tariff_and_cluster_are_404(
     assert counts() == before
 
 
-def test_a_viewer_sees_the_pages_but_cannot_post(operator_viewer_client: Client, east_cluster: Cluster) -> None:
+def test_a_viewer_sees_the_pages_but_cannot_post(
+    operator_viewer_client: Client, east_cluster: Cluster
+) -> None:
     before = counts()
     response = operator_viewer_client.get(reverse("operator-tariff-create"))
     assert response.status_code == 200
@@ -194,7 +196,10 @@ def test_tariff_detail_lists_versions_with_a_strip_each(
     from metering.services.tariffs import tariff_version_create
 
     tariff_version_create(
-        tariff=mine, spec=spec, effective_from=later, actor=Actor(organisation=east_operator, system_label="t")
+        tariff=mine,
+        spec=spec,
+        effective_from=later,
+        actor=Actor(organisation=east_operator, system_label="t"),
     )
     response = operator_client.get(reverse("operator-tariff-detail", args=[mine.pk]), {"date": "2026-07-01"})
     assert response.status_code == 200
@@ -220,7 +225,9 @@ def test_a_preset_cannot_get_a_new_version_from_an_operator(operator_client: Cli
 # --- Creating a tariff ------------------------------------------------------------------------------
 
 
-def test_a_gap_is_named_beside_the_windows_and_nothing_is_saved(operator_client: Client, presets: None) -> None:
+def test_a_gap_is_named_beside_the_windows_and_nothing_is_saved(
+    operator_client: Client, presets: None
+) -> None:
     before = counts()
     response = operator_client.post(
         reverse("operator-tariff-create"), tariff_post(windows=GAP_WINDOWS, multiplier_peak="")
@@ -243,7 +250,9 @@ def test_an_overlap_and_a_missing_multiplier_are_put_beside_their_fields(
     before = counts()
     response = operator_client.post(
         reverse("operator-tariff-create"),
-        tariff_post(windows="flat 00:00-24:00\npeak 10:00-12:00 Mon-Fri", multiplier_peak="", multiplier_valley=""),
+        tariff_post(
+            windows="flat 00:00-24:00\npeak 10:00-12:00 Mon-Fri", multiplier_peak="", multiplier_valley=""
+        ),
     )
     assert response.status_code == 200
     form = response.context["form"]
@@ -268,7 +277,9 @@ def test_unused_band_bad_zone_and_taken_code_are_field_errors(
 ) -> None:
     own_tariff(east_operator, code="sh-industrial")
     before = counts()
-    response = operator_client.post(reverse("operator-tariff-create"), tariff_post(multiplier_deep_valley="0.2"))
+    response = operator_client.post(
+        reverse("operator-tariff-create"), tariff_post(multiplier_deep_valley="0.2")
+    )
     assert response.context["form"].errors["multiplier_deep_valley"] == [
         "No window uses this band: leave the multiplier blank or add a window."
     ]
@@ -296,7 +307,9 @@ def test_a_valid_tariff_is_saved_with_its_first_version(
         "flat": Decimal("1.0000"),
         "valley": Decimal("0.4500"),
     }
-    windows = sorted((w.band, w.start_minute, w.end_minute, w.weekdays, w.months) for w in version.windows.all())
+    windows = sorted(
+        (w.band, w.start_minute, w.end_minute, w.weekdays, w.months) for w in version.windows.all()
+    )
     assert windows == [
         ("flat", 360, 600, 127, 4095),
         ("flat", 600, 720, 0b1100000, 4095),
@@ -327,7 +340,9 @@ def test_preview_saves_nothing_and_draws_the_day_and_its_week(operator_client: C
         ("22:00", "24:00", "valley"),
     ]
     # A preview with a gap shows the gap and no strip.
-    response = operator_client.post(reverse("operator-tariff-create"), tariff_post(action="preview", windows=GAP_WINDOWS))
+    response = operator_client.post(
+        reverse("operator-tariff-create"), tariff_post(action="preview", windows=GAP_WINDOWS)
+    )
     assert GAP_MESSAGE in response.context["form"].errors["windows"]
     assert 'class="chart band-strip"' not in response.content.decode()
     assert counts() == before
@@ -365,18 +380,22 @@ def test_the_window_syntax_round_trips_every_preset() -> None:
         parsed = windows_parse(windows_format(preset.spec.windows))
         assert parsed.errors == ()
         assert parsed.windows == preset.spec.windows
-    parsed = windows_parse("# comment\n\nCritical peak 11:00 – 12:00 Mon, Wed–Fri Nov-Feb\nvalley 22:00-00:00")
+    parsed = windows_parse(
+        "# comment\n\nCritical peak 11:00 – 12:00 Mon, Wed–Fri Nov-Feb\nvalley 22:00-00:00"
+    )
     assert parsed.errors == ()
     assert parsed.lines == (3, 4)
     first, second = parsed.windows
-    assert (first.band, first.weekdays, first.months) == ("critical_peak", 0b0011101, 0b1100000000011)
+    assert (first.band, first.weekdays, first.months) == ("critical_peak", 0b0011101, 0b1100_0000_0011)
     assert (second.start_minute, second.end_minute) == (1320, 1440)
 
 
 # --- Price cards ------------------------------------------------------------------------------------
 
 
-def test_price_cards_page_shows_versions_and_the_current_one(operator_client: Client, east_cluster: Cluster) -> None:
+def test_price_cards_page_shows_versions_and_the_current_one(
+    operator_client: Client, east_cluster: Cluster
+) -> None:
     url = reverse("operator-price-cards", kwargs={"cpi": east_cluster.cpi})
     response = operator_client.get(url)
     assert response.status_code == 200
@@ -392,7 +411,9 @@ def test_setting_a_price_writes_exactly_one_version_with_the_exact_rate(
 ) -> None:
     url = reverse("operator-price-cards", kwargs={"cpi": east_cluster.cpi})
     nx = Tariff.objects.get(code="cn-nx", owner__isnull=True)
-    response = operator_client.post(url, {"rate_per_card_hour": "13.4567", "tariff": nx.pk, "effective_from": ""})
+    response = operator_client.post(
+        url, {"rate_per_card_hour": "13.4567", "tariff": nx.pk, "effective_from": ""}
+    )
     assert response.status_code == 302 and response["Location"] == url
     cards = list(PriceCard.objects.filter(cluster=east_cluster).order_by("version"))
     assert len(cards) == 2

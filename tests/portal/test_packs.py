@@ -16,6 +16,7 @@ from core.models import Organisation
 from metering.integrations.stripe import PaymentIntentInfo
 from metering.models import Pack, PackOrder, PackProduct
 from metering.selectors import payments as payment_selectors
+from tests.browser.conftest import browser, portal  # noqa: F401  # fixtures
 from tests.metering.factories import make_pack_product, make_paid_pack
 from tests.metering.localstripe import (  # noqa: F401  # fixtures
     LocalStripe,
@@ -461,3 +462,77 @@ def test_a_card_number_that_is_not_a_test_card_is_an_error_beside_the_field(
     assert 'class="field has-error"' in html(response)
     intent = stripe_on_localstripe.get(f"/v1/payment_intents/{order.stripe_payment_intent_id}")
     assert intent["status"] == "requires_payment_method"  # nothing was confirmed
+
+
+# --- In a browser: checkout.js with Stripe Elements ---------------------------------------------------
+
+# A stand-in for Stripe.js with the calls checkout.js makes: a card "Element" (one input) and
+# confirmCardPayment, which declines 4000 0000 0000 0002 with Stripe's message and pays anything else.
+FAKE_STRIPE_JS = """
+window.Stripe = function (key) {
+  window.stripeKey = key;
+  return {
+    elements: function () { return { create: function () { return {
+      mount: function (selector) {
+        this.input = document.createElement("input");
+        this.input.id = "fake-card";
+        this.input.setAttribute("aria-label", "Card number");
+        document.querySelector(selector).appendChild(this.input);
+      },
+      on: function () {},
+      focus: function () { this.input.focus(); }
+    }; } }; },
+    confirmCardPayment: function (secret, data) {
+      window.confirmedWith = secret;
+      if (data.payment_method.card.input.value === "4000000000000002") {
+        return Promise.resolve({ error: { type: "card_error", message: "Your card was declined." } });
+      }
+      return Promise.resolve({ paymentIntent: { id: "pi", status: "succeeded" } });
+    }
+  };
+};
+"""
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_elements_checkout_in_a_browser_shows_a_decline_then_waits_for_the_webhook(
+    portal: Any,  # noqa: F811
+    buyer: Organisation,
+    buyer_user: User,
+    product: PackProduct,
+    stripe_elements: Any,
+) -> None:
+    from metering.services.packs import pack_issue
+
+    order = _pending_order(buyer, product)
+    stripe_elements[order.stripe_payment_intent_id] = _intent(order.stripe_payment_intent_id)
+    page = portal.page
+    page.route(
+        "https://js.stripe.com/v3/",
+        lambda route: route.fulfill(status=200, content_type="application/javascript", body=FAKE_STRIPE_JS),
+    )
+    portal.login_as(buyer_user)
+    portal.goto(reverse("pack-order", args=[order.pk]))
+    assert page.evaluate("window.stripeKey") == "pk_test_elements"
+
+    page.fill("#fake-card", "4000000000000002")
+    page.click("#pay-button")
+    alert = page.locator("#card-errors")
+    alert.wait_for(state="visible")
+    assert alert.inner_text() == "Your card was declined."
+    assert alert.get_attribute("role") == "alert"
+    assert page.is_enabled("#pay-button")  # another card may be tried
+    assert page.evaluate("window.confirmedWith") == "pi_elements_1_secret_abc"
+
+    page.fill("#fake-card", "4242424242424242")
+    page.click("#pay-button")
+    page.get_by_text("Payment received — waiting for confirmation").wait_for()
+    assert page.is_hidden("#checkout-form")
+    assert not Pack.objects.exists()
+
+    # The webhook credits the pack (as metering.services.payments does on payment_intent.succeeded).
+    pack_issue(order=order, paid_at=order.created_at, posted_by="stripe evt_test", payment_reference="pi")
+    page.get_by_text("100 card-hours added").wait_for(timeout=10_000)
+    assert page.locator("#order-status").inner_text() == "Paid"
+    assert portal.problems.all() == []

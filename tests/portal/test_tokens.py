@@ -61,7 +61,7 @@ def test_creating_shows_the_secret_once_and_it_authenticates(
     assert response.status_code == 200
     assert "no-store" in response["Cache-Control"]
     content = response.content.decode()
-    match = re.search(r'>(chk_[0-9a-f]{8}_[A-Za-z0-9_-]+)<', content)
+    match = re.search(r">(chk_[0-9a-f]{8}_[A-Za-z0-9_-]+)<", content)
     assert match is not None
     secret = match.group(1)
     token = ApiToken.objects.get()
@@ -85,7 +85,7 @@ def test_creating_shows_the_secret_once_and_it_authenticates(
 
 def test_the_api_accepts_the_new_token(buyer_client: Client) -> None:
     response = buyer_client.post(reverse("token-list"), {"name": "cli", "scope": "read_write"})
-    secret = re.search(r'>(chk_[^<]+)<', response.content.decode()).group(1)  # type: ignore[union-attr]
+    secret = re.search(r">(chk_[^<]+)<", response.content.decode()).group(1)  # type: ignore[union-attr]
     api = Client().get("/api/v1/me", HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert api.status_code == 200
 

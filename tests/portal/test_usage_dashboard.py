@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -35,9 +36,7 @@ A800 = "nvidia-a800-sxm4-80gb"
 URL = "/usage/"
 
 
-def report(
-    cluster: Cluster, *records: tuple[str, int, datetime, datetime], buyer: str = "acme"
-) -> list[int]:
+def report(cluster: Cluster, *records: tuple[str, int, datetime, datetime], buyer: str = "acme") -> list[int]:
     """Usage of ``cluster`` reported by its operator, priced with its first price card."""
     result = usage_record_create_batch(
         operator=cluster.operator,
@@ -71,7 +70,9 @@ def used(buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster) -> P
     west (Ningxia tariff, 9 CNY): 8 cards in a flat hour two days ago, 1 card for a valley half hour
     yesterday.
     """
-    pack = make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000.00", paid_at=local(20, 0))
+    pack = make_paid_pack(
+        buyer=buyer, accelerator=A800, card_hours=100, price="1000.00", paid_at=local(20, 0)
+    )
     report(
         east_cluster,
         ("midnight", 4, local(3, 23, 30), local(2, 0, 30)),
@@ -311,7 +312,11 @@ def test_another_buyers_cluster_is_not_a_choice(
 
 
 def test_another_buyers_usage_never_appears(
-    used: Pack, other_buyer: Organisation, other_buyer_client: Client, buyer_client: Client, east_cluster: Cluster
+    used: Pack,
+    other_buyer: Organisation,
+    other_buyer_client: Client,
+    buyer_client: Client,
+    east_cluster: Cluster,
 ) -> None:
     report(east_cluster, ("globex", 10, local(2, 3), local(2, 4)), buyer="globex")  # no pack: arrears
     usage_rate_pending()
@@ -352,7 +357,7 @@ def test_the_query_count_does_not_grow_with_usage(
     east_cluster: Cluster,
     west_cluster: Cluster,
     buyer_client: Client,
-    django_assert_max_num_queries: Callable[..., object],
+    django_assert_max_num_queries: Callable[..., AbstractContextManager[object]],
 ) -> None:
     make_paid_pack(buyer=buyer, accelerator=A800, card_hours=10_000, price="90000.00", paid_at=local(30, 0))
     make_paid_pack(buyer=buyer, accelerator=None, card_hours=1000, price="12000.00", paid_at=local(30, 0))
@@ -367,10 +372,10 @@ def test_the_query_count_does_not_grow_with_usage(
     usage_rate_pending(max_batches=1, batch_size=360)
     dashboard = buyer_client.get(URL).context["dashboard"]
     assert dashboard.unrated.records == 1 and len(dashboard.rows) >= 60
-    with django_assert_max_num_queries(12):  # type: ignore[operator]
+    with django_assert_max_num_queries(12):
         response = buyer_client.get(URL)
     assert response.status_code == 200
-    with django_assert_max_num_queries(6):  # type: ignore[operator]
+    with django_assert_max_num_queries(6):
         buyer_client.get(reverse("usage-csv"))
 
 

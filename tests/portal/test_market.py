@@ -1,0 +1,358 @@
+"""The buyers' marketplace: free cards now, prices, band strips, latency from the home hub, filters, sorts,
+permissions and a bounded number of queries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from broker.market import buyer_home_hub
+from broker.models import BuyerPreference
+from broker.services.preferences import buyer_home_hub_set
+from core.models import Organisation
+from core.types import Actor
+from federation.models import Cluster
+from federation.services import cluster_status_set
+from metering.selectors.tariffs import price_card_current
+from tests.broker.factories import make_job, make_lease
+from tests.factories import make_cluster
+from tests.metering.factories import make_price_card
+
+URL = "/market/"
+
+
+@pytest.fixture
+def world(east_cluster: Cluster, west_cluster: Cluster) -> tuple[Cluster, Cluster]:
+    """East: 16 A800 in yrd at 12 CNY (cn-gd). West: 64 A800 in nx at 9 CNY (cn-nx)."""
+    return east_cluster, west_cluster
+
+
+def rows_by_cpi(response: Any) -> dict[str, Any]:
+    return {row.cluster.cpi: row for row in response.context["rows"]}
+
+
+def cpis(response: Any) -> list[str]:
+    return [row.cluster.cpi for row in response.context["rows"]]
+
+
+# --- Access -------------------------------------------------------------------------------------------
+
+
+def test_market_renders_for_a_buyer(buyer_client: Client, world: tuple[Cluster, Cluster]) -> None:
+    response = buyer_client.get(URL)
+    assert response.status_code == 200
+    assert response.templates[0].name == "broker/market/market.html"
+    assert cpis(response) == ["cpi:cucc:nx:zw-ai01", "cpi:ctyun:yrd:sh-ai01"]  # cheapest first
+
+
+def test_anonymous_is_sent_to_log_in(client: Client, world: tuple[Cluster, Cluster]) -> None:
+    response = client.get(URL)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+def test_operator_is_refused(operator_client: Client, world: tuple[Cluster, Cluster]) -> None:
+    assert operator_client.get(URL).status_code == 403
+    assert operator_client.post(URL, {"home_hub": "nx"}).status_code == 403
+
+
+def test_staff_without_a_buyer_organisation_is_refused(staff_client: Client) -> None:
+    assert staff_client.get(URL).status_code == 403
+
+
+# --- Free cards, prices, strips ----------------------------------------------------------------------
+
+
+def test_free_cards_count_live_holds_and_not_future_ones(
+    buyer_client: Client, buyer: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    east, west = world
+    now = timezone.now().replace(microsecond=0)
+    make_lease(job=make_job(buyer=buyer, cards=6), cluster=east, start_at=now - timedelta(minutes=5))
+    make_lease(
+        job=make_job(buyer=buyer, cards=4),
+        cluster=east,
+        island="isl-02",
+        start_at=now + timedelta(hours=3),
+    )
+    island = east.islands.get(name="isl-02")
+    island.unhealthy_cards = 1
+    island.save(update_fields=["unhealthy_cards"])
+
+    rows = rows_by_cpi(buyer_client.get(URL))
+
+    # 16 cards − 1 unhealthy − 6 held now; the lease starting in 3 h holds nothing yet.
+    assert (rows[east.cpi].free_cards, rows[east.cpi].held_cards, rows[east.cpi].unhealthy_cards) == (9, 6, 1)
+    assert (rows[west.cpi].free_cards, rows[west.cpi].held_cards) == (64, 0)
+
+
+def test_an_island_never_counts_below_zero(
+    buyer_client: Client, buyer: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    east, _ = world
+    make_lease(job=make_job(buyer=buyer, cards=8), cluster=east, island="isl-01")
+    island = east.islands.get(name="isl-01")
+    island.unhealthy_cards = 3  # reported after the lease took the whole island
+    island.save(update_fields=["unhealthy_cards"])
+
+    response = buyer_client.get(URL)
+    rows = rows_by_cpi(response)
+
+    assert rows[east.cpi].free_cards == 8  # isl-01: max(8 − 3 − 8, 0) = 0; isl-02: 8
+    summary = response.context["summary"]
+    assert [(t.key, t.free_cards, t.held_cards) for t in summary.by_hub] == [("yrd", 8, 8), ("nx", 64, 0)]
+
+
+def test_price_is_the_price_card_in_force(buyer_client: Client, world: tuple[Cluster, Cluster]) -> None:
+    east, west = world
+    make_price_card(
+        cluster=east, rate="15.5000", tariff_code="cn-gd", effective_from=timezone.now() + timedelta(days=1)
+    )  # not in force yet
+
+    response = buyer_client.get(URL)
+    rows = rows_by_cpi(response)
+
+    for cluster in (east, west):
+        card = price_card_current(cluster=cluster)
+        assert rows[cluster.cpi].price_card.pk == card.pk
+    assert rows[east.cpi].price_card.rate_per_card_hour == Decimal("12.0000")
+    assert rows[west.cpi].price_card.rate_per_card_hour == Decimal("9.0000")
+    content = response.content.decode()
+    assert "¥12.00" in content and "¥9.00" in content and "¥15.50" not in content
+
+
+def test_one_strip_per_tariff_version_with_a_now_marker(
+    buyer_client: Client, east_operator: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    other = make_cluster(operator=east_operator, hub="yrd", name="sh-ai02", islands=[("isl-01", 8)])
+    make_price_card(cluster=other, rate="11.0000", tariff_code="cn-gd")
+
+    response = buyer_client.get(URL)
+    rows = response.context["rows"]
+
+    assert len(rows) == 3
+    by_code = {row.strip.tariff_code: row.strip for row in rows}
+    assert set(by_code) == {"cn-gd", "cn-nx"}
+    gd = [row.strip for row in rows if row.strip.tariff_code == "cn-gd"]
+    assert gd[0] is gd[1]  # drawn once, reused
+    assert 'class="now"' in str(by_code["cn-gd"].svg)
+    zone = ZoneInfo(by_code["cn-gd"].time_zone)
+    assert by_code["cn-gd"].local_date == timezone.now().astimezone(zone).date()
+
+
+# --- Filters and sorts --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def market(world: tuple[Cluster, Cluster], west_operator: Organisation) -> dict[str, Cluster]:
+    """Adds an H800 cluster in nx (8 cards at 20 CNY) and an offline A800 cluster in gba."""
+    east, west = world
+    h800 = make_cluster(
+        operator=west_operator,
+        hub="nx",
+        name="zw-h800",
+        accelerator="nvidia-h800-sxm5-80gb",
+        islands=[("isl-01", 8)],
+    )
+    make_price_card(cluster=h800, rate="20.0000", tariff_code="cn-nx")
+    down = make_cluster(operator=west_operator, hub="gba", name="sz-ai01", islands=[("isl-01", 32)])
+    make_price_card(cluster=down, rate="5.0000", tariff_code="cn-gd")
+    cluster_status_set(
+        actor=Actor(organisation=west_operator, system_label="test"),
+        cluster=down,
+        status="offline",
+        reason="maintenance",
+    )
+    return {"east": east, "west": west, "h800": h800, "down": down}
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({}, ["west", "east", "h800"]),
+        ({"hub": "nx"}, ["west", "h800"]),
+        ({"chip": "nvidia-h800-sxm5-80gb"}, ["h800"]),
+        ({"operator": "ctyun"}, ["east"]),
+        ({"min_free": "16"}, ["west", "east"]),
+        ({"max_price": "12"}, ["west", "east"]),
+        ({"max_price": "11.99"}, ["west"]),
+        ({"include_offline": "on"}, ["down", "west", "east", "h800"]),
+        ({"include_offline": "on", "hub": "gba"}, ["down"]),
+        ({"sort": "free"}, ["west", "east", "h800"]),
+        ({"sort": "hub"}, ["east", "west", "h800"]),  # yrd before nx; price within a hub
+    ],
+)
+def test_filters_and_sorts(
+    buyer_client: Client, market: dict[str, Cluster], query: dict[str, str], expected: list[str]
+) -> None:
+    response = buyer_client.get(URL, query)
+    assert response.status_code == 200
+    assert cpis(response) == [market[name].cpi for name in expected]
+
+
+def test_offline_cluster_is_marked_and_offers_no_placement(
+    buyer_client: Client, market: dict[str, Cluster]
+) -> None:
+    response = buyer_client.get(URL, {"include_offline": "on", "hub": "gba"})
+    (row,) = response.context["rows"]
+    assert row.cluster.status == "offline" and not row.placeable
+    assert "Offline" in response.content.decode()
+
+
+def test_sort_by_latency_follows_the_home_hub(
+    buyer_client: Client, buyer: Organisation, market: dict[str, Cluster]
+) -> None:
+    # No preference, no job: from yrd (5 ms to yrd, 20 ms to nx).
+    response = buyer_client.get(URL, {"sort": "latency"})
+    assert cpis(response) == [market["east"].cpi, market["west"].cpi, market["h800"].cpi]
+    assert response.context["home"].source == "default"
+    assert "the default" in response.content.decode()
+
+    buyer_home_hub_set(buyer=buyer, hub_code="nx", actor=Actor(organisation=buyer, system_label="test"))
+
+    response = buyer_client.get(URL, {"sort": "latency"})
+    assert cpis(response) == [market["west"].cpi, market["h800"].cpi, market["east"].cpi]
+
+
+def test_invalid_filter_is_reported_beside_its_field_and_ignored(
+    buyer_client: Client, market: dict[str, Cluster]
+) -> None:
+    response = buyer_client.get(URL, {"min_free": "-3", "hub": "nx"})
+    assert response.status_code == 200
+    assert "min_free" in response.context["filters"].errors
+    assert cpis(response) == [market["west"].cpi, market["h800"].cpi]
+
+
+def test_summary_by_hub_and_chip(
+    buyer_client: Client, buyer: Organisation, market: dict[str, Cluster]
+) -> None:
+    make_lease(job=make_job(buyer=buyer, cards=10), cluster=market["west"])
+    summary = buyer_client.get(URL).context["summary"]
+    assert [(t.key, t.free_cards, t.cards) for t in summary.by_hub] == [("yrd", 16, 16), ("nx", 62, 72)]
+    assert {t.key: (t.free_cards, t.cards) for t in summary.by_chip} == {
+        "nvidia-a800-sxm4-80gb": (70, 80),
+        "nvidia-h800-sxm5-80gb": (8, 8),
+    }
+
+
+def test_place_a_job_link_prefills_chip_and_origin(
+    buyer_client: Client, world: tuple[Cluster, Cluster]
+) -> None:
+    try:
+        job_url = reverse("job-create")
+    except NoReverseMatch:
+        pytest.skip("the job form is not wired yet")
+    content = buyer_client.get(URL).content.decode()
+    assert f'href="{job_url}?accelerator=nvidia-a800-sxm4-80gb&amp;origin_hub=yrd"' in content
+
+
+# --- Home hub -----------------------------------------------------------------------------------------
+
+
+def test_home_hub_post_persists_and_changes_latency(
+    buyer_client: Client,
+    buyer: Organisation,
+    other_buyer: Organisation,
+    world: tuple[Cluster, Cluster],
+) -> None:
+    east, west = world
+    buyer_home_hub_set(
+        buyer=other_buyer, hub_code="gba", actor=Actor(organisation=other_buyer, system_label="test")
+    )
+    before = rows_by_cpi(buyer_client.get(URL))
+    assert (before[east.cpi].latency_ms, before[west.cpi].latency_ms) == (Decimal(5), Decimal(20))
+
+    response = buyer_client.post(URL + "?sort=latency", {"home_hub": "nx"})
+
+    assert response.status_code == 302
+    assert response["Location"] == URL + "?sort=latency"
+    assert BuyerPreference.objects.get(buyer=buyer).home_hub.code == "nx"
+    assert buyer_home_hub(buyer=buyer) == "nx"
+    after = buyer_client.get(URL)
+    rows = rows_by_cpi(after)
+    assert (rows[east.cpi].latency_ms, rows[west.cpi].latency_ms) == (Decimal(20), Decimal(5))
+    assert after.context["home"].source == "preference"
+    # Another buyer's preference is untouched.
+    assert BuyerPreference.objects.get(buyer=other_buyer).home_hub.code == "gba"
+    assert BuyerPreference.objects.count() == 2
+
+
+def test_unknown_home_hub_is_an_error_beside_the_field(
+    buyer_client: Client, buyer: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    response = buyer_client.post(URL, {"home_hub": "atlantis"})
+    assert response.status_code == 200
+    assert response.context["home_form"].errors["home_hub"]
+    assert "has-error" in response.content.decode()
+    assert not BuyerPreference.objects.exists()
+
+
+def test_a_viewer_cannot_set_the_home_hub(
+    login: Callable[[User], Client], buyer_viewer: User, world: tuple[Cluster, Cluster]
+) -> None:
+    client = login(buyer_viewer)
+    assert client.get(URL).status_code == 200
+    assert client.post(URL, {"home_hub": "nx"}).status_code == 403
+    assert not BuyerPreference.objects.exists()
+
+
+def test_home_hub_defaults_to_the_latest_job_origin(
+    buyer_client: Client, buyer: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    assert buyer_home_hub(buyer=buyer) is None
+    make_job(buyer=buyer, origin_hub="yrd")
+    make_job(buyer=buyer, origin_hub="gba")
+    assert buyer_home_hub(buyer=buyer) == "gba"
+    response = buyer_client.get(URL)
+    assert (response.context["home"].code, response.context["home"].source) == ("gba", "latest_job")
+
+
+def test_home_hub_set_refuses_another_buyer(buyer: Organisation, other_buyer: Organisation) -> None:
+    from core.errors import PermissionDeniedError
+
+    with pytest.raises(PermissionDeniedError):
+        buyer_home_hub_set(
+            buyer=buyer, hub_code="nx", actor=Actor(organisation=other_buyer, system_label="t")
+        )
+    assert not BuyerPreference.objects.exists()
+
+
+# --- Queries ------------------------------------------------------------------------------------------
+
+
+def test_query_count_does_not_grow_with_clusters(
+    buyer_client: Client,
+    buyer: Organisation,
+    west_operator: Organisation,
+    world: tuple[Cluster, Cluster],
+    django_assert_max_num_queries: Any,
+) -> None:
+    def add(count: int, start: int) -> None:
+        for i in range(start, start + count):
+            cluster = make_cluster(
+                operator=west_operator, hub="gs", name=f"qy-{i:02d}", islands=[("isl-01", 8), ("isl-02", 8)]
+            )
+            make_price_card(cluster=cluster, rate=f"{10 + i}.0000", tariff_code="cn-nx" if i % 2 else "cn-gd")
+            make_lease(job=make_job(buyer=buyer, cards=2), cluster=cluster)
+
+    add(1, 0)  # 3 clusters
+    buyer_client.get(URL)  # warm the compiled-tariff cache and the session
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as small:
+        assert len(buyer_client.get(URL).context["rows"]) == 3
+    add(27, 1)  # 30 clusters
+    with django_assert_max_num_queries(len(small)):
+        response = buyer_client.get(URL)
+    assert len(response.context["rows"]) == 30
+    assert all(row.held_cards == 2 for row in response.context["rows"] if row.cluster.hub.code == "gs")
