@@ -226,7 +226,7 @@ def _summary(request: HttpRequest, job: Job, quotes: list[Quote]) -> dict[str, A
     stored = request.session.get(_summary_key(job.pk))
     if not isinstance(stored, dict):
         return None
-    if quotes and stored.get("expires_at") != quotes[0].expires_at.isoformat():
+    if quotes and parse_datetime(str(stored.get("expires_at", ""))) != quotes[0].expires_at:
         return None  # from an older request than the quotes shown
     rejections = [
         {"reason": reason, "count": count, "text": REJECTION_REASONS.get(reason, reason)}
