@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.models import User
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -50,10 +50,19 @@ class PortalWorld:
     # Strings that identify A's objects and must never appear on a page B (or an operator) can see.
     buyer_secrets: list[str] = field(default_factory=list)
     operator_secrets: list[str] = field(default_factory=list)
+    # The operator's own account pages (team, tokens: the same URLs as a buyer's) must not show these to
+    # anyone outside the operator.
+    operator_account_secrets: list[str] = field(default_factory=list)
+
+
+def organisation(slug: str, name: str, *, operator: bool = False) -> Organisation:
+    """A buyer (or an operator) organisation, made once per slug."""
+    factory = OperatorFactory if operator else BuyerFactory
+    return cast(Organisation, factory(slug=slug, name=name))
 
 
 def _person(username: str, organisation: Organisation | None, role: str = "owner") -> User:
-    user = UserFactory(username=username, email=f"{username}@example.com")
+    user = cast(User, UserFactory(username=username, email=f"{username}@example.com"))
     user.set_password(PASSWORD)
     user.save()
     if organisation is not None:
@@ -84,10 +93,10 @@ def build_world() -> PortalWorld:
 
     tariff_presets_install()
     now = timezone.now().replace(microsecond=0)
-    buyer = BuyerFactory(slug="acme", name="Acme Quantum Secret Labs")
-    other_buyer = BuyerFactory(slug="globex", name="Globex Compute")
-    operator = OperatorFactory(slug="ctyun", name="China Telecom Cloud")
-    other_operator = OperatorFactory(slug="cucc", name="China Unicom")
+    buyer = organisation("acme", "Acme Quantum Secret Labs")
+    other_buyer = organisation("globex", "Globex Compute")
+    operator = organisation("ctyun", "China Telecom Cloud", operator=True)
+    other_operator = organisation("cucc", "China Unicom", operator=True)
     users = {
         "alice": _person("alice", buyer),
         "vera": _person("vera", buyer, role=Membership.Role.VIEWER),
@@ -238,7 +247,8 @@ def build_world() -> PortalWorld:
             "vera@example.com",
             invitation.email,
         ],
-        operator_secrets=[tariff.name, settlement.number, operator_token.name],
+        operator_secrets=[tariff.name, settlement.number],
+        operator_account_secrets=[operator_token.name],
     )
 
 

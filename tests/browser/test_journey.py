@@ -39,7 +39,8 @@ from metering import tasks as metering_tasks
 from metering.models import Invoice, Pack, PackOrder, PackProduct, RatedSegment, Tariff
 from metering.services.billing import billing_close_period, billing_period_bounds
 from tests.browser.conftest import PlatformClock, Portal, Worker, shot
-from tests.factories import OperatorFactory, make_cluster
+from tests.browser.portal_world import organisation
+from tests.factories import make_cluster
 from tests.metering.factories import make_pack_product, make_price_card
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -55,13 +56,17 @@ WEBHOOK_TIMEOUT_MS = 30_000
 def world(presets: None) -> dict[str, Any]:
     """Two operators with priced A800 clusters (Shanghai on Guangdong's tariff, Zhongwei on Ningxia's)
     and an A800 pack of 100 card-hours for sale."""
-    east = OperatorFactory(slug="ctyun", name="China Telecom Cloud")
-    west = OperatorFactory(slug="cucc", name="China Unicom")
-    east_cluster = make_cluster(operator=east, hub="yrd", name="sh-ai01", islands=[("isl-01", 8), ("isl-02", 8)])
+    east = organisation("ctyun", "China Telecom Cloud", operator=True)
+    west = organisation("cucc", "China Unicom", operator=True)
+    east_cluster = make_cluster(
+        operator=east, hub="yrd", name="sh-ai01", islands=[("isl-01", 8), ("isl-02", 8)]
+    )
     make_price_card(cluster=east_cluster, rate="12.0000", tariff_code="cn-gd")
     west_cluster = make_cluster(operator=west, hub="nx", name="zw-ai01", islands=[("isl-01", 32)])
     make_price_card(cluster=west_cluster, rate="9.0000", tariff_code="cn-nx")
-    product = make_pack_product(code="a800-100", accelerator=A800, card_hours=100, price="900.00", name="A800 × 100")
+    product = make_pack_product(
+        code="a800-100", accelerator=A800, card_hours=100, price="900.00", name="A800 × 100"
+    )
     return {"operators": [east, west], "clusters": [east_cluster, west_cluster], "product": product}
 
 
@@ -75,19 +80,19 @@ def presets(db: None) -> None:
 # --- Steps --------------------------------------------------------------------------------------------------
 
 
-def sign_up(portal: Portal, *, username: str, organisation: str) -> Organisation:
+def sign_up(portal: Portal, *, username: str, organisation_name: str) -> Organisation:
     page = portal.page
     portal.goto("/accounts/signup/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("E-mail address").fill(f"{username}@example.com")
     page.get_by_label("Password", exact=True).fill(PASSWORD)
     page.get_by_label("Password again").fill(PASSWORD)
-    page.get_by_label("Organisation name").fill(organisation)
+    page.get_by_label("Organisation name").fill(organisation_name)
     page.get_by_role("button", name="Create account").click()
     page.wait_for_load_state()
     assert "/accounts/signup/" not in page.url, page.locator("main").inner_text()
     user = User.objects.get(username=username)
-    membership = user.memberships.select_related("organisation").get()  # type: ignore[attr-defined]
+    membership = user.memberships.select_related("organisation").get()
     assert membership.organisation.is_buyer and membership.role == "owner"
     return membership.organisation
 
@@ -119,7 +124,9 @@ def place_job(portal: Portal, *, name: str, hours: int, deadline: datetime) -> J
     page.get_by_label("Cards", exact=True).fill("8")
     page.get_by_role("checkbox", name=re.compile("A800")).check()
     page.get_by_label("Latency budget (ms)").fill("200")
-    page.get_by_label("Deadline").fill(deadline.astimezone(timezone.get_default_timezone()).strftime("%Y-%m-%dT%H:%M"))
+    page.get_by_label("Deadline").fill(
+        deadline.astimezone(timezone.get_default_timezone()).strftime("%Y-%m-%dT%H:%M")
+    )
     page.get_by_label("Hours").fill(str(hours))
     page.get_by_label("Minutes").fill("0")
     page.get_by_role("button", name="Place the job and get quotes").click()
@@ -145,7 +152,9 @@ def run_operator_agents(base_url: str, tokens: dict[str, str], *, now: datetime)
 
 def pack_left_text(portal: Portal, pack: Pack) -> str:
     """The usage dashboard's "card-hours left / card-hours" cell of ``pack``."""
-    row = portal.page.get_by_role("row").filter(has=portal.page.get_by_role("cell", name=f"#{pack.pk}", exact=True))
+    row = portal.page.get_by_role("row").filter(
+        has=portal.page.get_by_role("cell", name=f"#{pack.pk}", exact=True)
+    )
     return row.get_by_role("cell").nth(2).inner_text()
 
 
@@ -167,7 +176,7 @@ def test_buyer_journey_from_sign_up_to_invoice(
     product: PackProduct = world["product"]
 
     # 1. Sign up.
-    buyer = sign_up(portal, username="jane", organisation="Journey Labs")
+    buyer = sign_up(portal, username="jane", organisation_name="Journey Labs")
     shot(page, "journey-01-signed-up")
 
     # 2. Buy the A800 pack with a test card; the pack appears only when the webhook has reached the server.
@@ -257,15 +266,20 @@ def test_buyer_journey_from_sign_up_to_invoice(
     page.wait_for_url(re.compile(r"/invoices/"))
     for line in lines:
         assert line.cluster is not None
-        row = page.get_by_role("row").filter(has_text=line.cluster.cpi).filter(has_text=line.get_band_display())
-        assert card_hours(line.card_seconds) in row.first.inner_text(), (line.band, card_hours(line.card_seconds))
+        row = (
+            page.get_by_role("row").filter(has_text=line.cluster.cpi).filter(has_text=line.get_band_display())
+        )
+        assert card_hours(line.card_seconds) in row.first.inner_text(), (
+            line.band,
+            card_hours(line.card_seconds),
+        )
     shot(page, "journey-06-invoice")
 
 
 def test_a_declined_card_says_so_and_adds_no_pack(
     portal: Portal, world: dict[str, Any], stripe_to_live_server: Any
 ) -> None:
-    buyer = sign_up(portal, username="dave", organisation="Declined Ltd")
+    buyer = sign_up(portal, username="dave", organisation_name="Declined Ltd")
     order_pack(portal, world["product"])
     pay_with_test_card(portal, DECLINED_CARD)
     alert = portal.page.get_by_role("alert").filter(has_text="Your card was not charged.")
@@ -280,7 +294,7 @@ def test_a_declined_card_says_so_and_adds_no_pack(
 def test_a_job_form_with_bad_input_shows_the_errors_beside_the_fields(
     portal: Portal, world: dict[str, Any]
 ) -> None:
-    sign_up(portal, username="erin", organisation="Bad Input Co")
+    sign_up(portal, username="erin", organisation_name="Bad Input Co")
     page = portal.page
     portal.goto("/jobs/new/")
     page.get_by_label("Cards", exact=True).fill("-3")

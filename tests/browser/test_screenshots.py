@@ -21,7 +21,9 @@ from tests.browser.portal_world import PortalPattern, PortalWorld, build_world, 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # Public pages photographed without logging in; keywords of public pages get these values.
-PUBLIC = frozenset({"home", "login", "signup", "password_reset", "password_reset_done", "password_reset_complete"})
+PUBLIC = frozenset(
+    {"home", "login", "signup", "password_reset", "password_reset_done", "password_reset_complete"}
+)
 # Pages that are parts of another page (fetched by portal.js) rather than pages of their own.
 FRAGMENTS = frozenset({"lease-usage-fragment", "pack-order-status"})
 
@@ -93,5 +95,7 @@ def test_public_pages_render_cleanly(portal: Portal, world: PortalWorld) -> None
         wrong.extend(_visit(portal, f"public-{name}", reverse(name)))
     token = world.objects["invitation_token"]
     if "invite-accept" in names:
-        wrong.extend(_visit(portal, "public-invite-accept", reverse("invite-accept", kwargs={"token": token})))
+        wrong.extend(
+            _visit(portal, "public-invite-accept", reverse("invite-accept", kwargs={"token": token}))
+        )
     assert not wrong, "\n".join(wrong)

@@ -106,8 +106,12 @@ def _intruders(world: PortalWorld, pattern: PortalPattern) -> dict[str, User]:
     return {"another buyer": u["bob"], "A's operator": u["olga"], "B's operator": u["oscar"]}
 
 
-def _secrets(world: PortalWorld, pattern: PortalPattern) -> list[str]:
-    return world.operator_secrets if pattern.side == "operator" else world.buyer_secrets
+def _secrets(world: PortalWorld, pattern: PortalPattern, user: User) -> list[str]:
+    """What ``user`` (not A's owner) must not see on this page."""
+    if pattern.side == "operator":
+        return world.operator_secrets
+    account = [] if user == world.users["olga"] else world.operator_account_secrets
+    return [*world.buyer_secrets, *account]
 
 
 def _body(response: Any) -> str:
@@ -145,7 +149,10 @@ def test_every_portal_url_is_swept(world: PortalWorld) -> None:
 
 def test_an_unknown_keyword_fails_the_sweep(world: PortalWorld) -> None:
     with pytest.raises(UnknownKwargError, match="widget_id"):
-        world_kwargs(world, PortalPattern(name="widget-detail", route="widgets/<int:widget_id>/", kwargs=("widget_id",)))
+        world_kwargs(
+            world,
+            PortalPattern(name="widget-detail", route="widgets/<int:widget_id>/", kwargs=("widget_id",)),
+        )
     with pytest.raises(UnknownKwargError, match="pk"):
         world_kwargs(world, PortalPattern(name="widget-detail", route="widgets/<int:pk>/", kwargs=("pk",)))
 
@@ -178,8 +185,15 @@ def test_the_owner_opens_every_page(world: PortalWorld, as_user: Callable[[User 
             wrong.append(f"{pattern.name} {url} as {_owner(world, pattern)}: {response.status_code}")
         if pattern.side in seen and response.status_code == 200:
             seen[pattern.side] += _body(response)
+        if pattern.side == "buyer" and not pattern.kwargs:  # account pages, as the operator's owner
+            operator_view = as_user(world.users["olga"]).get(url)
+            if operator_view.status_code == 200:
+                seen["operator"] += _body(operator_view)
     # The leak checks are only as good as the secrets: each one must show on some page of its owner.
-    for side, secrets in (("buyer", world.buyer_secrets), ("operator", world.operator_secrets)):
+    for side, secrets in (
+        ("buyer", world.buyer_secrets),
+        ("operator", [*world.operator_secrets, *world.operator_account_secrets]),
+    ):
         wrong.extend(f"no {side} page shows {secret!r}" for secret in secrets if secret not in seen[side])
     assert not wrong, "\n".join(wrong)
 
@@ -197,7 +211,7 @@ def test_nobody_else_sees_a_s_objects(world: PortalWorld, as_user: Callable[[Use
                 wrong.append(f"{pattern.name} {url} as {who}: {response.status_code}, not 403/404")
             elif not pattern.kwargs and other_side and response.status_code not in (403, 405):
                 wrong.append(f"{pattern.name} {url} as {who}: {response.status_code}, not 403")
-            leaked = [secret for secret in _secrets(world, pattern) if secret in _body(response)]
+            leaked = [secret for secret in _secrets(world, pattern, user) if secret in _body(response)]
             if leaked:
                 wrong.append(f"{pattern.name} {url} as {who} shows A's {leaked}")
     assert not wrong, "\n".join(wrong)
@@ -228,7 +242,9 @@ def test_posts_by_the_wrong_people_change_nothing(
     assert not wrong, "\n".join(wrong)
 
 
-def test_a_viewer_cannot_post_to_a_s_pages(world: PortalWorld, as_user: Callable[[User | None], Client]) -> None:
+def test_a_viewer_cannot_post_to_a_s_pages(
+    world: PortalWorld, as_user: Callable[[User | None], Client]
+) -> None:
     """A read-only member of A: no POST to one of A's objects succeeds (403 or 405 for the endpoints that
     write; pages that only read may answer a POST as a GET) and none changes a row."""
     viewer = as_user(world.users["vera"])
