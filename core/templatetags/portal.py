@@ -7,6 +7,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django import template
+from django.http import QueryDict
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -141,3 +142,13 @@ def state_class(state: str) -> str:
     if state in bad:
         return "badge bad"
     return "badge"
+
+
+@register.simple_tag(takes_context=True)
+def page_url(context: template.Context, number: int, parameter: str = "page", anchor: str = "") -> str:
+    """``?…`` for page ``number`` of a paginated list: the request's other query parameters (filters,
+    sorting, another list's page) kept, ``parameter`` set, then ``#anchor`` if given."""
+    request = context.get("request")
+    query = request.GET.copy() if request is not None else QueryDict(mutable=True)
+    query[parameter or "page"] = str(number)
+    return f"?{query.urlencode()}" + (f"#{anchor}" if anchor else "")

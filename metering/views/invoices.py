@@ -57,13 +57,8 @@ def invoice_list(request: HttpRequest) -> HttpResponse:
     if form.is_valid() and form.cleaned_data.get("year"):
         invoices = invoices.filter(period_start__year=form.cleaned_data["year"])
     page = Paginator(invoices, PAGE_SIZE).get_page(request.GET.get("page"))
-    query = request.GET.copy()
-    query.pop("page", None)
-    return render(
-        request,
-        "metering/invoices/list.html",
-        {"page": page, "form": form, "query": query.urlencode(), "filtered": bool(query)},
-    )
+    filtered = any(key != "page" for key in request.GET)
+    return render(request, "metering/invoices/list.html", {"page": page, "form": form, "filtered": filtered})
 
 
 def _sections(invoice: Invoice) -> list[LineSection]:
