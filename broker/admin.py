@@ -59,6 +59,7 @@ from django.utils.safestring import SafeString
 from broker.models import (
     HOLDING_STATES,
     BuyerNotice,
+    BuyerPreference,
     CapacityHold,
     Job,
     Lease,
@@ -1359,3 +1360,14 @@ class BuyerNoticeAdmin(
     @admin.display(description="Read at", ordering="read_at")
     def read(self, obj: BuyerNotice) -> str:
         return "unread" if obj.read_at is None else _local(obj.read_at)
+
+
+@admin.register(BuyerPreference)
+class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Buyers' portal preferences (their home hub). Read-only here: the buyer sets it in the marketplace."""
+
+    list_display = ["buyer", "home_hub", "updated_at"]
+    list_select_related = ["buyer", "home_hub"]
+    list_filter = [BuyerFilter, "home_hub"]
+    search_fields = ["buyer__slug", "buyer__name"]
+    fields = readonly_fields = ("buyer", "home_hub", "updated_at")

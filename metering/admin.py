@@ -92,6 +92,7 @@ from metering.models import (
     PackRefund,
     PriceCard,
     RatedSegment,
+    ReconciliationRun,
     Settlement,
     SettlementLine,
     StripeEvent,
@@ -1886,6 +1887,20 @@ class BuyerExhaustionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 # --- Month end ----------------------------------------------------------------------------------------
+
+
+@admin.register(ReconciliationRun)
+class ReconciliationRunAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Every ledger reconciliation's outcome (the daily task, or "Run now" on the staff dashboard)."""
+
+    list_display = ["checked_at", "ok", "breach_codes"]
+    list_filter = ["ok"]
+    date_hierarchy = "checked_at"
+    fields = readonly_fields = ("checked_at", "ok", "breaches")
+
+    @admin.display(description="Breaches")
+    def breach_codes(self, obj: ReconciliationRun) -> str:
+        return ", ".join(f"{b.get('code')} ({b.get('count')})" for b in obj.breaches) or "—"
 
 
 @admin.register(BillingCloseRun)

@@ -25,6 +25,7 @@ from django.utils import timezone
 from broker import admin as broker_admin
 from broker.models import (
     BuyerNotice,
+    BuyerPreference,
     CapacityHold,
     Job,
     Lease,
@@ -36,6 +37,7 @@ from broker.models import (
 )
 from broker.services import dispatch
 from broker.services.leases import lease_lock, lease_transition, notice_create
+from broker.services.preferences import buyer_home_hub_set
 from broker.services.quotes import quote_create
 from core.errors import ConflictError
 from core.models import Organisation
@@ -43,7 +45,7 @@ from core.types import Actor
 from federation.models import Cluster, ClusterStatus
 from federation.services import cluster_status_set
 from tests.broker.factories import make_job, make_lease
-from tests.factories import OperatorFactory, UserFactory
+from tests.factories import BuyerFactory, OperatorFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -102,6 +104,7 @@ class World:
         }
         # 0: reserved on east, 1: running on west (so both operators have history and deliveries).
         self.leases = _grow(buyer, [east, west], 2)
+        self.preference = buyer_home_hub_set(buyer=buyer, hub_code="yrd", actor=SYSTEM)
 
 
 @pytest.fixture
@@ -143,6 +146,9 @@ def test_changelist_queries_do_not_grow_with_rows(
         for slug in ["gds", "cmcc", "ecloud", "ucloud"]:
             operator = OperatorFactory(slug=slug, name=slug)
             dispatch.operator_endpoint_secret_rotate(operator=operator, actor=SYSTEM)
+    if model is BuyerPreference:
+        for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
+            buyer_home_hub_set(buyer=BuyerFactory(slug=slug, name=slug), hub_code="nx", actor=SYSTEM)
     assert model._default_manager.count() >= 6
     with CaptureQueriesContext(connection) as many:
         assert admin_client.get(_url(model, "changelist")).status_code == 200

@@ -57,6 +57,7 @@ from metering.models import (
     UsageRecord,
 )
 from metering.services.billing import billing_close_period
+from metering.services.maintenance import ledger_reconcile
 from metering.services.payments import billing_profile_get_or_create
 from metering.services.rating import usage_rate_pending
 from metering.services.usage import usage_record_create_batch
@@ -173,6 +174,7 @@ def _close_usage_month() -> None:
 def world(operator: Organisation) -> World:
     world = World(operator)
     _close_usage_month()
+    ledger_reconcile()  # one ReconciliationRun
     return world
 
 
