@@ -90,6 +90,10 @@ class JobForm(forms.Form):
     """Place a job. Field rules beyond types (positive duration, a deadline after the start, known chips)
     are the service's: its faults are added to the matching fields by :meth:`add_service_errors`."""
 
+    # Most fields are optional only in combination (cards or standard cards; a chip or figures), so the
+    # labels carry no "(optional)" marker (templates/portal/_field.html); the help texts say what empty means.
+    optional_marker = False
+
     name = forms.CharField(
         label=_("Name"),
         max_length=200,
