@@ -1,11 +1,16 @@
 // Cardhour portal: small progressive enhancements. Every page works without this file.
 (function () {
   "use strict";
-  // On a phone the navigation starts folded; on a wide screen it is always open.
+  // On a phone the navigation is folded behind "Menu"; on a wide screen it is always open (also when the
+  // window is resized or a phone is turned).
   var menu = document.querySelector(".nav-menu");
-  if (menu && window.matchMedia("(max-width: 760px)").matches) {
-    menu.removeAttribute("open");
+  var narrow = window.matchMedia("(max-width: 760px)");
+  function fitMenu() {
+    if (!menu) { return; }
+    if (narrow.matches) { menu.removeAttribute("open"); } else { menu.setAttribute("open", ""); }
   }
+  fitMenu();
+  if (narrow.addEventListener) { narrow.addEventListener("change", fitMenu); }
   // Forms marked data-confirm ask before they submit (cancel a lease, revoke a token).
   document.addEventListener("submit", function (event) {
     var form = event.target;
