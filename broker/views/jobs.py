@@ -31,6 +31,7 @@ from broker.errors import (
     QuoteSupersededError,
 )
 from broker.forms.jobs import JobForm
+from broker.market import buyer_home_hub_resolve
 from broker.models import Job, Quote
 from broker.services import jobs as job_services
 from broker.services import leases as lease_services
@@ -43,7 +44,9 @@ from federation.selectors import accelerator_list
 from metering.errors import InsufficientBalanceError
 
 PAGE_SIZE = 50
-DEFAULT_ORIGIN_HUB = "yrd"
+# The rejection summaries kept in a browser's session: the latest few jobs quoted, so a session that quotes
+# all day does not grow without bound.
+SUMMARIES_KEPT = 20
 
 # Why islands were not quoted, in the buyer's words (the matcher's rejection reasons).
 REJECTION_REASONS: dict[str, Any] = {
@@ -68,16 +71,17 @@ def _error_key(job_id: int) -> str:
 
 
 def _home_hub(buyer: Organisation) -> str:
-    """The buyer's home hub (broker.market), else its latest job's origin hub, else the default."""
-    try:
-        from broker.market import buyer_home_hub
-    except ImportError:
-        code = None
-    else:
-        code = buyer_home_hub(buyer=buyer)
-    if code is None:
-        code = selectors.job_list_for(buyer=buyer).values_list("origin_hub__code", flat=True).first()
-    return code or DEFAULT_ORIGIN_HUB
+    """The buyer's home hub: its preference, else its latest job's origin hub, else the platform default."""
+    return buyer_home_hub_resolve(buyer=buyer).code
+
+
+def _summaries_prune(request: HttpRequest, *, keep: int = SUMMARIES_KEPT) -> None:
+    """Drop all but the ``keep`` most recently quoted jobs' summaries from the session."""
+    prefix = _summary_key(0)[:-1]
+    stored = [key for key, _value in request.session.items() if key.startswith(prefix)]
+    stored.sort(key=lambda key: str(request.session[key].get("quoted_at", "")), reverse=True)
+    for key in stored[keep:]:
+        del request.session[key]
 
 
 def _quote(request: HttpRequest, job: Job) -> None:
@@ -86,6 +90,7 @@ def _quote(request: HttpRequest, job: Job) -> None:
     quote_set = quote_services.quote_create(job=job)
     result = quote_set.result
     request.session[_summary_key(job.pk)] = {
+        "quoted_at": timezone.now().isoformat(),
         "expires_at": quote_set.expires_at.isoformat(),
         "rejections": {key: int(value) for key, value in result.rejections.items()},
         "considered": int(result.considered),
@@ -94,6 +99,7 @@ def _quote(request: HttpRequest, job: Job) -> None:
         "window_end_at": result.window_end_at.isoformat(),
     }
     request.session.pop(_error_key(job.pk), None)
+    _summaries_prune(request)
 
 
 # --- Place a job ------------------------------------------------------------------------------------

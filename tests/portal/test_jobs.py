@@ -429,3 +429,26 @@ def test_a_viewer_sees_the_form_but_cannot_place_or_accept(
     assert viewer.post(f"/quotes/{Quote.objects.get(job=job, rank=1).pk}/accept/").status_code == 403
     assert "/accept/" not in viewer.get(f"/jobs/{job.pk}/").content.decode()
     assert Job.objects.count() == 1 and not Lease.objects.exists()
+
+
+def test_a_session_keeps_the_rejection_summaries_of_the_latest_jobs_only() -> None:
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.test import RequestFactory
+
+    from broker.views.jobs import _summaries_prune, _summary_key
+
+    request = RequestFactory().get("/")
+    request.session = SessionStore()
+    for job_id in range(1, 26):
+        request.session[_summary_key(job_id)] = {"quoted_at": f"2026-11-22T00:00:{job_id:02d}+00:00"}
+    request.session["cardhour_organisation"] = "acme"
+
+    _summaries_prune(request, keep=20)
+
+    kept = sorted(
+        int(key.rsplit("_", 1)[1])
+        for key in request.session.keys()
+        if key.startswith("cardhour_quote_summary_")
+    )
+    assert kept == list(range(6, 26))
+    assert request.session["cardhour_organisation"] == "acme"
