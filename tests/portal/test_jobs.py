@@ -447,7 +447,7 @@ def test_a_session_keeps_the_rejection_summaries_of_the_latest_jobs_only() -> No
 
     kept = sorted(
         int(key.rsplit("_", 1)[1])
-        for key in request.session.keys()
+        for key, _value in request.session.items()
         if key.startswith("cardhour_quote_summary_")
     )
     assert kept == list(range(6, 26))
