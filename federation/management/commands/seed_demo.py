@@ -412,8 +412,9 @@ class Command(BaseCommand):
         write(f"  Portal      {base}/")
         write(f"  API docs    {base}/api/docs/")
         write(f"  Admin       {base}/admin/")
+        write(f"  Staff       {base}/staff/")
         write("")
-        write(f"  Staff (admin, API docs):  {ADMIN_USERNAME} / {DEMO_PASSWORD}")
+        write(f"  Staff (admin, staff dashboard):  {ADMIN_USERNAME} / {DEMO_PASSWORD}")
         write(
             "  Operator owners (portal): "
             + ", ".join(plan.username for plan in OPERATORS)
