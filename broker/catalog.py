@@ -3,7 +3,12 @@
 Quoting is the hot path (hundreds per second over 100,000 islands), so each process keeps:
 
 - a **catalogue** of islands, clusters, chips, hubs and price cards in numpy arrays, reloaded when older
-  than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change);
+  than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change). A full reload
+  reads every island (about 0.2 s of CPU at 100,000 islands), so no request waits for one: the first quote
+  that finds the catalogue stale starts a reload in a background thread and is answered from the old
+  catalogue, which is replaced when the new one is ready. Only the first quote of a process, and a quote
+  that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background reloads failing or stuck),
+  reload inline; a TTL of 0 always reloads inline;
 - a **hold book**: every active capacity hold, followed incrementally. Each lease change writes a
   LeaseTransition row; before each quote the book reads the transitions after the last id it has seen and
   reloads the holds of those leases. Ids are taken at insert but become visible at commit, so a smaller id
@@ -15,6 +20,8 @@ island's occupancy under row locks in the database, which is what guarantees no 
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -23,6 +30,7 @@ from decimal import Decimal
 
 import numpy as np
 from django.conf import settings
+from django.db import connections
 from django.db.models import Q
 from django.utils import timezone
 
@@ -34,6 +42,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FABRICS = ("nvlink", "hccs", "infiniband", "roce", "pcie")
 _GAP_MEMORY_SECONDS = 60.0
 _INITIAL_GAP_LOOKBACK = 1000
+# A catalogue older than this many TTLs is reloaded inline: the background reloads are failing or stuck.
+_STALE_LIMIT_TTLS = 6
+
+logger = logging.getLogger(__name__)
 
 
 def epoch(value: datetime) -> int:
@@ -80,6 +92,18 @@ class Catalogue:
         lookup = self._lookup
         inside = island_ids < len(lookup)
         return np.where(inside, lookup[np.where(inside, island_ids, 0)], -1)
+
+    @property
+    def islands_by_cluster(self) -> tuple[np.ndarray, np.ndarray]:
+        """(first, islands): the catalogue positions of cluster ``i``'s islands are
+        ``islands[first[i]:first[i + 1]]``, in catalogue (id) order."""
+        grouped = self.__dict__.get("_islands_by_cluster")
+        if grouped is None:
+            islands = np.argsort(self.island_cluster, kind="stable")
+            counts = np.bincount(self.island_cluster, minlength=len(self.cluster_id))
+            first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            grouped = self.__dict__["_islands_by_cluster"] = (first, islands)
+        return grouped
 
     @property
     def _lookup(self) -> np.ndarray:
@@ -151,6 +175,21 @@ def _load_catalogue() -> Catalogue:
         latency_ms=latency,
         latency_dec=latency_dec,
     )
+
+
+def _load_catalogue_quietly() -> Catalogue:
+    """``_load_catalogue`` with the cyclic garbage collector paused (process-wide, for the ~0.2 s of the
+    load). The load makes a few hundred thousand short-lived row tuples; with the collector running they
+    survive long enough to be promoted to the oldest generation and soon set off a full collection,
+    which stops every thread of the process for about 0.1 s at design size: a quote's tail latency.
+    Paused, they are freed by reference counting and never promoted. Nothing in the load makes cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_catalogue()
+    finally:
+        if was_enabled:  # another thread that paused it concurrently leaves it to us (or we to it)
+            gc.enable()
 
 
 class HoldBook:
@@ -296,32 +335,72 @@ class HoldBook:
 
 
 class Market:
-    """The process-wide catalogue and hold book, refreshed under one lock."""
+    """The process-wide catalogue and hold book, refreshed under one lock; the catalogue is reloaded in
+    the background (see the module docstring)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.catalogue: Catalogue | None = None
         self.holds = HoldBook()
         self._quotes = 0
+        self._reloader: threading.Thread | None = None
 
     def view(
         self, *, start: int, end: int
     ) -> tuple[Catalogue, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """The catalogue (reloaded if stale) and the live holds overlapping ``[start, end)``, caught up
-        with every lease change committed so far."""
+        """The catalogue (normally at most one TTL plus one reload old, never ``_STALE_LIMIT_TTLS`` TTLs)
+        and the live holds overlapping ``[start, end)``, caught up with every lease change committed so
+        far."""
         ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
         with self.lock:
-            if self.catalogue is None or time.monotonic() - self.catalogue.loaded_at >= ttl:
-                self.catalogue = _load_catalogue()
+            catalogue = self.catalogue
+            if (
+                catalogue is None
+                or ttl <= 0
+                or time.monotonic() - catalogue.loaded_at >= ttl * _STALE_LIMIT_TTLS
+            ):
+                catalogue = self.catalogue = _load_catalogue_quietly()
+            elif time.monotonic() - catalogue.loaded_at >= ttl:
+                self._reload_in_background()
             if ttl <= 0:  # tests: nothing carried from one quote to the next
                 self.holds = HoldBook()
             self.holds.refresh()
             self._quotes += 1
             if self._quotes % 1000 == 0:
                 self.holds.maintain(epoch(timezone.now()))
-            return self.catalogue, self.holds.overlapping(start, end)
+            return catalogue, self.holds.overlapping(start, end)
+
+    def _reload_in_background(self) -> None:
+        """Start one reload thread unless one is running (called under ``self.lock``)."""
+        if self._reloader is not None and self._reloader.is_alive():
+            return
+        self._reloader = threading.Thread(target=self._reload, name="broker-catalogue-reload", daemon=True)
+        self._reloader.start()
+
+    def _reload(self) -> None:
+        try:
+            catalogue = _load_catalogue_quietly()
+            # Build the derived arrays here, not in a request.
+            catalogue.island_index(catalogue.island_id[:1])
+            catalogue.islands_by_cluster  # noqa: B018
+            with self.lock:
+                if self.catalogue is None or self.catalogue.loaded_at < catalogue.loaded_at:
+                    self.catalogue = catalogue
+        except Exception:
+            # The old catalogue keeps serving; the next stale quote tries again, and one past the limit
+            # reloads inline (and so reports the error to its caller).
+            logger.exception("background reload of the broker catalogue failed")
+        finally:
+            connections.close_all()  # this thread's connections only (they are per thread)
+
+    def wait_for_reload(self, timeout: float | None = None) -> None:
+        """Wait for a background reload in progress, if any (tests, benchmarks)."""
+        reloader = self._reloader
+        if reloader is not None:
+            reloader.join(timeout)
 
     def reset(self) -> None:
+        self.wait_for_reload()
         with self.lock:
             self.catalogue = None
             self.holds = HoldBook()

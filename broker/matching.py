@@ -18,7 +18,9 @@ For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts ar
    whole slots here, so the quote errs on the safe side; acceptance checks exactly.
 4. **Rank** one placement per island (or per cluster when the job may span islands) at that island's
    cheapest feasible start (the earliest on a tie), by the job's preference, and price the top ones exactly
-   in Decimal, band by band.
+   in Decimal, band by band. The islands of a cluster share its cost and latency until a hold moves one's
+   start, so island placements are ranked a cluster at a time and only the clusters that can reach the top
+   are opened (the same answer as ranking every island: tests/broker/test_matching_property.py).
 """
 
 from __future__ import annotations
@@ -178,69 +180,94 @@ def match(
         reason[reason == 0] = _R["window"]
         return _result(reason, [], window, n)
     need = cluster_need[cluster]
-    island_tariff = c.cluster_tariff[cluster]
-    rate = c.cluster_rate[cluster]
 
     if spec.gang == "cluster":
         return _match_spanning(spec, c, holds, window, reason, need, latency, delta, limit, tariff_of)
 
     reason[(reason == 0) & (c.island_capacity < need)] = _R["capacity"]
     candidates = np.nonzero(reason == 0)[0]
-    best_k = cluster_best_k[cluster]
-    best_value = cluster_best_value[cluster]
     blocked = _blocked_starts(c, holds, window, candidates, need)
     reason[blocked.full] = _R["capacity"]
-    chosen = candidates[reason[candidates] == 0]
-    # Islands whose tariff-best start is blocked get a lower bound (that start's value) until they
-    # reach the top, when their exact best feasible start is computed: a handful of rows, not thousands.
+    live = reason == 0
+    # Every island of a cluster has the cluster's cost and latency at the tariff-best start, so ranking
+    # is done per cluster (10× fewer rows), and only the islands of the clusters that can reach the top
+    # are ranked one by one. Islands whose tariff-best start is blocked count at that start's value (a
+    # lower bound) until they reach the top, when their exact best feasible start is computed and they
+    # are ranked on their own: a handful of rows, not thousands.
     inexact = np.zeros(n, dtype=bool)
-    inexact[blocked.islands_blocking(best_k)] = True
-    first_k = np.zeros(n, dtype=np.int64)
-    first_known = np.zeros(n, dtype=bool)
-    rate_need = rate * need
-    lat_all = latency[cluster]
+    inexact[blocked.islands_blocking(cluster_best_k[cluster[blocked.island]])] = True
+    members = np.bincount(cluster[live], minlength=m)  # islands ranked with their cluster
+    own = np.zeros(n, dtype=bool)  # islands ranked on their own, at their exact best start
+    exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
+    cluster_cost = c.cluster_rate * cluster_need * cluster_best_value
+    first_of_cluster, cluster_islands = c.islands_by_cluster
     origin = max(origin, 0)
     while True:
-        cost = rate_need[chosen] * best_value[chosen]
-        order = _rank(spec, cost, lat_all[chosen], chosen, limit)
-        pending = [int(chosen[j]) for j in order if inexact[chosen[j]]]
+        groups = np.nonzero(members)[0]
+        alone = np.fromiter(exact, dtype=np.int64, count=len(exact))
+        alone_cluster = cluster[alone]
+        alone_value = np.fromiter((exact[int(i)][1] for i in alone), dtype=np.float64, count=len(alone))
+        keys = _rank_keys(
+            spec,
+            np.concatenate([cluster_cost[groups], c.cluster_rate[alone_cluster] * need[alone] * alone_value]),
+            np.concatenate([latency[groups], latency[alone_cluster]]),
+        )
+        counts = np.concatenate([members[groups], np.ones(len(alone), dtype=np.int64)])
+        keep = _top_entries(keys[-1], counts, limit)
+        parts = [
+            _live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)
+            if e < len(groups)
+            else alone[e - len(groups) : e - len(groups) + 1]
+            for e in keep
+        ]
+        top = _rank_members(keys, keep, parts, limit)
+        pending = [island for island in top if inexact[island] and not own[island]]
         if not pending:
             break
         for island in pending:
             ok = blocked.feasible(island)
-            values = delta[int(island_tariff[island])]
+            values = delta[int(c.cluster_tariff[cluster[island]])]
             k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
-            best_k[island], best_value[island] = k, float(values[k])
-            first_k[island], first_known[island] = int(np.argmax(ok)), True
-            inexact[island] = False
+            exact[island] = (k, float(values[k]), int(np.argmax(ok)))
+            own[island] = True
+            members[cluster[island]] -= 1
     placements = []
-    for j in order:
-        island = int(chosen[j])
-        if not first_known[island] and blocked.has(island):
-            first_k[island] = int(np.argmax(blocked.feasible(island)))
+    for island in top:
+        cl = int(cluster[island])
+        if island in exact:
+            k, _, first_k = exact[island]
+        else:
+            k = int(cluster_best_k[cl])
+            first_k = int(np.argmax(blocked.feasible(island))) if blocked.has(island) else 0
         placements.append(
             _placement(
                 spec,
                 c,
                 window,
                 tariff_of,
-                cluster_index=int(cluster[island]),
+                cluster_index=cl,
                 allocation=[(island, int(need[island]))],
-                k=int(best_k[island]),
-                first_k=int(first_k[island]),
+                k=k,
+                first_k=first_k,
                 origin=origin,
             )
         )
-    return _result(reason, placements, window, n, feasible=len(chosen))
+    return _result(reason, placements, window, n, feasible=int(live.sum()))
 
 
-def _rank(spec: JobSpec, cost: np.ndarray, latency: np.ndarray, tie: np.ndarray, limit: int) -> list[int]:
-    """Positions of the best ``limit`` entries by the job's preference; ``tie`` (ids) breaks exact ties."""
-    if not len(cost):
-        return []
+def _live_members(
+    cluster: int, first_of_cluster: np.ndarray, cluster_islands: np.ndarray, live: np.ndarray, own: np.ndarray
+) -> np.ndarray:
+    """The live islands of ``cluster`` still ranked with it (not on their own), in catalogue order."""
+    islands = cluster_islands[first_of_cluster[cluster] : first_of_cluster[cluster + 1]]
+    return islands[live[islands] & ~own[islands]]
+
+
+def _rank_keys(spec: JobSpec, cost: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The job's sort keys, least significant first (``np.lexsort``'s order), without the tie-break."""
     if spec.preference == "latency":
-        keys: tuple[np.ndarray, ...] = (tie, cost, latency)
-    elif spec.preference == "weighted":
+        return (cost, latency)
+    if spec.preference == "weighted":
         weight = float(spec.price_weight)
 
         def spread(x: np.ndarray) -> np.ndarray:
@@ -248,9 +275,41 @@ def _rank(spec: JobSpec, cost: np.ndarray, latency: np.ndarray, tie: np.ndarray,
             return (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
 
         score = np.round(weight * spread(cost) + (1 - weight) * spread(latency), 12)
-        keys = (tie, latency, cost, score)
-    else:
-        keys = (tie, latency, cost)
+        return (latency, cost, score)
+    return (latency, cost)
+
+
+def _top_entries(primary: np.ndarray, counts: np.ndarray, limit: int) -> np.ndarray:
+    """The entries that can hold one of the best ``limit`` islands, where entry ``e`` stands for
+    ``counts[e]`` (≥ 1) islands sharing its keys: those not above the ``limit``-th smallest primary key.
+    Those ``limit`` entries cover at least ``limit`` islands, so no island with a larger primary key can
+    be in the top."""
+    if not len(counts):
+        return np.zeros(0, dtype=np.int64)
+    if len(primary) <= limit:
+        return np.arange(len(primary))
+    cut = np.partition(primary, limit - 1)[limit - 1]
+    return np.nonzero(primary <= cut)[0]
+
+
+def _rank_members(
+    keys: tuple[np.ndarray, ...], entries: np.ndarray, members: list[np.ndarray], limit: int
+) -> list[int]:
+    """The best ``limit`` islands of ``members[j]`` (the islands of entry ``entries[j]``, which share its
+    keys), best first; ties broken by island index: the same order as ``_rank`` over every island."""
+    if not members:
+        return []
+    islands = np.concatenate(members)
+    entry = np.repeat(entries, [len(part) for part in members])
+    order = np.lexsort((islands, *(key[entry] for key in keys)))
+    return [int(islands[i]) for i in order[:limit]]
+
+
+def _rank(spec: JobSpec, cost: np.ndarray, latency: np.ndarray, tie: np.ndarray, limit: int) -> list[int]:
+    """Positions of the best ``limit`` entries by the job's preference; ``tie`` (ids) breaks exact ties."""
+    if not len(cost):
+        return []
+    keys = (tie, *_rank_keys(spec, cost, latency))
     if len(cost) > 4 * limit:  # only the best few need a full sort
         primary = keys[-1]
         cut = np.partition(primary, limit - 1)[limit - 1]
@@ -298,9 +357,9 @@ class BlockedStarts:
             ok[a:b] = False
         return ok
 
-    def islands_blocking(self, start_of: np.ndarray) -> np.ndarray:
-        """The islands whose start ``start_of[island]`` falls in one of their blocked ranges."""
-        k = start_of[self.island]
+    def islands_blocking(self, k: np.ndarray) -> np.ndarray:
+        """The islands whose start ``k`` (one per blocked range, aligned with ``self.island``) falls in
+        one of their blocked ranges."""
         return self.island[(self.a <= k) & (k < self.b)]
 
 
@@ -321,15 +380,13 @@ def _blocked_starts(
     if not len(hold_island) or not len(candidates):
         return none
     index = c.island_index(hold_island)
-    is_candidate = np.zeros(c.size, dtype=bool)
+    is_candidate = np.zeros(c.size + 1, dtype=bool)  # the last entry stands for unknown islands (-1)
     is_candidate[candidates] = True
-    keep = is_candidate[np.maximum(index, 0)] & (index >= 0)
-    index, hold_start, hold_end, hold_cards = index[keep], hold_start[keep], hold_end[keep], hold_cards[keep]
-    if not len(index):
-        return none
-    # Only islands whose holds together could leave too few cards.
-    held = np.bincount(index, weights=hold_cards, minlength=c.size)
-    keep = held[index] + need[index] > c.island_capacity[index]
+    of_candidate = is_candidate[index]
+    # Only islands whose holds together could leave too few cards (one pass, one selection).
+    held = np.bincount(index[of_candidate], weights=hold_cards[of_candidate], minlength=c.size)
+    position = np.where(of_candidate, index, 0)
+    keep = of_candidate & (held[position] + need[position] > c.island_capacity[position])
     index, hold_start, hold_end, hold_cards = index[keep], hold_start[keep], hold_end[keep], hold_cards[keep]
     if not len(index):
         return none
@@ -352,8 +409,7 @@ def _blocked_starts(
     blocked_island, a, b = blocked_island[useful], a[useful], b[useful]
     if not len(blocked_island):
         return none
-    order = np.lexsort((a, blocked_island))
-    blocked_island, a, b = blocked_island[order], a[order], b[order]
+    # Already sorted by island, then a: the edges were sorted by island and slot, and a grows with slot.
     # An island is full when its blocked ranges cover [0, starts): walk the ranges with a running
     # maximum of their ends (offset per island so one pass serves all islands).
     offset = blocked_island * (window.starts + 1)

@@ -374,7 +374,13 @@ class JobQuoteApi(APIView):
             "window": {"start_at": result.window_start_at, "end_at": result.window_end_at},
             "expires_at": quote_set.expires_at,
         }
-        return Response(QuoteSetOutput(body).data, status=status.HTTP_201_CREATED)
+        return Response(_QUOTE_SET_OUTPUT.to_representation(body), status=status.HTTP_201_CREATED)
+
+
+# One bound instance serves every quote: ``QuoteSetOutput(body).data`` deep-copies the declared fields of
+# every nested serializer on each call (about half of the serialisation time); ``to_representation`` only
+# reads the fields, so sharing them across requests and threads is safe and the output is the same.
+_QUOTE_SET_OUTPUT = QuoteSetOutput()
 
 
 # --- Leases -----------------------------------------------------------------------------------------

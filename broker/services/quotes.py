@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connections, router
+from django.db.models import Field
 from django.utils import timezone
 
 from broker import selectors
@@ -120,8 +122,52 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
         for rank, placement in enumerate(result.placements, start=1)
     ]
     if quotes:
-        Quote.objects.bulk_create(quotes)
+        _quotes_insert(quotes)
     return QuoteSet(job=job, quotes=quotes, result=result, expires_at=expires_at)
+
+
+def _quotes_insert(quotes: list[Quote]) -> None:
+    """Store ``quotes`` with one ``INSERT … VALUES … RETURNING id``, setting their ids.
+
+    What ``Quote.objects.bulk_create`` writes (each value prepared by its field, as Django prepares it),
+    at about a third of the cost: on PostgreSQL, Django 5.2's bulk insert binds each column as an array
+    through ``UNNEST``, which costs more to build and to dump than the ten rows a quote writes. Like
+    ``bulk_create``, it sends no signals; ids come back in the order of the rows, which ``bulk_create``
+    relies on too. A backend that cannot return rows from an insert uses ``bulk_create``."""
+    alias = router.db_for_write(Quote)
+    connection = connections[alias]
+    if not connection.features.can_return_rows_from_bulk_insert:
+        Quote.objects.bulk_create(quotes)
+        return
+    fields = [field for field in Quote._meta.concrete_fields if not field.primary_key]
+    batch = max(connection.ops.bulk_batch_size(fields, quotes), 1)
+    for first in range(0, len(quotes), batch):
+        _quotes_insert_batch(quotes[first : first + batch], fields, alias)
+
+
+def _quotes_insert_batch(quotes: list[Quote], fields: list[Field], alias: str) -> None:
+    connection = connections[alias]
+    # Prepared as bulk_create prepares them: pre_save (add), then get_db_prep_save.
+    params = [
+        field.get_db_prep_save(field.pre_save(quote, True), connection)
+        for quote in quotes
+        for field in fields
+    ]
+    row = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    # Identifiers come from the model's metadata and every value is a bound parameter.
+    sql = "INSERT INTO {table} ({columns}) VALUES {rows} RETURNING {pk}".format(  # noqa: S608
+        table=connection.ops.quote_name(Quote._meta.db_table),
+        columns=", ".join(connection.ops.quote_name(str(field.column)) for field in fields),
+        rows=", ".join([row] * len(quotes)),
+        pk=connection.ops.quote_name(str(Quote._meta.pk.column)),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [pk for (pk,) in cursor.fetchall()]
+    for quote, pk in zip(quotes, ids, strict=True):
+        quote.pk = pk
+        quote._state.adding = False
+        quote._state.db = alias
 
 
 def quotes_purge(*, now: datetime | None = None, older_than: timedelta = timedelta(days=1)) -> int:

@@ -3,6 +3,7 @@ commits after a later one (ids are taken at insert, visible at commit)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from datetime import timedelta
 
@@ -10,7 +11,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from broker.catalog import HoldBook, epoch
+from broker import catalog as catalog_module
+from broker.catalog import _STALE_LIMIT_TTLS, Catalogue, HoldBook, Market, _load_catalogue, epoch
 from broker.models import LeaseTransition
 from broker.services.leases import lease_lock, lease_transition
 from core.models import Organisation
@@ -97,3 +99,100 @@ def test_the_book_keeps_holds_by_the_platform_clock_not_the_machine_clock(
     assert len(live_leases(book, past, past + timedelta(hours=5))) == 1
     book.maintain(epoch(past))
     assert len(live_leases(book, past, past + timedelta(hours=5))) == 1
+
+
+# --- The catalogue is reloaded off the request path ---------------------------------------------------
+
+
+def _fake_catalogue(label: str) -> Catalogue:
+    catalogue = _load_catalogue()
+    catalogue.island_cpi = [label] * catalogue.size
+    return catalogue
+
+
+def test_a_stale_catalogue_is_reloaded_in_the_background(
+    east_cluster: Cluster, settings, monkeypatch
+) -> None:
+    """The quote that finds the catalogue stale is answered from the old one at once, without waiting
+    for the reload; a later quote sees the new one."""
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5.0
+    market = Market()
+    first, _ = market.view(start=0, end=1)
+    assert first.size == 2
+    fresh = _fake_catalogue("fresh")
+    started, release = threading.Event(), threading.Event()
+
+    def slow_load() -> Catalogue:
+        started.set()
+        assert release.wait(10)
+        return fresh
+
+    monkeypatch.setattr(catalog_module, "_load_catalogue", slow_load)
+    first.loaded_at -= 6  # older than the TTL, younger than the inline limit
+    stale, _ = market.view(start=0, end=1)
+    assert stale is first  # answered while the reload is still running
+    assert started.wait(10)
+    again, _ = market.view(start=0, end=1)  # one reload at a time
+    assert again is first
+    release.set()
+    market.wait_for_reload(10)
+    assert market.view(start=0, end=1)[0] is fresh
+
+
+def test_a_failed_background_reload_keeps_the_old_catalogue(
+    east_cluster: Cluster, settings, monkeypatch
+) -> None:
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5.0
+    market = Market()
+    first, _ = market.view(start=0, end=1)
+
+    def broken() -> Catalogue:
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(catalog_module, "_load_catalogue", broken)
+    first.loaded_at -= 6
+    assert market.view(start=0, end=1)[0] is first
+    market.wait_for_reload(10)
+    assert market.view(start=0, end=1)[0] is first
+    market.wait_for_reload(10)
+    # Past the limit the reload happens inline, so the caller sees the failure instead of stale data.
+    first.loaded_at -= 5.0 * _STALE_LIMIT_TTLS
+    with pytest.raises(RuntimeError):
+        market.view(start=0, end=1)
+
+
+def test_a_catalogue_past_the_limit_is_reloaded_inline(east_cluster: Cluster, settings, monkeypatch) -> None:
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5.0
+    market = Market()
+    first, _ = market.view(start=0, end=1)
+    fresh = _fake_catalogue("fresh")
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: fresh)
+    first.loaded_at -= 5.0 * _STALE_LIMIT_TTLS
+    assert market.view(start=0, end=1)[0] is fresh
+
+
+def test_a_zero_ttl_reloads_on_every_quote(east_cluster: Cluster, settings, monkeypatch) -> None:
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
+    market = Market()
+    market.view(start=0, end=1)
+    fresh = _fake_catalogue("fresh")
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: fresh)
+    assert market.view(start=0, end=1)[0] is fresh
+    assert market._reloader is None
+
+
+def test_the_catalogue_is_loaded_with_the_collector_paused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A load's short-lived rows must not set off a full collection (a stop of every thread); the
+    collector runs again afterwards, also when the load fails."""
+    seen = []
+
+    def load() -> Catalogue:
+        seen.append(gc.isenabled())
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(catalog_module, "_load_catalogue", load)
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        catalog_module._load_catalogue_quietly()
+    assert seen == [False]
+    assert gc.isenabled()

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.catalog import Catalogue
@@ -140,3 +140,127 @@ def _slot_floor(at: int, t0: int) -> int:
 
 def _slot_ceil(at: int, t0: int) -> int:
     return t0 + max(-(-(at - t0) // STEP), 0) * STEP
+
+
+def clustered_catalogue(islands_per_cluster: list[int], capacity: list[int], rates: list[int]) -> Catalogue:
+    """Clusters of several islands (the matcher ranks them a cluster at a time), on two hubs."""
+    m = len(islands_per_cluster)
+    island_cluster = np.repeat(np.arange(m), islands_per_cluster)
+    n = len(island_cluster)
+    return Catalogue(
+        loaded_at=time.monotonic(),
+        island_id=np.arange(1, n + 1),
+        island_cpi=[f"isl-{i}" for i in range(n)],
+        island_cluster=island_cluster,
+        island_capacity=np.array(capacity[:n], dtype=np.int64),
+        island_fabric=np.zeros(n, dtype=np.int64),
+        cluster_id=np.arange(1, m + 1),
+        cluster_cpi=[f"c{i}" for i in range(m)],
+        cluster_operator=np.ones(m, dtype=np.int64),
+        cluster_hub=np.array([i % 2 for i in range(m)], dtype=np.int64),
+        cluster_status=["active"] * m,
+        cluster_active=np.ones(m, dtype=bool),
+        cluster_chip=np.zeros(m, dtype=np.int64),
+        cluster_price=[PriceCardRow(i + 1, 1, Decimal(rates[i]), 1 + i % 2, "t") for i in range(m)],
+        cluster_rate=np.array([float(rates[i]) for i in range(m)]),
+        cluster_tariff=np.array([1 + i % 2 for i in range(m)], dtype=np.int64),
+        chip_slugs=["a800"],
+        chip_tflops=[Decimal(312)],
+        chip_tflops_f=np.array([312.0]),
+        chip_memory_f=np.array([80.0]),
+        chip_factor_e4=np.array([7800]),
+        hub_codes=["nx", "yrd"],
+        latency_ms=np.array([[5.0, 20.0], [20.0, 5.0]]),
+        latency_dec={(i, j): Decimal("5" if i == j else "20") for i in range(2) for j in range(2)},
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@example(  # the cheapest (valley) start of the only island is held: its next best start wins
+    islands_per_cluster=[1],
+    capacity=[8] * 20,
+    rates=[10] * 5,
+    holds=[(0, 14 * 3600, 9 * 3600, 8)],
+    cards=8,
+    duration=3600,
+    preference="price",
+    limit=1,
+)
+@given(
+    islands_per_cluster=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    capacity=st.lists(st.integers(1, 16), min_size=20, max_size=20),
+    rates=st.lists(st.sampled_from([8, 10, 10, 12]), min_size=5, max_size=5),
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 19), st.integers(-3600, 24 * 3600), st.integers(60, 12 * 3600), st.integers(1, 8)
+        ),
+        max_size=40,
+    ),
+    cards=st.integers(1, 8),
+    duration=st.integers(600, 6 * 3600),
+    preference=st.sampled_from(["price", "latency"]),
+    limit=st.integers(1, 6),
+)
+def test_ranking_by_cluster_matches_ranking_every_island(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    rates: list[int],
+    holds: list[tuple[int, int, int, int]],
+    cards: int,
+    duration: int,
+    preference: str,
+    limit: int,
+) -> None:
+    """The matcher ranks whole clusters first; the answer must be the ranking of every island on its own
+    at its exact cheapest feasible start (ties: earliest start, then island id)."""
+    cat = clustered_catalogue(islands_per_cluster, capacity, rates)
+    n = cat.size
+    t0 = int(NOW.timestamp())
+    spec = JobSpec(
+        cards=cards,
+        standard_cards=None,
+        accelerators=(),
+        min_fp16_tflops=None,
+        min_memory_gb=None,
+        fabrics=(),
+        gang="island",
+        origin_hub="yrd",
+        latency_budget_ms=50,
+        earliest_start_at=NOW,
+        deadline_at=NOW + timedelta(hours=24),
+        duration_seconds=duration,
+        max_price_per_card_hour=None,
+        preference=preference,
+    )
+    holds = [(h[0] % n, *h[1:]) for h in holds]
+    arrays = (
+        np.array([h[0] + 1 for h in holds], dtype=np.int64),
+        np.array([t0 + h[1] for h in holds], dtype=np.int64),
+        np.array([t0 + h[1] + h[2] for h in holds], dtype=np.int64),
+        np.array([h[3] for h in holds], dtype=np.int64),
+    )
+    result = match(
+        spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=limit, tariff_of=TARIFFS.__getitem__
+    )
+    window = window_of(spec, now=NOW, step=STEP)
+    candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
+    blocked = _blocked_starts(cat, arrays, window, candidates, np.full(n, cards, dtype=np.int64))
+    rows = []  # (latency, cost, island, start) of every island at its exact best feasible start
+    for island in candidates:
+        cluster = int(cat.island_cluster[island])
+        values = integrated_multiplier(TARIFFS[int(cat.cluster_tariff[cluster])], window)
+        ok = blocked.feasible(island) if blocked.has(island) else np.ones(window.starts, dtype=bool)
+        if not ok.any():
+            continue
+        k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+        cost = cat.cluster_rate[cluster] * cards * float(values[k])
+        latency = float(cat.latency_ms[1][cat.cluster_hub[cluster]])
+        rows.append((latency, cost, int(island), k))
+    primary = (lambda r: (r[0], r[1], r[2])) if preference == "latency" else (lambda r: (r[1], r[0], r[2]))
+    expected = [
+        (cat.island_cpi[r[2]], datetime.fromtimestamp(window.t0 + r[3] * STEP, tz=UTC))
+        for r in sorted(rows, key=primary)[:limit]
+    ]
+    assert [(p.island_cpis[0], p.start_at) for p in result.placements] == expected
+    assert result.feasible == len(rows)
+    assert result.rejections["capacity"] == n - len(rows)

@@ -1,0 +1,58 @@
+"""Quotes are stored with one INSERT … RETURNING of their own; the rows must be what bulk_create writes."""
+
+from __future__ import annotations
+
+import copy
+
+from broker.models import Quote
+from broker.services.quotes import _quotes_insert, quote_create
+from core.models import Organisation
+from federation.models import Cluster
+from tests.broker.factories import make_job
+
+FIELDS = [field.attname for field in Quote._meta.concrete_fields if not field.primary_key]
+
+
+def _copies(quotes: list[Quote], times: int) -> list[Quote]:
+    out = []
+    for _ in range(times):
+        for quote in quotes:
+            twin = copy.copy(quote)
+            twin.pk = None
+            twin._state = copy.copy(quote._state)
+            twin._state.adding = True
+            out.append(twin)
+    return out
+
+
+def test_stored_quotes_are_the_rows_bulk_create_writes(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=4)
+    assert len(quote_set.quotes) == 4
+    stored = {row["id"]: row for row in Quote.objects.values("id", *FIELDS)}
+    assert sorted(stored) == sorted(quote.pk for quote in quote_set.quotes)
+    for quote in quote_set.quotes:  # each object got its own row's id
+        assert not quote._state.adding
+        assert stored[quote.pk]["rank"] == quote.rank
+        assert stored[quote.pk]["allocation"] == quote.allocation
+    twins = _copies(quote_set.quotes, 1)
+    Quote.objects.bulk_create(twins)
+    by_bulk = {
+        row.pop("id"): row for row in Quote.objects.filter(pk__in=[t.pk for t in twins]).values("id", *FIELDS)
+    }
+    for quote, twin in zip(quote_set.quotes, twins, strict=True):
+        ours = dict(stored[quote.pk])
+        del ours["id"]
+        assert ours == by_bulk[twin.pk]
+
+
+def test_many_quotes_are_stored_in_batches_the_backend_accepts(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=2)
+    many = _copies(quote_set.quotes, 80)  # 160 rows × 17 columns: over SQLite's 999 parameters
+    _quotes_insert(many)
+    assert len({quote.pk for quote in many}) == 160
+    ranks = dict(Quote.objects.filter(pk__in=[q.pk for q in many]).values_list("pk", "rank"))
+    assert all(ranks[quote.pk] == quote.rank for quote in many)
