@@ -63,19 +63,9 @@ holds_strategy = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    capacities=st.lists(st.integers(1, 16), min_size=4, max_size=4),
-    holds=holds_strategy,
-    cards=st.integers(1, 10),
-    duration=st.integers(600, 6 * 3600),
-)
-def test_feasible_starts_and_best_start_match_a_brute_force(
-    capacities: list[int], holds: list[tuple[int, int, int, int]], cards: int, duration: int
-) -> None:
-    cat = catalogue(capacities)
-    t0 = int(NOW.timestamp())
-    spec = JobSpec(
+def _spec(*, cards: int, duration: int, preference: str = "price") -> JobSpec:
+    """An island-gang job for ``cards`` cards over ``duration`` seconds within the next 24 h."""
+    return JobSpec(
         cards=cards,
         standard_cards=None,
         accelerators=(),
@@ -89,14 +79,34 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
         deadline_at=NOW + timedelta(hours=24),
         duration_seconds=duration,
         max_price_per_card_hour=None,
-        preference="price",
+        preference=preference,
     )
-    arrays = (
+
+
+def _hold_arrays(holds: list[tuple[int, int, int, int]], t0: int) -> tuple[np.ndarray, ...]:
+    """The hold book's arrays (island position + 1, start, end, cards) of (island, offset, length, cards)."""
+    return (
         np.array([h[0] + 1 for h in holds], dtype=np.int64),
         np.array([t0 + h[1] for h in holds], dtype=np.int64),
         np.array([t0 + h[1] + h[2] for h in holds], dtype=np.int64),
         np.array([h[3] for h in holds], dtype=np.int64),
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacities=st.lists(st.integers(1, 16), min_size=4, max_size=4),
+    holds=holds_strategy,
+    cards=st.integers(1, 10),
+    duration=st.integers(600, 6 * 3600),
+)
+def test_feasible_starts_and_best_start_match_a_brute_force(
+    capacities: list[int], holds: list[tuple[int, int, int, int]], cards: int, duration: int
+) -> None:
+    cat = catalogue(capacities)
+    t0 = int(NOW.timestamp())
+    spec = _spec(cards=cards, duration=duration)
+    arrays = _hold_arrays(holds, t0)
     result = match(
         spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
     )
@@ -216,29 +226,9 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     cat = clustered_catalogue(islands_per_cluster, capacity, rates)
     n = cat.size
     t0 = int(NOW.timestamp())
-    spec = JobSpec(
-        cards=cards,
-        standard_cards=None,
-        accelerators=(),
-        min_fp16_tflops=None,
-        min_memory_gb=None,
-        fabrics=(),
-        gang="island",
-        origin_hub="yrd",
-        latency_budget_ms=50,
-        earliest_start_at=NOW,
-        deadline_at=NOW + timedelta(hours=24),
-        duration_seconds=duration,
-        max_price_per_card_hour=None,
-        preference=preference,
-    )
+    spec = _spec(cards=cards, duration=duration, preference=preference)
     holds = [(h[0] % n, *h[1:]) for h in holds]
-    arrays = (
-        np.array([h[0] + 1 for h in holds], dtype=np.int64),
-        np.array([t0 + h[1] for h in holds], dtype=np.int64),
-        np.array([t0 + h[1] + h[2] for h in holds], dtype=np.int64),
-        np.array([h[3] for h in holds], dtype=np.int64),
-    )
+    arrays = _hold_arrays(holds, t0)
     result = match(
         spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=limit, tariff_of=TARIFFS.__getitem__
     )
