@@ -1,7 +1,7 @@
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views import defaults
@@ -29,10 +29,7 @@ def home(request: HttpRequest) -> HttpResponse:
     """The landing page for a visitor; a signed-in person goes on to their side's main page."""
     url_name = _home_url_name(request)
     if url_name is not None:
-        try:
-            return redirect(reverse(url_name))
-        except NoReverseMatch:
-            pass  # that page is not built yet: the landing page still works
+        return redirect(url_name)
     return render(request, "home.html")
 
 

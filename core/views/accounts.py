@@ -7,7 +7,7 @@ from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods
@@ -19,10 +19,7 @@ from core.portal import portal_organisation_choose
 
 
 def _after_signup_url() -> str:
-    try:
-        return reverse("market")
-    except NoReverseMatch:
-        return reverse("home")
+    return reverse("market")
 
 
 @sensitive_post_parameters("password1", "password2")
