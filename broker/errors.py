@@ -70,6 +70,14 @@ class LeaseUsageInvalidError(InvalidInputError):
     code = "lease_usage_invalid"
 
 
+class LeaseUsageOverLeaseError(ConflictError):
+    """Usage that would report more cards at once than its lease (or its failover chain) holds, counting what
+    the lease already reported under any key; ``extra.errors`` names each record with the overlapping interval
+    and the cards it would reach."""
+
+    code = "usage_over_lease"
+
+
 class NotAnOperatorError(PermissionDeniedError):
     code = "not_an_operator"
 

@@ -41,6 +41,7 @@ from broker.errors import (
     LeaseTimeInvalidError,
     LeaseTransitionError,
     LeaseUsageInvalidError,
+    LeaseUsageOverLeaseError,
 )
 from broker.models import (
     CapacityHold,
@@ -50,7 +51,7 @@ from broker.models import (
     LeaseTransition,
     OperatorEndpoint,
 )
-from broker.services import leases
+from broker.services import leases, usage_overlap
 from core.errors import ConflictError
 from core.models import Organisation
 from core.types import Actor
@@ -313,6 +314,7 @@ class _LeaseRow(NamedTuple):
     stop_requested_us: int | None
     ended_us: int | None
     last_usage_end_us: int | None
+    replaces_id: int | None
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -338,6 +340,67 @@ class _UsageError:
     code: str
     field: str
     message: str
+    detail: dict[str, Any] | None = None
+
+
+def _usage_error_document(error: _UsageError) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "index": error.index,
+        "idempotency_key": error.idempotency_key,
+        "code": error.code,
+        "field": error.field,
+        "message": error.message,
+    }
+    if error.detail:
+        document.update(error.detail)
+    return document
+
+
+def _usage_overruns(
+    *, operator: Organisation, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseRow]
+) -> list[_UsageError]:
+    """``usage_over_lease`` faults: records that would take their lease (or its failover chain) over its
+    cards at some instant, counting what is already stored (see broker.services.usage_overlap)."""
+    facts = {
+        row.id: usage_overlap.LeaseFacts(row.id, row.cards, row.state, row.replaces_id, row.last_usage_end_us)
+        for row in rows.values()
+    }
+    fresh = [
+        usage_overlap.NewRecord(
+            index,
+            record.idempotency_key,
+            record.lease_id,
+            record.cards,
+            _micros(record.start_at),
+            _micros(record.end_at),
+        )
+        for index, record in enumerate(records)
+        if isinstance(record.cards, int)
+        and isinstance(record.start_at, datetime)
+        and isinstance(record.end_at, datetime)
+        and record.start_at.utcoffset() is not None
+        and record.end_at.utcoffset() is not None
+        and record.end_at > record.start_at
+    ]
+    overruns = usage_overlap.usage_overruns(operator_id=operator.pk, leases=facts, records=fresh)
+    return [
+        _UsageError(
+            o.index,
+            o.key,
+            usage_overlap.CODE,
+            "cards",
+            f"Lease {o.lease_id} holds {o.lease_cards} cards; with this record {o.peak_cards} cards would be "
+            f"reported at once from {_at_micros(o.overlap_start_us)} to {_at_micros(o.overlap_end_us)}.",
+            {
+                "lease": o.lease_id,
+                "lease_cards": o.lease_cards,
+                "reported_cards": o.peak_cards,
+                "overlap_start_at": _at_micros(o.overlap_start_us),
+                "overlap_end_at": _at_micros(o.overlap_end_us),
+            },
+        )
+        for o in overruns
+    ]
 
 
 def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, _LeaseRow]:
@@ -351,7 +414,8 @@ def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, _
                        (EXTRACT(EPOCH FROM end_at) * 1000000)::bigint,
                        (EXTRACT(EPOCH FROM stop_requested_at) * 1000000)::bigint,
                        (EXTRACT(EPOCH FROM ended_at) * 1000000)::bigint,
-                       (EXTRACT(EPOCH FROM last_usage_end_at) * 1000000)::bigint
+                       (EXTRACT(EPOCH FROM last_usage_end_at) * 1000000)::bigint,
+                       replaces_id
                   FROM {Lease._meta.db_table}
                  WHERE operator_id = %s AND id = ANY(%s::bigint[])
                  ORDER BY id
@@ -377,15 +441,24 @@ def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, _
             "stop_requested_at",
             "ended_at",
             "last_usage_end_at",
+            "replaces_id",
         )
     )
     return {
         row[0]: _LeaseRow(
-            *row[:6],
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            row[4],
+            row[5],
             row[6] is not None,
             _micros(row[7]),
             _micros(row[8]),
-            *(_micros_or_none(value) for value in row[9:]),
+            _micros_or_none(row[9]),
+            _micros_or_none(row[10]),
+            _micros_or_none(row[11]),
+            row[12],
         )
         for row in rows
     }
@@ -553,7 +626,10 @@ def lease_usage_report(
     ``after_lease_end``) and not after its stop (``after_lease_ended``) nor more than one reporting interval
     after a stop request (``after_stop_request``), and cards ≤ the lease's cards (``cards_over_lease``).
     Any fault raises LeaseUsageInvalidError listing each by index; nothing is written. A faulty record
-    whose key is already stored against the same lease is a replay and passes through to metering.
+    whose key is already stored against the same lease is a replay and passes through to metering. Then the
+    cards: at no instant may what the lease (and the leases replacing it after failover) has reported under
+    any key, plus the batch's new records, exceed its cards — else LeaseUsageOverLeaseError
+    (``usage_over_lease``) names each offending record with the overlapping interval; nothing is written.
 
     The records then go to metering's batch service with the lease's cluster, buyer, *locked* price-card
     version and ``lease:<id>`` as reference, so metering's rules apply unchanged: UsageBatchTooLargeError
@@ -575,6 +651,15 @@ def lease_usage_report(
     if errors:
         replays = _replays(operator=operator, records=records, errors=errors)
         errors = [e for e in errors if e.index not in replays]
+    if not errors:
+        errors = _usage_overruns(operator=operator, records=records, rows=rows)
+        if errors:
+            shown = errors[:100]
+            raise LeaseUsageOverLeaseError(
+                f"{len(errors)} record(s) would report more cards at once than their lease holds; nothing "
+                f"was written. First: record {shown[0].index}: {shown[0].message}",
+                extra={"error_count": len(errors), "errors": [_usage_error_document(e) for e in shown]},
+            )
     if errors:
         shown = errors[:100]
         raise LeaseUsageInvalidError(
@@ -582,16 +667,7 @@ def lease_usage_report(
             f"{shown[0].message}",
             extra={
                 "error_count": len(errors),
-                "errors": [
-                    {
-                        "index": e.index,
-                        "idempotency_key": e.idempotency_key,
-                        "code": e.code,
-                        "field": e.field,
-                        "message": e.message,
-                    }
-                    for e in shown
-                ],
+                "errors": [_usage_error_document(e) for e in shown],
             },
         )
     cpis, slugs, versions = _usage_lookups(rows)

@@ -155,7 +155,8 @@ def test_a_conflicting_duplicate_is_409_and_the_rest_of_the_batch_is_stored(
     lease = running_lease(east_cluster, buyer)
     original = post(east, rec(lease, "u-1", lease.start_at)).json()["records"][0]["usage_record"]
 
-    response = post(east, rec(lease, "u-1", lease.start_at, cards=2), rec(lease, "u-2", lease.start_at))
+    later = lease.start_at + timedelta(minutes=10)  # u-2 after u-1: the same seconds twice would be refused
+    response = post(east, rec(lease, "u-1", lease.start_at, cards=2), rec(lease, "u-2", later))
 
     assert response.status_code == 409
     body = response.json()

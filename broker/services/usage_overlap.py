@@ -1,0 +1,322 @@
+"""No card-second billed twice: usage against a lease never exceeds the lease's cards at any instant.
+
+Idempotency keys stop a *replayed* record from being stored twice, but nothing stops an agent (buggy or
+hostile) from reporting the same seconds again under new keys: four records of 4 cards over the same minute
+of a 4-card lease would bill 16 cards. This module adds up, for each lease named by a batch, everything the
+lease has already reported plus the batch's new records, and refuses the batch (``usage_over_lease``, nothing
+written) if at any instant the sum is more than the lease's cards.
+
+A lease's *chain* is the lease and the leases that replaced it after failover (``Lease.replaces``): they
+stand for one job's cards, so their records are added up together against the chain's cards (failover
+re-places a job with its own card count, so every member has the same cards; the largest is used, and each
+lease's own records are also held to its own cards).
+
+Cost. The usage path is the platform's hot path, so the common case costs no query at all: a lease's
+accepted records all end at or before its ``last_usage_end_at`` (the *frontier*, kept by the usage report
+under the same lock), so a chain whose new records all start at or after the frontier of every member
+cannot overlap anything already stored, and a chain with a single such record cannot exceed its cards on
+its own (``cards_over_lease`` already refused that). Only the rest — a record that starts before a frontier
+(a late or repeated report), several records of one chain in one batch, or a chain of several leases — reads
+the stored records that overlap the batch's span (one query on the ``reference`` index) and the batch's keys
+already stored (a key already stored is a duplicate or a conflict: it is not written again, so it does not
+count), and runs a sweep over interval endpoints.
+
+Concurrency: the caller holds the batch's lease rows (``FOR NO KEY UPDATE``), so two batches for the same
+lease are serialised and the second sees the first's records and frontier. A chain of several leases is also
+serialised on a transaction-scoped advisory lock keyed by its root lease (PostgreSQL), taken after the row
+locks and in root order, so a batch reporting against the replaced lease and one reporting against its
+replacement cannot both pass, and cannot deadlock (nothing waits for a row after waiting for an advisory
+lock).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.db.models import QuerySet
+
+from broker.models import Lease, LeaseState
+from metering.models import UsageRecord
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# Any 64-bit key distinct from other advisory locks of the platform: the chain lock's class.
+_CHAIN_LOCK_CLASS = 0x4C43  # "LC"
+
+CODE = "usage_over_lease"
+
+
+def micros(value: datetime) -> int:
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def at_micros(value: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=value)
+
+
+@dataclass(frozen=True)
+class LeaseFacts:
+    """What the check needs of a lease the batch names (already locked by the caller)."""
+
+    id: int
+    cards: int
+    state: str
+    replaces_id: int | None
+    last_usage_end_us: int | None
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """A record of the batch that passed every other check: its index, key, lease and interval."""
+
+    index: int
+    key: str
+    lease_id: int
+    cards: int
+    start_us: int
+    end_us: int
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A new record that would take its lease's chain over its cards: where, and how far."""
+
+    index: int
+    key: str
+    lease_id: int
+    lease_cards: int
+    peak_cards: int
+    overlap_start_us: int
+    overlap_end_us: int
+
+
+@dataclass(frozen=True)
+class _Chain:
+    root: int
+    members: tuple[LeaseFacts, ...]
+
+    @property
+    def cards(self) -> int:
+        return max(m.cards for m in self.members)
+
+    @property
+    def frontier_us(self) -> int | None:
+        ends = [m.last_usage_end_us for m in self.members if m.last_usage_end_us is not None]
+        return max(ends) if ends else None
+
+
+def over_capacity(intervals: Iterable[tuple[int, int, int]], *, capacity: int) -> list[tuple[int, int, int]]:
+    """The maximal stretches ``(start, end, peak)`` where the cards of half-open ``(start, end, cards)``
+    intervals add up to more than ``capacity``, in time order. A sweep over the endpoints: at one instant
+    ends are applied before starts, so back-to-back intervals ``[a, b)`` and ``[b, c)`` never overlap."""
+    events: list[tuple[int, int]] = []
+    for start, end, cards in intervals:
+        if end > start and cards > 0:
+            events.append((start, cards))
+            events.append((end, -cards))
+    events.sort()
+    stretches: list[tuple[int, int, int]] = []
+    level = 0
+    open_at: int | None = None
+    peak = 0
+    i = 0
+    while i < len(events):
+        instant = events[i][0]
+        while i < len(events) and events[i][0] == instant:
+            level += events[i][1]
+            i += 1
+        if level > capacity:
+            if open_at is None:
+                open_at, peak = instant, level
+            else:
+                peak = max(peak, level)
+        elif open_at is not None:
+            stretches.append((open_at, instant, peak))
+            open_at = None
+    return stretches
+
+
+def _overruns_of(
+    *, records: Sequence[NewRecord], stretches: list[tuple[int, int, int]], capacity: int
+) -> list[Overrun]:
+    if not stretches:
+        return []
+    starts = [s[0] for s in stretches]
+    found = []
+    for record in records:
+        # The last stretch starting before the record ends, then walk back while stretches still reach it.
+        i = bisect_right(starts, record.end_us - 1) - 1
+        first: tuple[int, int] | None = None
+        peak = 0
+        while i >= 0 and stretches[i][1] > record.start_us:
+            start, end, level = stretches[i]
+            first = (max(start, record.start_us), min(end, record.end_us))
+            peak = max(peak, level)
+            i -= 1
+        if first is not None:
+            found.append(
+                Overrun(
+                    index=record.index,
+                    key=record.key,
+                    lease_id=record.lease_id,
+                    lease_cards=capacity,
+                    peak_cards=peak,
+                    overlap_start_us=first[0],
+                    overlap_end_us=first[1],
+                )
+            )
+    return found
+
+
+def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
+    """Each named lease's chain, by lease id. A lease that replaces none and is not interrupted (only an
+    interrupted lease is ever replaced) is a chain of one and costs no query."""
+    chains: dict[int, _Chain] = {}
+    linked = [f.id for f in leases.values() if f.replaces_id is not None or f.state == LeaseState.INTERRUPTED]
+    for facts in leases.values():
+        if facts.id not in linked:
+            chains[facts.id] = _Chain(root=facts.id, members=(facts,))
+    if not linked:
+        return chains
+    # Walk up to each root, then take every lease hanging below those roots. Chains are short (one lease per
+    # failover of a job), so a few small indexed queries.
+    known: dict[int, LeaseFacts] = dict(leases)
+    parents = {f.id: f.replaces_id for f in leases.values()}
+    frontier = {p for lid in linked if (p := parents.get(lid)) is not None and p not in known}
+    while frontier:
+        for facts in _facts(Lease.objects.filter(pk__in=frontier)):
+            known[facts.id] = facts
+            parents[facts.id] = facts.replaces_id
+        frontier = {p for lid in frontier if (p := parents.get(lid)) is not None and p not in known}
+
+    def root_of(lease_id: int) -> int:
+        while (parent := parents.get(lease_id)) is not None:
+            lease_id = parent
+        return lease_id
+
+    roots = {root_of(lid) for lid in linked}
+    members: dict[int, set[int]] = {root: {root} for root in roots}
+    below = set(roots)
+    while below:
+        children = list(_facts(Lease.objects.filter(replaces_id__in=below)))
+        below = set()
+        for child in children:
+            known.setdefault(child.id, child)
+            parents[child.id] = child.replaces_id
+            root = root_of(child.id)
+            if child.id not in members[root]:
+                members[root].add(child.id)
+                below.add(child.id)
+    for root, ids in members.items():
+        chain = _Chain(root=root, members=tuple(known[i] for i in sorted(ids)))
+        for lease_id in ids:
+            if lease_id in leases:
+                chains[lease_id] = chain
+    return chains
+
+
+def _facts(queryset: QuerySet[Lease]) -> Iterable[LeaseFacts]:
+    rows = queryset.values_list("pk", "cards", "state", "replaces_id", "last_usage_end_at")
+    for pk, cards, state, replaces_id, last_end in rows:
+        yield LeaseFacts(pk, cards, state, replaces_id, None if last_end is None else micros(last_end))
+
+
+def _lock_chains(roots: Sequence[int]) -> None:
+    if connection.vendor != "postgresql" or not roots:
+        return  # SQLite serialises every writing transaction already
+    with connection.cursor() as cursor:
+        for root in sorted(roots):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_CHAIN_LOCK_CLASS, root])
+
+
+def usage_overruns(
+    *, operator_id: int, leases: dict[int, LeaseFacts], records: Sequence[NewRecord]
+) -> list[Overrun]:
+    """The new records that would take their lease (or its failover chain) over its cards at some instant,
+    counting every record already stored against the chain and the batch's own earlier records; ``[]`` when
+    the batch fits. The caller holds the named leases' rows locked. See the module docstring for the cost."""
+    if not records:
+        return []
+    chains = _chains(leases)
+    by_chain: dict[int, list[NewRecord]] = {}
+    for record in records:
+        by_chain.setdefault(chains[record.lease_id].root, []).append(record)
+    roots = {chain.root: chain for chain in chains.values()}
+
+    checked: list[int] = []
+    for root, group in by_chain.items():
+        chain = roots[root]
+        frontier = chain.frontier_us
+        late = frontier is not None and any(r.start_us < frontier for r in group)
+        if late or len(group) > 1 or len(chain.members) > 1:
+            checked.append(root)
+    if not checked:
+        return []
+    _lock_chains([root for root in checked if len(roots[root].members) > 1])
+
+    groups = {root: by_chain[root] for root in checked}
+    new_keys = [r.key for group in groups.values() for r in group]
+    stored_keys = set(
+        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=new_keys).values_list(
+            "idempotency_key", flat=True
+        )
+    )
+    # Stored records of these chains that could overlap the batch: one query over the reference index.
+    references: dict[str, int] = {}
+    for root in checked:
+        for member in roots[root].members:
+            references[f"lease:{member.id}"] = root
+    span_start = min(r.start_us for group in groups.values() for r in group)
+    span_end = max(r.end_us for group in groups.values() for r in group)
+    stored: dict[int, list[tuple[int, int, int, int]]] = {root: [] for root in checked}
+    rows = UsageRecord.objects.filter(
+        operator_id=operator_id,
+        reference__in=list(references),
+        start_at__lt=at_micros(span_end),
+        end_at__gt=at_micros(span_start),
+    ).values_list("reference", "cards", "start_at", "end_at")
+    for reference, cards, start_at, end_at in rows:
+        lease_id = int(reference.removeprefix("lease:"))
+        stored[references[reference]].append((lease_id, micros(start_at), micros(end_at), cards))
+
+    overruns: list[Overrun] = []
+    for root in checked:
+        chain = roots[root]
+        seen: set[str] = set()
+        fresh: list[NewRecord] = []
+        for record in groups[root]:
+            # A key already stored (or earlier in this batch) is a duplicate or a conflict: never written.
+            if record.key in stored_keys or record.key in seen:
+                continue
+            seen.add(record.key)
+            fresh.append(record)
+        if not fresh:
+            continue
+        everything = [(s, e, c) for _, s, e, c in stored[root]] + [
+            (r.start_us, r.end_us, r.cards) for r in fresh
+        ]
+        found = {
+            o.index: o
+            for o in _overruns_of(
+                records=fresh, stretches=over_capacity(everything, capacity=chain.cards), capacity=chain.cards
+            )
+        }
+        if len(chain.members) > 1 and len({m.cards for m in chain.members}) > 1:
+            for member in chain.members:  # members of different sizes: each also within its own cards
+                own = [r for r in fresh if r.lease_id == member.id]
+                if not own:
+                    continue
+                intervals = [(s, e, c) for lid, s, e, c in stored[root] if lid == member.id]
+                intervals += [(r.start_us, r.end_us, r.cards) for r in own]
+                for o in _overruns_of(
+                    records=own,
+                    stretches=over_capacity(intervals, capacity=member.cards),
+                    capacity=member.cards,
+                ):
+                    found.setdefault(o.index, o)
+        overruns.extend(found.values())
+    return sorted(overruns, key=lambda o: o.index)
