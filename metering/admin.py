@@ -2010,6 +2010,7 @@ class _StatementDownloadsMixin:
 
     def download_view(self, request: HttpRequest, object_id: str, fmt: str) -> HttpResponse:
         from metering import rendering
+        from metering.services import statements
 
         if fmt not in ("csv", "pdf"):
             raise Http404("CSV or PDF only.")
@@ -2018,8 +2019,12 @@ class _StatementDownloadsMixin:
             raise Http404(f"No {self.model._meta.verbose_name} {object_id}.")
         if not self.has_view_permission(request, obj):  # type: ignore[attr-defined]
             raise PermissionDenied
-        body = getattr(rendering, f"{self.render_prefix}_{fmt}")(**{self.render_prefix: obj})
-        content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/pdf"
+        if fmt == "csv":
+            body = getattr(rendering, f"{self.render_prefix}_csv")(**{self.render_prefix: obj})
+            content_type = "text/csv; charset=utf-8"
+        else:  # the PDF exactly as stored at issue
+            document = getattr(statements, f"{self.render_prefix}_document")(**{self.render_prefix: obj})
+            body, content_type = document.content, document.media_type
         response = HttpResponse(body, content_type=content_type)
         response["Content-Disposition"] = f'attachment; filename="{obj.number}.{fmt}"'
         return response

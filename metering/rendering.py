@@ -5,12 +5,15 @@ a BOM-less file as GBK and garble Chinese names; every CSV library reads the BOM
 pandas). One header row, one row per line, then one row per total (``kind`` = ``total:<name>``). Amounts are
 the statement's stored, already quantised values: the file adds up exactly like the statement.
 
-PDF: ReportLab, A4, a statement's header (platform, number, period, party and billing details), its lines
-and its totals; a long statement continues on further pages. Chinese text needs a CJK font: the first of
-``CARDHOUR_PDF_FONT`` (a setting, optional) and a few well-known system paths that ReportLab can load is
-embedded. When none is installed, Latin text is set in Helvetica and any text outside Latin-1 in Adobe's
-STSong-Light CID font, which is referenced but *not embedded*: PDF viewers substitute their own Simplified
-Chinese font (Acrobat, pdf.js, Preview and Chrome all do), so the file stays small and still legible.
+PDF: ReportLab, A4, a statement's header (seller, number, period, the other party's details as frozen at
+issue), its lines and its totals; a long statement continues on further pages. Every glyph is set in one
+embedded TrueType font: ``CARDHOUR_PDF_FONT`` when set, else WenQuanYi Micro Hei, which ships inside this
+package (metering/fonts, Apache-2.0), so Chinese names, the minus sign and ¥ render the same in every viewer
+on every host — no font is merely referenced. ReportLab embeds only the glyphs used (a subset), so a
+statement stays a few tens of kB.
+
+The parties shown come from the statement's ``parties`` snapshot (metering.services.statements freezes it at
+issue), never from the organisation as it is today: renaming a buyer does not change an issued invoice.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from reportlab.lib import colors
 from reportlab.lib.enums import TA_RIGHT
@@ -31,7 +36,6 @@ from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
 from reportlab.lib.units import mm
 from reportlab.pdfbase import pdfmetrics
-from reportlab.pdfbase.cidfonts import UnicodeCIDFont
 from reportlab.pdfbase.ttfonts import TTFError, TTFont
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 from reportlab.platypus.flowables import Flowable
@@ -41,17 +45,8 @@ from metering.models import Band, Invoice, InvoiceLine, Settlement
 PLATFORM_NAME = "Cardhour"
 CSV_ENCODING = "utf-8-sig"
 
-_CJK_FONT_CANDIDATES = (
-    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
-    "/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc",
-    "/usr/share/fonts/wqy-microhei/wqy-microhei.ttc",
-    "/usr/share/fonts/truetype/arphic/uming.ttc",
-    "/usr/share/fonts/truetype/noto/NotoSansSC-Regular.ttf",
-    "/usr/share/fonts/truetype/droid/DroidSansFallbackFull.ttf",
-    "/System/Library/Fonts/STHeiti Light.ttc",
-    "C:/Windows/Fonts/simhei.ttf",
-)
-_CID_FALLBACK = "STSong-Light"
+BUNDLED_FONT = Path(__file__).resolve().parent / "fonts" / "wqy-microhei.ttc"
+FONT_NAME = "CardhourCJK"
 
 
 # --- CSV --------------------------------------------------------------------------------------------
@@ -175,27 +170,16 @@ def _invoice_totals(invoice: Invoice) -> list[tuple[str, str, Decimal]]:
 
 
 @cache
-def _fonts() -> tuple[str, str | None]:
-    """(font for all text, font for non-Latin-1 text or None when the first covers it)."""
+def _font() -> str:
+    """Register the one font every PDF is set in (see the module docstring) and return its name."""
     configured = getattr(settings, "CARDHOUR_PDF_FONT", "") or ""
-    for candidate in (configured, *_CJK_FONT_CANDIDATES):
-        if not candidate or not Path(candidate).is_file():
-            continue
-        try:
-            kwargs = {"subfontIndex": 0} if candidate.lower().endswith(".ttc") else {}
-            pdfmetrics.registerFont(TTFont("CardhourCJK", candidate, **kwargs))
-        except (TTFError, OSError, ValueError):
-            continue  # e.g. CFF-outline OpenType, which ReportLab cannot embed
-        return "CardhourCJK", None
-    pdfmetrics.registerFont(UnicodeCIDFont(_CID_FALLBACK))
-    return "Helvetica", _CID_FALLBACK
-
-
-def _font_for(text: str) -> str:
-    base, wide = _fonts()
-    if wide is not None and any(ord(ch) > 0xFF for ch in text):
-        return wide
-    return base
+    path = configured or str(BUNDLED_FONT)
+    kwargs = {"subfontIndex": 0} if path.lower().endswith(".ttc") else {}
+    try:
+        pdfmetrics.registerFont(TTFont(FONT_NAME, path, **kwargs))
+    except (TTFError, OSError) as exc:  # e.g. a CFF-outline OpenType font, which ReportLab cannot embed
+        raise ImproperlyConfigured(f"The statement font {path} cannot be embedded: {exc}") from exc
+    return FONT_NAME
 
 
 def _escape(text: str) -> str:
@@ -213,27 +197,35 @@ class _Styles:
 
     def para(self, text: object, style: ParagraphStyle, *, bold: bool = False) -> Paragraph:
         value = "" if text is None else str(text)
-        font = _font_for(value)
-        if bold and font == "Helvetica":
-            font = "Helvetica-Bold"
-        return Paragraph(_escape(value), ParagraphStyle(f"{style.name}-{font}", parent=style, fontName=font))
+        font = _font()
+        # One weight only (the font has no bold face): emphasis is a larger size, never a fake bold.
+        size = style.fontSize + (1 if bold else 0)
+        return Paragraph(
+            _escape(value),
+            ParagraphStyle(
+                f"{style.name}-{bold}", parent=style, fontName=font, fontSize=size, leading=size * 1.25
+            ),
+        )
 
 
-def _party_details(organisation: Any, *, with_billing_profile: bool) -> list[str]:
-    lines = [f"{organisation.name} ({organisation.slug})"]
-    profile = getattr(organisation, "billing_profile", None) if with_billing_profile else None
-    if profile is not None:
-        lines += [
-            value
-            for value in (
-                profile.legal_name,
-                f"Tax id: {profile.tax_id}" if profile.tax_id else "",
-                *(profile.address.splitlines() if profile.address else ()),
-                profile.billing_email,
-            )
-            if value
-        ]
-    return lines
+def _party_lines(party: dict[str, Any]) -> list[str]:
+    """A frozen party (see metering.services.statements) as the lines a statement prints."""
+    name = party.get("name", "")
+    lines = [f"{name} ({party['slug']})" if party.get("slug") else name]
+    lines += [
+        value
+        for value in (
+            party.get("legal_name", "") if party.get("legal_name") != name else "",
+            f"Tax id: {party['tax_id']}" if party.get("tax_id") else "",
+            *(str(party.get("address") or "").splitlines()),
+            party.get("phone", ""),
+            f"Bank: {party['bank']}" if party.get("bank") else "",
+            f"Account: {party['bank_account']}" if party.get("bank_account") else "",
+            party.get("billing_email", ""),
+        )
+        if value
+    ]
+    return [line for line in lines if line]
 
 
 def _money(amount: Decimal) -> str:
@@ -241,7 +233,16 @@ def _money(amount: Decimal) -> str:
 
 
 def _header(
-    styles: _Styles, *, kind: str, number: str, period: str, party_label: str, party: list[str], issued: str
+    styles: _Styles,
+    *,
+    kind: str,
+    number: str,
+    period: str,
+    seller_label: str,
+    seller: list[str],
+    party_label: str,
+    party: list[str],
+    issued: str,
 ) -> list[Flowable]:
     left = [styles.para(f"{PLATFORM_NAME} — {kind}", styles.title, bold=True)]
     left += [styles.para(f"{party_label}:", styles.normal, bold=True)]
@@ -250,9 +251,11 @@ def _header(
         styles.para(f"{kind} {number}", styles.right, bold=True),
         styles.para(f"Period: {period}", styles.right),
         styles.para(f"Issued: {issued}", styles.right),
+        styles.para(f"{seller_label}:", styles.right, bold=True),
+        *(styles.para(line, styles.right) for line in seller),
     ]
     table = Table([[left, right]], colWidths=[110 * mm, 70 * mm])
-    table.setStyle(TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]))
+    table.setStyle(_style([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]))
     return [table, Spacer(1, 6 * mm)]
 
 
@@ -265,12 +268,21 @@ _TABLE_STYLE = [
 ]
 
 
+def _style(commands: list[Any]) -> TableStyle:
+    """A table style whose cells (even empty ones) are set in the embedded font, never in Helvetica."""
+    return TableStyle([("FONTNAME", (0, 0), (-1, -1), _font()), *commands])
+
+
 def _period(start: Any, end: Any) -> str:
     return f"{start:%Y-%m-%d} to {end:%Y-%m-%d} (exclusive), {settings.CARDHOUR_BILLING_TIME_ZONE}"
 
 
 def _issued(at: Any) -> str:
-    return f"{timezone.localtime(at):%Y-%m-%d %H:%M %Z}"
+    """An instant with an unambiguous zone: "CST" is also US Central, so the IANA name and the offset."""
+    zone = settings.CARDHOUR_BILLING_TIME_ZONE
+    local = timezone.localtime(at, ZoneInfo(zone))
+    offset = local.strftime("%z")
+    return f"{local:%Y-%m-%d %H:%M} {zone} (UTC{offset[:3]}:{offset[3:]})"
 
 
 def _document(title: str, story: list[Flowable]) -> bytes:
@@ -290,16 +302,19 @@ def _document(title: str, story: list[Flowable]) -> bytes:
     return buffer.getvalue()
 
 
-def invoice_pdf(*, invoice: Invoice) -> bytes:
-    """The invoice as a PDF: header (platform, number, period, buyer and billing profile), lines, totals."""
+def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
+    """The invoice as a PDF: header (seller, number, period, buyer as frozen in ``parties``), lines, totals.
+    Only metering.services.statements calls this, once, at issue; downloads serve the stored bytes."""
     styles = _Styles()
     story = _header(
         styles,
         kind="Invoice",
         number=invoice.number,
         period=_period(invoice.period_start, invoice.period_end),
+        seller_label="Issued by",
+        seller=_party_lines(parties.get("seller", {})),
         party_label="Billed to",
-        party=_party_details(invoice.buyer, with_billing_profile=True),
+        party=_party_lines(parties.get("buyer", {})),
         issued=_issued(invoice.issued_at),
     )
     rows: list[list[Any]] = [
@@ -327,7 +342,7 @@ def invoice_pdf(*, invoice: Invoice) -> bytes:
     if len(rows) == 1:
         rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", ""])
     table = Table(rows, colWidths=[10 * mm, 94 * mm, 24 * mm, 26 * mm, 26 * mm], repeatRows=1)
-    table.setStyle(TableStyle(_TABLE_STYLE))
+    table.setStyle(_style(_TABLE_STYLE))
     story += [table, Spacer(1, 6 * mm)]
 
     totals = [
@@ -338,7 +353,7 @@ def invoice_pdf(*, invoice: Invoice) -> bytes:
         for name, label, amount in _invoice_totals(invoice)
     ]
     totals_table = Table(totals, colWidths=[80 * mm, 30 * mm], hAlign="RIGHT")
-    totals_table.setStyle(TableStyle([("LINEABOVE", (0, -1), (-1, -1), 0.6, colors.black)]))
+    totals_table.setStyle(_style([("LINEABOVE", (0, -1), (-1, -1), 0.6, colors.black)]))
     story += [
         totals_table,
         Spacer(1, 6 * mm),
@@ -352,17 +367,19 @@ def invoice_pdf(*, invoice: Invoice) -> bytes:
     return _document(f"Invoice {invoice.number}", story)
 
 
-def settlement_pdf(*, settlement: Settlement) -> bytes:
-    """The settlement as a PDF: header (platform, number, period, operator), lines by cluster and band,
-    totals of gross, commission and payable."""
+def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:
+    """The settlement as a PDF: header (platform, number, period, operator as frozen in ``parties``), lines
+    by cluster and band, totals of gross, commission and payable. Rendered once, at issue."""
     styles = _Styles()
     story = _header(
         styles,
         kind="Settlement",
         number=settlement.number,
         period=_period(settlement.period_start, settlement.period_end),
+        seller_label="Settled by",
+        seller=_party_lines(parties.get("seller", {})),
         party_label="Payable to",
-        party=_party_details(settlement.operator, with_billing_profile=False),
+        party=_party_lines(parties.get("operator", {})),
         issued=_issued(settlement.issued_at),
     )
     head = ("#", "Cluster", "Band", "Card-seconds", "Gross", "Commission", "Payable")
@@ -400,7 +417,7 @@ def settlement_pdf(*, settlement: Settlement) -> bytes:
     table = Table(
         rows, colWidths=[10 * mm, 62 * mm, 22 * mm, 24 * mm, 22 * mm, 22 * mm, 22 * mm], repeatRows=1
     )
-    table.setStyle(TableStyle([*_TABLE_STYLE, ("LINEABOVE", (0, -1), (-1, -1), 0.6, colors.black)]))
+    table.setStyle(_style([*_TABLE_STYLE, ("LINEABOVE", (0, -1), (-1, -1), 0.6, colors.black)]))
     story += [
         table,
         Spacer(1, 6 * mm),

@@ -212,6 +212,18 @@ CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
 CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
 CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
 CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=5_000)
+# The platform's seller entity, printed on every invoice and settlement and frozen into it at issue.
+# Production sets the company's real details; left empty, statements name only "Cardhour".
+CARDHOUR_SELLER = {
+    "legal_name": env("CARDHOUR_SELLER_LEGAL_NAME", default=""),
+    "tax_id": env("CARDHOUR_SELLER_TAX_ID", default=""),
+    "address": env("CARDHOUR_SELLER_ADDRESS", default=""),
+    "phone": env("CARDHOUR_SELLER_PHONE", default=""),
+    "bank": env("CARDHOUR_SELLER_BANK", default=""),
+    "bank_account": env("CARDHOUR_SELLER_BANK_ACCOUNT", default=""),
+}
+# A TrueType font to set statement PDFs in instead of the bundled WenQuanYi Micro Hei (metering/fonts).
+CARDHOUR_PDF_FONT = env("CARDHOUR_PDF_FONT", default="")
 
 # --- Broker -----------------------------------------------------------------------------------------
 # Quotes hold nothing and expire after this long; a job's window may reach at most this far ahead.

@@ -17,3 +17,11 @@ if not env("STRIPE_SECRET_KEY", default=""):
     STRIPE_PUBLISHABLE_KEY = "pk_test_localstripe"
     STRIPE_WEBHOOK_SECRET = "whsec_localstripe"  # noqa: S105
     STRIPE_JS_URL = f"{STRIPE_API_BASE}/js.stripe.com/v3/"
+
+# The demo platform's seller entity on statements: plainly a demo, with no made-up tax id or bank account.
+CARDHOUR_SELLER = {
+    **CARDHOUR_SELLER,  # noqa: F405
+    "legal_name": env(
+        "CARDHOUR_SELLER_LEGAL_NAME", default="Cardhour 演示平台 (demo platform, not a company)"
+    ),
+}

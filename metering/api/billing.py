@@ -31,6 +31,7 @@ from metering import rendering
 from metering.errors import NotABuyerError
 from metering.models import Invoice, InvoiceLine, Settlement, SettlementLine
 from metering.selectors import billing as selectors
+from metering.services import statements
 
 TAG = "billing"
 
@@ -230,7 +231,10 @@ class InvoicePdfApi(_DownloadApi):
         invoice = selectors.invoice_get_for(
             buyer=actor_from_request(request).organisation, invoice_id=invoice_id
         )
-        return self.file_response(rendering.invoice_pdf(invoice=invoice), filename=invoice.number)
+        document = statements.invoice_document(invoice=invoice)
+        response = self.file_response(document.content, filename=invoice.number)
+        response["ETag"] = f'"{document.sha256}"'
+        return response
 
 
 # --- Settlements ------------------------------------------------------------------------------------
@@ -331,7 +335,10 @@ class SettlementPdfApi(_DownloadApi):
         settlement = selectors.settlement_get_for(
             operator=actor_from_request(request).organisation, settlement_id=settlement_id
         )
-        return self.file_response(rendering.settlement_pdf(settlement=settlement), filename=settlement.number)
+        document = statements.settlement_document(settlement=settlement)
+        response = self.file_response(document.content, filename=settlement.number)
+        response["ETag"] = f'"{document.sha256}"'
+        return response
 
 
 urlpatterns = [

@@ -1,6 +1,13 @@
 """Metering models: tariffs and price cards, packs and Stripe, the ledger, usage, statements."""
 
-from metering.models.billing import BillingCloseRun, Invoice, InvoiceLine, Settlement, SettlementLine
+from metering.models.billing import (
+    BillingCloseRun,
+    Invoice,
+    InvoiceLine,
+    Settlement,
+    SettlementLine,
+    StatementDocument,
+)
 from metering.models.ledger import (
     CNY_UNIT,
     AccountKind,
@@ -59,6 +66,7 @@ __all__ = [
     "ReconciliationRun",
     "Settlement",
     "SettlementLine",
+    "StatementDocument",
     "StripeEvent",
     "Tariff",
     "TariffBand",

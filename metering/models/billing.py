@@ -1,4 +1,11 @@
-"""Month-end statements: buyer invoices and operator settlements, final once issued."""
+"""Month-end statements: buyer invoices and operator settlements, final once issued.
+
+An issued statement is *frozen* (``frozen_at``): everything it shows about the parties (seller, buyer or
+operator: legal names, tax ids, addresses) is copied into ``parties`` and its PDF is rendered once into a
+StatementDocument with its SHA-256; every later download serves those bytes. On PostgreSQL, triggers refuse
+any UPDATE or DELETE of a frozen statement, of its lines and of its document (migration
+0007_frozen_statements); corrections are new statements or credit lines, never edits.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +49,12 @@ class Invoice(models.Model):
     total_paid = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     amount_due = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     issued_at = models.DateTimeField()
+    frozen_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("When its parties and PDF were frozen; read-only from then on.")
+    )
+    parties = models.JSONField(
+        default=dict, blank=True, help_text=_("Seller and buyer details as they were at issue.")
+    )
 
     class Meta:
         ordering = ["-period_start", "buyer_id"]
@@ -91,6 +104,12 @@ class Settlement(models.Model):
     commission = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     payable = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     issued_at = models.DateTimeField()
+    frozen_at = models.DateTimeField(
+        null=True, blank=True, help_text=_("When its parties and PDF were frozen; read-only from then on.")
+    )
+    parties = models.JSONField(
+        default=dict, blank=True, help_text=_("Platform and operator details as they were at issue.")
+    )
 
     class Meta:
         ordering = ["-period_start", "operator_id"]
@@ -124,3 +143,35 @@ class SettlementLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.settlement.number} #{self.seq}"
+
+
+class StatementDocument(models.Model):
+    """The PDF of an issued statement, rendered once at issue and served byte for byte ever after.
+
+    Kept in the database beside the statement (a few tens of kB each, one per statement per month), so a
+    backup of the database is a backup of every document issued, and the hash can be checked against the
+    bytes in one row. Never updated or deleted (a PostgreSQL trigger refuses both)."""
+
+    invoice = models.OneToOneField(
+        Invoice, null=True, blank=True, on_delete=models.PROTECT, related_name="document"
+    )
+    settlement = models.OneToOneField(
+        Settlement, null=True, blank=True, on_delete=models.PROTECT, related_name="document"
+    )
+    media_type = models.CharField(max_length=60, default="application/pdf")
+    content = models.BinaryField()
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    rendered_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(invoice__isnull=False, settlement__isnull=True)
+                | Q(invoice__isnull=True, settlement__isnull=False),
+                name="statement_document_one_statement",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invoice or self.settlement} ({self.sha256[:12]})"

@@ -71,6 +71,7 @@ from metering.models import (
     SettlementLine,
     UsageRecord,
 )
+from metering.services import statements
 
 logger = logging.getLogger("cardhour.billing")
 
@@ -436,6 +437,7 @@ def invoice_issue(
             "amount_due",
         ]
     )
+    statements.invoice_freeze(invoice=invoice, now=invoice.issued_at)
     logger.info("invoice %s issued: %d lines, amount due %s", invoice.number, len(lines), invoice.amount_due)
     return invoice, True
 
@@ -509,6 +511,7 @@ def settlement_issue(
         payable=Value(gross, output_field=money) - Value(commission, output_field=money),
     )
     settlement.refresh_from_db()
+    statements.settlement_freeze(settlement=settlement, now=settlement.issued_at)
     logger.info(
         "settlement %s issued: %d lines, payable %s", settlement.number, len(lines), settlement.payable
     )

@@ -22,6 +22,7 @@ from metering import rendering
 from metering.forms.invoices import InvoiceFilterForm
 from metering.models import Invoice, InvoiceLine
 from metering.selectors import billing as selectors
+from metering.services import statements
 
 PAGE_SIZE = 50
 SECONDS_PER_HOUR = Decimal(3600)
@@ -104,11 +105,10 @@ def invoice_csv(request: HttpRequest, invoice_id: int) -> HttpResponse:
 @portal_view("buyer")
 def invoice_pdf(request: HttpRequest, invoice_id: int) -> HttpResponse:
     invoice = selectors.invoice_get_for(buyer=request.portal.organisation, invoice_id=invoice_id)  # type: ignore[attr-defined]
-    return _attachment(
-        rendering.invoice_pdf(invoice=invoice),
-        content_type="application/pdf",
-        filename=f"{invoice.number}.pdf",
-    )
+    document = statements.invoice_document(invoice=invoice)
+    response = _attachment(document.content, content_type=document.media_type, filename=document.filename)
+    response["ETag"] = f'"{document.sha256}"'
+    return response
 
 
 urlpatterns: list[URLPattern] = [

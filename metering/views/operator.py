@@ -51,6 +51,7 @@ from metering.models import Band, PriceCard, Settlement, Tariff, TariffVersion
 from metering.selectors import billing as billing_selectors
 from metering.selectors import operator as selectors
 from metering.selectors import tariffs as tariff_selectors
+from metering.services import statements
 from metering.services import tariffs as services
 from metering.tariffs import (
     CompiledTariff,
@@ -590,12 +591,12 @@ def settlement_csv(request: HttpRequest, settlement_id: int) -> HttpResponse:
 def settlement_pdf(request: HttpRequest, settlement_id: int) -> HttpResponse:
     organisation = request.portal.organisation  # type: ignore[attr-defined]
     settlement = billing_selectors.settlement_get_for(operator=organisation, settlement_id=settlement_id)
-    return _download(
-        rendering.settlement_pdf(settlement=settlement),
-        settlement=settlement,
-        extension="pdf",
-        content_type="application/pdf",
+    document = statements.settlement_document(settlement=settlement)
+    response = _download(
+        document.content, settlement=settlement, extension="pdf", content_type=document.media_type
     )
+    response["ETag"] = f'"{document.sha256}"'
+    return response
 
 
 urlpatterns: list[URLPattern] = [

@@ -33,7 +33,7 @@ from metering.models import (
     Settlement,
     Tariff,
 )
-from metering.services import billing
+from metering.services import billing, statements
 from metering.services.billing import billing_close_period, billing_close_previous_month
 from metering.services.rating import usage_rate_pending
 from metering.services.usage import usage_record_create_batch
@@ -433,8 +433,8 @@ def test_csv_and_pdf(world: World) -> None:
     assert Decimal(s_rows[-1][8]) == settlement.payable == sum(Decimal(row[8]) for row in s_rows[1:-1])
 
     for pdf, number in (
-        (rendering.invoice_pdf(invoice=invoice), invoice.number),
-        (rendering.settlement_pdf(settlement=settlement), settlement.number),
+        (statements.invoice_document(invoice=invoice).content, invoice.number),
+        (statements.settlement_document(settlement=settlement).content, settlement.number),
     ):
         assert pdf.startswith(b"%PDF-")
         assert number.encode() in pdf
