@@ -17,6 +17,8 @@ install: $(STAMP)
 
 # Migrate the embedded SQLite database in var/, load the demo (idempotent), then run the web server, a
 # Celery worker, Celery beat and the simulated operator agents under honcho. Ctrl-C stops them all.
+# Entry points default to the production settings (config/entrypoint.py): the embedded stack asks for local.
+run: export DJANGO_SETTINGS_MODULE = config.settings.local
 run: $(STAMP)
 	@mkdir -p var
 	$(BIN)/python manage.py migrate --noinput

@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Django's command-line utility for Cardhour."""
 
-import os
 import sys
+
+from config.entrypoint import use_settings
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -1,10 +1,10 @@
 """The Celery application. Workers and beat: ``celery -A config worker`` / ``celery -A config beat``."""
 
-import os
-
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+from config.entrypoint import use_settings
+
+use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
 
 app = Celery("cardhour")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -1,6 +1,6 @@
-import os
-
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+from config.entrypoint import use_settings
+
+use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
 application = get_wsgi_application()
