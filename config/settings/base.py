@@ -179,6 +179,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # Poll the queue folder often: a worker that polls every 2 s also takes that long to stop.
         "polling_interval": 0.1,
     }
+    # kombu's filesystem transport with atomic writes (config/kombu_filesystem.py): a consumer never
+    # reads a message file before it is whole.
+    CELERY_BROKER_TRANSPORT = "config.kombu_filesystem:Transport"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = TIME_ZONE
