@@ -93,6 +93,18 @@ class ApiToken(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    can_manage_tokens = models.BooleanField(
+        default=False,
+        help_text=_("May create and revoke the organisation's tokens; only an owner or admin grants it."),
+    )
+    created_by_token = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text=_("The token that created this one through the API, if any."),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -91,16 +91,57 @@ def organisation_reinstate(*, organisation: Organisation) -> Organisation:
     return organisation
 
 
+def api_token_manage_authorise(*, actor: Actor) -> None:
+    """The one rule for managing API tokens, in the portal and the API alike: a person who is an owner or
+    administrator of the organisation, or a token created with ``can_manage_tokens`` (which only such a
+    person grants). Raises PermissionDeniedError (``not_a_token_manager``) otherwise — a plain member, a
+    viewer, or any other token, so a leaked agent token cannot leave credentials behind."""
+    if actor.token is not None:
+        if actor.token.can_manage_tokens and actor.can_write:
+            return
+        raise PermissionDeniedError(
+            _("This token cannot manage tokens; an owner or administrator can issue one that may."),
+            code="not_a_token_manager",
+        )
+    membership = None
+    if actor.user is not None and actor.organisation is not None:
+        membership = Membership.objects.filter(organisation=actor.organisation, user=actor.user).first()
+    if membership is None or membership.role not in _MANAGER_ROLES:
+        raise PermissionDeniedError(
+            _("Only owners and administrators manage API tokens."), code="not_a_token_manager"
+        )
+
+
 @transaction.atomic
 def api_token_create(
     *,
     organisation: Organisation,
     name: str,
     scope: str = ApiToken.Scope.READ_WRITE,
+    can_manage_tokens: bool = False,
+    actor: Actor | None = None,
     created_by: User | None = None,
 ) -> tuple[ApiToken, str]:
     """Issue a token for ``organisation``. Returns the token and its secret, which is never stored and
-    cannot be shown again."""
+    cannot be shown again.
+
+    ``actor`` is who asks (the portal and the API always pass one; ``None`` is the platform itself, e.g. the
+    demo seed): it must pass api_token_manage_authorise, and only a person may grant ``can_manage_tokens``
+    (``scope_not_grantable``). The new token records who is accountable for it: the person, or for a token
+    made by a token, that token and the person who made it."""
+    creator_token = None
+    if actor is not None:
+        api_token_manage_authorise(actor=actor)
+        if actor.token is not None:
+            if can_manage_tokens:
+                raise PermissionDeniedError(
+                    _("A token cannot grant the right to manage tokens; an owner or administrator can."),
+                    code="scope_not_grantable",
+                )
+            creator_token = actor.token
+            created_by = actor.token.created_by
+        else:
+            created_by = actor.user
     name = name.strip()
     if not name:
         raise InvalidInputError(
@@ -108,6 +149,12 @@ def api_token_create(
         )
     if scope not in ApiToken.Scope.values:
         raise InvalidInputError(f"Unknown scope {scope!r}.", code="invalid_scope", extra={"scope": scope})
+    if can_manage_tokens and scope != ApiToken.Scope.READ_WRITE:
+        raise InvalidInputError(
+            "A read-only token cannot manage tokens.",
+            code="invalid_scope",
+            extra={"fields": {"can_manage_tokens": ["A read-only token cannot manage tokens."]}},
+        )
     prefix = secrets.token_hex(4)
     raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(
@@ -116,15 +163,20 @@ def api_token_create(
         prefix=prefix,
         key_hash=_hash_secret(raw),
         scope=scope,
+        can_manage_tokens=can_manage_tokens,
         created_by=created_by if created_by is not None and created_by.is_authenticated else None,
+        created_by_token=creator_token,
     )
     return token, raw
 
 
 @transaction.atomic
-def api_token_revoke(*, organisation: Organisation, token_id: int) -> ApiToken:
+def api_token_revoke(*, organisation: Organisation, token_id: int, actor: Actor | None = None) -> ApiToken:
     """Revoke one of ``organisation``'s tokens. Revoking twice is a no-op; another organisation's token
-    answers NotFoundError."""
+    answers NotFoundError. ``actor`` (the portal and the API pass one) must pass
+    api_token_manage_authorise; a token may always revoke itself."""
+    if actor is not None and not (actor.token is not None and actor.token.pk == token_id):
+        api_token_manage_authorise(actor=actor)
     try:
         token = ApiToken.objects.select_for_update().get(pk=token_id, organisation=organisation)
     except ApiToken.DoesNotExist as exc:

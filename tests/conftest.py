@@ -64,8 +64,12 @@ def is_postgres() -> bool:
 def token_client() -> Callable[[Organisation], APIClient]:
     """A factory of API clients authenticated with a fresh read-write token of an organisation."""
 
-    def make(organisation: Organisation, scope: str = "read_write") -> APIClient:
-        _, secret = api_token_create(organisation=organisation, name="test", scope=scope)
+    def make(
+        organisation: Organisation, scope: str = "read_write", can_manage_tokens: bool = False
+    ) -> APIClient:
+        _, secret = api_token_create(
+            organisation=organisation, name="test", scope=scope, can_manage_tokens=can_manage_tokens
+        )
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
         return client

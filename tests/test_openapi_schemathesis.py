@@ -237,7 +237,7 @@ def world(in_process_requests: None) -> Iterator[World]:
         health="ok",
         islands=[IslandReport(name=ISLAND, available_cards=60, unhealthy_cards=1)],
     )
-    _, secret = api_token_create(organisation=operator, name="schemathesis")
+    _, secret = api_token_create(organisation=operator, name="schemathesis", can_manage_tokens=True)
     spare_token, _ = api_token_create(organisation=operator, name="spare", scope="read_only")
     other_token, _ = api_token_create(organisation=other_operator, name="other")
     _, platform_secret = api_token_create(organisation=platform, name="platform")

@@ -57,6 +57,7 @@ class TokenOutput(serializers.ModelSerializer):
             "name",
             "prefix",
             "scope",
+            "can_manage_tokens",
             "created_by",
             "created_at",
             "last_used_at",
@@ -75,6 +76,11 @@ class TokenListApi(generics.ListAPIView):
     class Input(serializers.Serializer):
         name = serializers.CharField(max_length=100)
         scope = serializers.ChoiceField(choices=ApiToken.Scope.choices, default=ApiToken.Scope.READ_WRITE)
+        can_manage_tokens = serializers.BooleanField(
+            default=False,
+            help_text="May create and revoke tokens. Only an owner or administrator (signed in, not a token) "
+            "can grant it.",
+        )
 
     def get_queryset(self) -> QuerySet[ApiToken]:
         return selectors.api_token_list(organisation=actor_from_request(self.request).organisation)
@@ -102,7 +108,7 @@ class TokenListApi(generics.ListAPIView):
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
         token, secret = services.api_token_create(
-            organisation=actor.organisation, created_by=actor.user, **data.validated_data
+            organisation=actor.organisation, actor=actor, **data.validated_data
         )
         return Response({"token": TokenOutput(token).data, "secret": secret}, status=status.HTTP_201_CREATED)
 
@@ -113,5 +119,5 @@ class TokenRevokeApi(APIView):
     @extend_schema(operation_id="tokens_revoke", request=None, responses={200: TokenOutput}, tags=["access"])
     def delete(self, request: Request, token_id: int) -> Response:
         actor = actor_from_request(request)
-        token = services.api_token_revoke(organisation=actor.organisation, token_id=token_id)
+        token = services.api_token_revoke(organisation=actor.organisation, token_id=token_id, actor=actor)
         return Response(TokenOutput(token).data)

@@ -21,6 +21,11 @@ class ApiTokenForm(forms.Form):
         initial=ApiToken.Scope.READ_WRITE,
         help_text=_("A read-only token can list and fetch, never change anything."),
     )
+    can_manage_tokens = forms.BooleanField(
+        label=_("May manage tokens"),
+        required=False,
+        help_text=_("Lets this token create and revoke tokens through the API. Leave it off for agents."),
+    )
 
 
 class ApiTokenFilterForm(forms.Form):

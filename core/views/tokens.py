@@ -17,6 +17,7 @@ from core.errors import InvalidInputError
 from core.forms.accounts import form_add_domain_error
 from core.forms.tokens import ApiTokenFilterForm, ApiTokenForm
 from core.portal import PortalActor, portal_view
+from core.types import Actor
 
 PAGE_SIZE = 50
 
@@ -58,7 +59,8 @@ def token_list(request: HttpRequest) -> HttpResponse:
                 organisation=portal.organisation,
                 name=form.cleaned_data["name"],
                 scope=form.cleaned_data["scope"],
-                created_by=portal.user,
+                can_manage_tokens=form.cleaned_data["can_manage_tokens"],
+                actor=Actor(organisation=portal.organisation, user=portal.user),
             )
         except InvalidInputError as exc:
             form_add_domain_error(form, exc)
@@ -76,7 +78,11 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     portal = _portal(request)
     if not portal.can_manage:
         raise PermissionDenied(_("Only owners and administrators revoke API tokens."))
-    token = services.api_token_revoke(organisation=portal.organisation, token_id=pk)
+    token = services.api_token_revoke(
+        organisation=portal.organisation,
+        token_id=pk,
+        actor=Actor(organisation=portal.organisation, user=portal.user),
+    )
     messages.success(
         request,
         _("Token “%(name)s” (chk_%(prefix)s_…) is revoked.") % {"name": token.name, "prefix": token.prefix},

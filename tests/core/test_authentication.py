@@ -292,8 +292,8 @@ def test_viewer_can_read_but_not_write(operator: Organisation) -> None:
     assert target.revoked_at is None
 
 
-@pytest.mark.parametrize("role", [Membership.Role.OWNER, Membership.Role.ADMIN, Membership.Role.MEMBER])
-def test_writing_roles_can_create_tokens(operator: Organisation, role: str) -> None:
+@pytest.mark.parametrize("role", [Membership.Role.OWNER, Membership.Role.ADMIN])
+def test_owners_and_admins_can_create_tokens(operator: Organisation, role: str) -> None:
     user = UserFactory(username=f"u-{role}")
     MembershipFactory(organisation=operator, user=user, role=role)
 
@@ -301,6 +301,23 @@ def test_writing_roles_can_create_tokens(operator: Organisation, role: str) -> N
 
     assert response.status_code == 201
     assert ApiToken.objects.filter(organisation=operator, name=f"by-{role}", created_by=user).count() == 1
+
+
+def test_a_plain_member_can_neither_create_nor_revoke_tokens(operator: Organisation) -> None:
+    """The portal's rule, now the API's too (core.services.api_token_manage_authorise)."""
+    user = UserFactory(username="plain")
+    MembershipFactory(organisation=operator, user=user, role=Membership.Role.MEMBER)
+    target, _ = api_token_create(organisation=operator, name="agent")
+    client = session_client(user)
+
+    created = client.post("/api/v1/tokens", {"name": "mine"}, format="json")
+    revoked = client.delete(f"/api/v1/tokens/{target.pk}")
+
+    for response in (created, revoked):
+        assert response.status_code == 403 and response.json()["code"] == "not_a_token_manager"
+    assert not ApiToken.objects.filter(name="mine").exists()
+    target.refresh_from_db()
+    assert target.revoked_at is None
 
 
 def test_demoting_to_viewer_takes_effect_on_the_next_request(operator: Organisation) -> None:

@@ -23,6 +23,7 @@ TOKEN_FIELDS = {
     "name",
     "prefix",
     "scope",
+    "can_manage_tokens",
     "created_by",
     "created_at",
     "last_used_at",
@@ -31,6 +32,22 @@ TOKEN_FIELDS = {
 }
 
 pytestmark = pytest.mark.django_db
+
+
+def _manager_client(organisation: Organisation) -> APIClient:
+    _, secret = api_token_create(organisation=organisation, name="test", can_manage_tokens=True)
+    return bearer(secret)
+
+
+@pytest.fixture
+def api(operator: Organisation) -> APIClient:
+    """Here the API's token endpoints are driven by a token that may manage tokens (granted by a person)."""
+    return _manager_client(operator)
+
+
+@pytest.fixture
+def other_api(other_operator: Organisation) -> APIClient:
+    return _manager_client(other_operator)
 
 
 def bearer(secret: str) -> APIClient:
@@ -441,3 +458,45 @@ def test_read_only_token_can_read_but_not_write(
     assert ApiToken.objects.count() == before
     target.refresh_from_db()
     assert target.revoked_at is None
+
+
+# --- who may manage tokens ----------------------------------------------------------------------------
+
+
+def test_a_token_without_the_right_can_neither_create_nor_revoke_tokens(
+    operator: Organisation, token_client: Callable[[Organisation], APIClient]
+) -> None:
+    agent = token_client(operator)
+    target, _ = api_token_create(organisation=operator, name="other agent")
+    before = ApiToken.objects.count()
+
+    created = agent.post("/api/v1/tokens", {"name": "left behind"}, format="json")
+    revoked = agent.delete(f"/api/v1/tokens/{target.pk}")
+
+    for response in (created, revoked):
+        assert response.status_code == 403 and response.json()["code"] == "not_a_token_manager"
+    assert ApiToken.objects.count() == before
+    target.refresh_from_db()
+    assert target.revoked_at is None
+
+
+def test_a_managing_token_cannot_grant_the_right_and_its_tokens_name_who_is_accountable(
+    operator: Organisation, api: APIClient
+) -> None:
+    refused = api.post("/api/v1/tokens", {"name": "heir", "can_manage_tokens": True}, format="json")
+    made = api.post("/api/v1/tokens", {"name": "agent"}, format="json")
+
+    assert refused.status_code == 403 and refused.json()["code"] == "scope_not_grantable"
+    assert made.status_code == 201 and made.json()["token"]["can_manage_tokens"] is False
+    child = ApiToken.objects.get(name="agent")
+    assert child.created_by_token == ApiToken.objects.get(name="test")
+
+
+def test_a_token_may_revoke_itself(operator: Organisation) -> None:
+    token, secret = api_token_create(organisation=operator, name="leaked")
+
+    response = bearer(secret).delete(f"/api/v1/tokens/{token.pk}")
+
+    assert response.status_code == 200
+    token.refresh_from_db()
+    assert token.revoked_at is not None

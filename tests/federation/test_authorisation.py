@@ -4,7 +4,9 @@ objects answer 404 (not 403) and stay untouched."""
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
+from core.services import api_token_create
 from federation.models import Cluster, ClusterStatusChange, Island
 from tests.factories import make_cluster
 
@@ -104,9 +106,14 @@ def test_other_operator_cannot_register_under_my_segment(other_api):
     assert not Cluster.objects.exists()
 
 
-def test_other_operator_cannot_revoke_my_token(api, other_api):
+def test_other_operator_cannot_revoke_my_token(api, other_api, other_operator):
     token_id = api.get("/api/v1/tokens").json()["results"][0]["id"]
-    assert other_api.delete(f"/api/v1/tokens/{token_id}").status_code == 404
+    # A plain token may not manage tokens at all; one that may still cannot reach another organisation's.
+    assert other_api.delete(f"/api/v1/tokens/{token_id}").status_code == 403
+    _, secret = api_token_create(organisation=other_operator, name="manager", can_manage_tokens=True)
+    manager = APIClient()
+    manager.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert manager.delete(f"/api/v1/tokens/{token_id}").status_code == 404
     assert api.get("/api/v1/me").status_code == 200
 
 
