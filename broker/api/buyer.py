@@ -23,6 +23,7 @@ from broker.services import jobs as job_services
 from broker.services import leases as lease_services
 from broker.services import quotes as quote_services
 from core.api.context import actor_from_request
+from core.api.fields import AwareDateTimeField
 from core.api.permissions import IsOrganisationMember
 from core.api.schema import ErrorSerializer
 from federation.models import Fabric
@@ -121,10 +122,12 @@ class JobListApi(generics.ListAPIView):
         gang = serializers.ChoiceField(choices=Gang.choices, default=Gang.ISLAND)
         origin_hub = serializers.CharField(max_length=8, help_text="Where the job's users are (a hub code).")
         latency_budget_ms = serializers.IntegerField(min_value=-(2**31), max_value=2**31 - 1)
-        earliest_start_at = serializers.DateTimeField(
-            required=False, allow_null=True, help_text="Default: now."
+        earliest_start_at = AwareDateTimeField(
+            required=False,
+            allow_null=True,
+            help_text="Default: now. With a UTC offset; a naive time is refused.",
         )
-        deadline_at = serializers.DateTimeField(help_text="The run must end by then.")
+        deadline_at = AwareDateTimeField(help_text="The run must end by then. With a UTC offset.")
         duration_seconds = serializers.IntegerField(min_value=-(2**31), max_value=2**31 - 1)
         max_price_per_card_hour = serializers.DecimalField(
             max_digits=12,

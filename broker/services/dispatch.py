@@ -243,7 +243,8 @@ def lease_stop(
     be started). The cards are released at once.
 
     Idempotent: a lease already in ``outcome`` is returned unchanged. ``at`` may not precede the lease's
-    start or the end of usage already reported against it, and may be at most 5 minutes in the future.
+    due start (less the start grace) when it never ran, its start or the end of usage already reported
+    against it, and may be at most 5 minutes in the future.
     Raises LeaseNotFoundError, LeaseTransitionError, LeaseTimeInvalidError. Writes nothing on error.
     """
     if outcome not in STOP_OUTCOMES:
@@ -259,6 +260,15 @@ def lease_stop(
     at = at or now
     if at > now + REPORT_MAX_CLOCK_SKEW:
         raise _time_invalid(lease, "in_future", f"at {at.isoformat()} is in the future.")
+    if lease.started_at is None and at < lease.start_at - LEASE_START_GRACE:
+        # A reserved lease reported failed: it cannot have failed long before it was due to start (nor, say,
+        # in year 825, whose local time has no RFC 3339 offset to answer with).
+        raise _time_invalid(
+            lease,
+            "before_start",
+            f"Lease {lease.pk} was due to start at {lease.start_at.isoformat()}; it cannot have failed before.",
+            start_at=lease.start_at.isoformat(),
+        )
     if lease.started_at is not None and at < lease.started_at:
         raise _time_invalid(
             lease,

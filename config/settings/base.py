@@ -38,6 +38,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "core.middleware.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -132,9 +133,23 @@ REST_FRAMEWORK = {
         "anon": env("API_THROTTLE_ANON", default="60/min"),
     },
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON only (core.api.parsers): the schema then promises exactly what the server reads; form bodies
+    # silently dropped nested lists (a heartbeat lost its islands and answered 200).
+    "DEFAULT_PARSER_CLASSES": ["core.api.parsers.JSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+
+# Hostile input (core.api.parsers, core.middleware): bodies over these sizes are refused with 413 before they
+# are read; JSON nested deeper than this is refused with 400. A usage batch of 10,000 records with
+# 200-character keys is about 3.4 MB.
+CARDHOUR_API_BODY_MAX_BYTES = env.int("CARDHOUR_API_BODY_MAX_BYTES", default=1 << 20)
+CARDHOUR_API_USAGE_BODY_MAX_BYTES = env.int("CARDHOUR_API_USAGE_BODY_MAX_BYTES", default=8 << 20)
+CARDHOUR_API_USAGE_PATHS = ("/api/v1/operator/usage",)
+CARDHOUR_API_JSON_MAX_DEPTH = env.int("CARDHOUR_API_JSON_MAX_DEPTH", default=32)
+# Django's own cap on a body it reads into memory: the largest of the API's limits (the middleware enforces
+# the per-endpoint ones first).
+DATA_UPLOAD_MAX_MEMORY_SIZE = CARDHOUR_API_USAGE_BODY_MAX_BYTES
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Cardhour API",

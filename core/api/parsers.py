@@ -1,0 +1,103 @@
+"""The API's one request parser: JSON, with the limits hostile input needs.
+
+* Nesting: Python's JSON decoder recurses, so ``[`` × 50,000 raised RecursionError (a 500). A document
+  nested deeper than ``CARDHOUR_API_JSON_MAX_DEPTH`` is refused with ``payload_too_deep`` (400) — checked
+  after decoding only when the body could be that deep, so a usage batch pays nothing for it.
+* Text: a lone UTF-16 surrogate (``"\\ud800"``) decodes to a Python string that cannot be encoded again
+  (an error message echoing it, a COPY of it, a log line all fail); NUL (``"\\u0000"``) is refused by
+  PostgreSQL text. Both are refused with ``invalid_text`` (400) naming where. Only bodies containing such an
+  escape are walked, so ordinary bodies cost one substring search.
+* Size is enforced before parsing, by core.middleware.ApiBodyLimitMiddleware (``payload_too_large``, 413).
+
+NaN and Infinity (which Python's decoder accepts and JSON does not) are a ``parse_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import BaseParser
+
+from core.errors import InvalidInputError
+
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:[dD][89a-fA-F][0-9a-fA-F]{2}|0000)")
+
+
+class PayloadTooDeepError(InvalidInputError):
+    code = "payload_too_deep"
+
+
+class InvalidTextError(InvalidInputError):
+    code = "invalid_text"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ParseError(f"{name} is not valid JSON.")
+
+
+def _bad_text(value: str) -> str | None:
+    if "\x00" in value:
+        return "contains NUL (\\u0000)"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone UTF-16 surrogate"
+    return None
+
+
+def text_check(document: Any, *, max_depth: int) -> None:
+    """Refuse a decoded document nested deeper than ``max_depth`` or holding unencodable text or NUL."""
+    stack: list[tuple[Any, str, int]] = [(document, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            problem = _bad_text(value)
+            if problem:
+                raise InvalidTextError(
+                    f"The text at {path or 'the top level'} {problem}.",
+                    extra={"fields": {path or "non_field_errors": [f"The text {problem}."]}},
+                )
+            continue
+        if depth > max_depth:
+            raise PayloadTooDeepError(
+                f"The JSON document is nested deeper than {max_depth} levels.", extra={"max_depth": max_depth}
+            )
+        if isinstance(value, dict):
+            for key, item in value.items():
+                problem = _bad_text(key)
+                if problem:
+                    raise InvalidTextError(
+                        f"A key at {path or 'the top level'} {problem}.",
+                        extra={"fields": {path or "non_field_errors": [f"A key {problem}."]}},
+                    )
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+class JSONParser(BaseParser):
+    media_type = "application/json"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read() if stream is not None else b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ParseError("The request body is not UTF-8.") from exc
+        max_depth = settings.CARDHOUR_API_JSON_MAX_DEPTH
+        try:
+            document = json.loads(text, parse_constant=_reject_constant)
+        except RecursionError as exc:
+            raise PayloadTooDeepError(
+                f"The JSON document is nested deeper than {max_depth} levels.", extra={"max_depth": max_depth}
+            ) from exc
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error: {exc}") from exc
+        # Deep nesting needs at least max_depth opening brackets; text trouble needs an escape.
+        if raw.count(b"[") + raw.count(b"{") > max_depth or _SUSPECT_ESCAPE.search(raw):
+            text_check(document, max_depth=max_depth)
+        return document
