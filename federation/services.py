@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from core.errors import InvalidInputError
 from core.models import Organisation
+from core.net import endpoint_url_check
 from core.types import Actor
 from federation import identifiers
 from federation.errors import (
@@ -233,6 +234,7 @@ def cluster_register_idempotent(
     """
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
+    endpoint_url_check(endpoint_url)
     hub = Hub.objects.filter(code=identifier.hub).first()
     if hub is None:
         raise UnknownHubError(f"Unknown hub {identifier.hub!r}.", extra={"hub": identifier.hub})
@@ -308,6 +310,7 @@ def cluster_update(
         cluster.site = site
         fields.append("site")
     if endpoint_url is not None and endpoint_url != cluster.endpoint_url:
+        endpoint_url_check(endpoint_url)
         cluster.endpoint_url = endpoint_url
         fields.append("endpoint_url")
     if fields:

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import secrets
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -54,6 +52,7 @@ from broker.models import (
 from broker.services import leases, usage_overlap
 from core.errors import ConflictError
 from core.models import Organisation
+from core.net import UnsafeEndpointError, post_pinned
 from core.types import Actor
 from federation.models import Cluster
 from metering.errors import UsageBatchTooLargeError
@@ -890,42 +889,25 @@ def _deliveries_claim(*, now: datetime, limit: int) -> list[_Claimed]:
     return claimed
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is a failed delivery: following it would re-send the signed body somewhere else."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 def _post(claimed: _Claimed) -> str:
     """POST one event; return "" on a 2xx, else what went wrong."""
-    if urlsplit(claimed.url).scheme not in ("http", "https"):
-        return f"unsupported URL scheme in {claimed.url[:100]!r}"
     timestamp = str(int(time.time()))
-    request = urllib.request.Request(  # noqa: S310  # the scheme is checked above
-        claimed.url,
-        data=claimed.body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "Cardhour-LeaseEvents/1",
-            "X-Cardhour-Event": claimed.event,
-            "X-Cardhour-Delivery": str(claimed.event_id),
-            "X-Cardhour-Timestamp": timestamp,
-            "X-Cardhour-Signature": lease_event_signature(
-                secret=claimed.secret, timestamp=timestamp, body=claimed.body
-            ),
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "Cardhour-LeaseEvents/1",
+        "X-Cardhour-Event": claimed.event,
+        "X-Cardhour-Delivery": str(claimed.event_id),
+        "X-Cardhour-Timestamp": timestamp,
+        "X-Cardhour-Signature": lease_event_signature(
+            secret=claimed.secret, timestamp=timestamp, body=claimed.body
+        ),
+    }
     try:
-        with _OPENER.open(request, timeout=EVENT_TIMEOUT_SECONDS) as response:
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        # Resolved and checked now, connected to the checked address, no redirects (core.net).
+        status = post_pinned(claimed.url, body=claimed.body, headers=headers, timeout=EVENT_TIMEOUT_SECONDS)
+    except UnsafeEndpointError as exc:
+        return f"refused: {exc.message}"[:500]
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"[:500]
     return "" if 200 <= status < 300 else f"HTTP {status}"
 

@@ -140,6 +140,11 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
+# Outbound requests to operator-chosen URLs (core.net, the SSRF guard): https only and public addresses
+# only, unless these say otherwise (development: the demo agents listen on loopback over http).
+CARDHOUR_ENDPOINT_ALLOW_HTTP = env.bool("CARDHOUR_ENDPOINT_ALLOW_HTTP", default=False)
+CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = env.bool("CARDHOUR_ENDPOINT_ALLOW_LOOPBACK", default=False)
+
 # Hostile input (core.api.parsers, core.middleware): bodies over these sizes are refused with 413 before they
 # are read; JSON nested deeper than this is refused with 400. A usage batch of 10,000 records with
 # 200-character keys is about 3.4 MB.

@@ -25,3 +25,7 @@ CARDHOUR_SELLER = {
         "CARDHOUR_SELLER_LEGAL_NAME", default="Cardhour 演示平台 (demo platform, not a company)"
     ),
 }
+
+# The demo's lease agents listen on loopback over plain http (core.net's SSRF guard allows it here only).
+CARDHOUR_ENDPOINT_ALLOW_HTTP = env.bool("CARDHOUR_ENDPOINT_ALLOW_HTTP", default=True)
+CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = env.bool("CARDHOUR_ENDPOINT_ALLOW_LOOPBACK", default=True)

@@ -26,3 +26,7 @@ STRIPE_API_BASE = "http://127.0.0.1:9"
 STRIPE_JS_URL = "http://127.0.0.1:9/js.stripe.com/v3/"
 # The matcher reloads its catalogue on every quote, so a test sees every change it makes at once.
 CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
+
+# Tests' receivers listen on loopback over http; the SSRF tests turn these off.
+CARDHOUR_ENDPOINT_ALLOW_HTTP = True
+CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = True

@@ -561,7 +561,7 @@ def test_an_unreachable_endpoint_is_a_failed_attempt(
     assert dispatch.lease_events_deliver_due() == 0
     delivery = LeaseEventDelivery.objects.get()
     assert delivery.attempts == 1 and delivery.status == "pending"
-    assert delivery.last_error.startswith("URLError")
+    assert delivery.last_error.startswith("ConnectionRefusedError")
 
 
 def test_rotating_the_secret_signs_with_the_new_one_and_delete_disables(
