@@ -388,6 +388,8 @@ class OperatorUsageCreateApi(APIView):
     read `extra.records`).
     """
 
+    throttle_purpose = "usage"  # its own budget per token (core.api.throttling)
+
     permission_classes = [IsOperator]
 
     class Input(serializers.Serializer):

@@ -124,12 +124,16 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.CardhourAutoSchema",
     "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",
+    # Budgets per credential and per purpose, as atomic counters in the shared cache (core.api.throttling).
     "DEFAULT_THROTTLE_CLASSES": [
-        "core.api.throttling.OrganisationRateThrottle",
-        "rest_framework.throttling.AnonRateThrottle",
+        "core.api.throttling.CredentialRateThrottle",
+        "core.api.throttling.AddressRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {
-        "organisation": env("API_THROTTLE_ORGANISATION", default="6000/min"),
+        "credential": env("API_THROTTLE_CREDENTIAL", default="6000/min"),
+        # A token's heartbeats and usage reports: a large operator beats for thousands of clusters.
+        "heartbeat": env("API_THROTTLE_HEARTBEAT", default="60000/min"),
+        "usage": env("API_THROTTLE_USAGE", default="6000/min"),
         "anon": env("API_THROTTLE_ANON", default="60/min"),
     },
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],

@@ -14,7 +14,12 @@ CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,
-    "DEFAULT_THROTTLE_RATES": {"organisation": "100000/min", "anon": "100000/min"},
+    "DEFAULT_THROTTLE_RATES": {
+        "credential": "100000/min",
+        "heartbeat": "100000/min",
+        "usage": "100000/min",
+        "anon": "100000/min",
+    },
 }
 # Stripe: tests that pay start localstripe on a free loopback port and point STRIPE_API_BASE at it
 # (tests/metering/localstripe.py). The default is a loopback port nothing listens on, so a test that

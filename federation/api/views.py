@@ -381,6 +381,8 @@ class HeartbeatApi(APIView):
     three in a row goes offline and comes back with the next beat. Safe to retry: a beat not newer than
     the last applied one is acknowledged with `applied: false`."""
 
+    throttle_purpose = "heartbeat"  # its own budget per token (core.api.throttling)
+
     permission_classes = [IsOperator]
 
     class Input(serializers.Serializer):
