@@ -61,8 +61,9 @@ class _CounterThrottle(BaseThrottle):
     _wait: float | None = None
 
     def rate_for(self, purpose: str) -> str | None:
-        rates: dict[str, str | None] = api_settings.DEFAULT_THROTTLE_RATES
-        return rates.get(purpose) or rates.get("credential")
+        rates = api_settings.DEFAULT_THROTTLE_RATES
+        rate = rates.get(purpose) or rates.get("credential")
+        return str(rate) if rate else None
 
     def check(self, *, purpose: str, ident: str) -> bool:
         rate = self.rate_for(purpose)
@@ -93,8 +94,8 @@ class AddressRateThrottle(_CounterThrottle):
     """Anonymous calls: one budget per client address (the proxy's, unless NUM_PROXIES is set)."""
 
     def rate_for(self, purpose: str) -> str | None:
-        rates: dict[str, str | None] = api_settings.DEFAULT_THROTTLE_RATES
-        return rates.get("anon")
+        rate = api_settings.DEFAULT_THROTTLE_RATES.get("anon")
+        return str(rate) if rate else None
 
     def allow_request(self, request: Request, view: Any) -> bool:
         if request.user and request.user.is_authenticated:
