@@ -144,6 +144,17 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
+# Guessing (core.lockout): failed log-ins per account and per client address in a window, then a pause;
+# sign-ups and password-reset requests per address (and per e-mail) per hour. Behind reverse proxies, how
+# many of them append to X-Forwarded-For (0: use REMOTE_ADDR).
+CARDHOUR_LOGIN_FAILURES_PER_ACCOUNT = env.int("CARDHOUR_LOGIN_FAILURES_PER_ACCOUNT", default=5)
+CARDHOUR_LOGIN_FAILURES_PER_ADDRESS = env.int("CARDHOUR_LOGIN_FAILURES_PER_ADDRESS", default=30)
+CARDHOUR_LOCKOUT_SECONDS = env.int("CARDHOUR_LOCKOUT_SECONDS", default=900)
+CARDHOUR_SIGNUPS_PER_ADDRESS = env.int("CARDHOUR_SIGNUPS_PER_ADDRESS", default=10)
+CARDHOUR_PASSWORD_RESETS_PER_ADDRESS = env.int("CARDHOUR_PASSWORD_RESETS_PER_ADDRESS", default=10)
+CARDHOUR_PASSWORD_RESETS_PER_EMAIL = env.int("CARDHOUR_PASSWORD_RESETS_PER_EMAIL", default=3)
+CARDHOUR_TRUSTED_PROXY_COUNT = env.int("CARDHOUR_TRUSTED_PROXY_COUNT", default=0)
+
 # Outbound requests to operator-chosen URLs (core.net, the SSRF guard): https only and public addresses
 # only, unless these say otherwise (development: the demo agents listen on loopback over http).
 CARDHOUR_ENDPOINT_ALLOW_HTTP = env.bool("CARDHOUR_ENDPOINT_ALLOW_HTTP", default=False)

@@ -35,3 +35,10 @@ CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
 # Tests' receivers listen on loopback over http; the SSRF tests turn these off.
 CARDHOUR_ENDPOINT_ALLOW_HTTP = True
 CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = True
+
+# The whole suite signs up and logs in from one address: budgets against guessing are tested on their own
+# with small values (tests/portal/test_lockout.py).
+CARDHOUR_LOGIN_FAILURES_PER_ADDRESS = 10_000
+CARDHOUR_SIGNUPS_PER_ADDRESS = 10_000
+CARDHOUR_PASSWORD_RESETS_PER_ADDRESS = 10_000
+CARDHOUR_PASSWORD_RESETS_PER_EMAIL = 10_000

@@ -1,4 +1,5 @@
-"""Forms of the account pages: sign up, and sign up to accept an invitation."""
+"""Forms of the account pages: sign up, sign up to accept an invitation, log in and password reset with
+budgets against guessing (core.lockout)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from django import forms
+from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
 from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import password_validators_help_text_html, validate_password
 from django.core.exceptions import ValidationError
+from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from core import lockout
 from core.errors import DomainError
 
 
@@ -119,3 +123,51 @@ class InvitationSignupForm(_UsernameMixin, _PasswordPairMixin):
 
 
 PASSWORD_ALIASES = {"password": "password2"}
+
+
+def _pause_message(seconds: int) -> str:
+    minutes = max(1, round(seconds / 60))
+    return str(
+        _(
+            "Too many attempts. For your security this is paused for up to %(minutes)d minutes; try again "
+            "later, or reset your password if you have forgotten it."
+        )
+        % {"minutes": minutes}
+    )
+
+
+class ThrottledAuthenticationForm(AuthenticationForm):
+    """Django's log-in form, refusing an account or address that has failed too often (core.lockout)
+    before the password is even checked, and counting each failure against both."""
+
+    def clean(self) -> dict[str, Any]:
+        username = str(self.data.get("username", "") or "")
+        address = lockout.client_address(self.request) if self.request is not None else "unknown"
+        account_budget, address_budget = lockout.login_account_budget(), lockout.login_address_budget()
+        if lockout.spent(account_budget, username) or lockout.spent(address_budget, address):
+            raise ValidationError(_pause_message(account_budget.window_seconds), code="locked_out")
+        try:
+            cleaned = super().clean()
+        except ValidationError:
+            lockout.count(account_budget, username)
+            lockout.count(address_budget, address)
+            raise
+        lockout.clear(account_budget, username)
+        return cleaned
+
+
+class ThrottledPasswordResetForm(PasswordResetForm):
+    """Django's password-reset form, with a budget per address and per e-mail address (core.lockout)."""
+
+    request: HttpRequest | None = None
+
+    def clean_email(self) -> str:
+        email = str(self.cleaned_data["email"])
+        if self.request is not None:
+            address = lockout.client_address(self.request)
+            by_address, by_email = lockout.reset_address_budget(), lockout.reset_email_budget()
+            if lockout.spent(by_address, address) or lockout.spent(by_email, email):
+                raise ValidationError(_pause_message(by_email.window_seconds), code="locked_out")
+            lockout.count(by_address, address)
+            lockout.count(by_email, email)
+        return email

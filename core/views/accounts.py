@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
@@ -12,9 +14,15 @@ from django.utils.translation import gettext as _
 from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_http_methods
 
-from core import services
+from core import lockout, services
 from core.errors import DomainError
-from core.forms.accounts import PASSWORD_ALIASES, SignupForm, form_add_domain_error
+from core.forms.accounts import (
+    PASSWORD_ALIASES,
+    SignupForm,
+    ThrottledAuthenticationForm,
+    ThrottledPasswordResetForm,
+    form_add_domain_error,
+)
 from core.portal import portal_organisation_choose
 
 
@@ -29,6 +37,13 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("home")
     form = SignupForm(request.POST or None)
+    if request.method == "POST":
+        address, budget = lockout.client_address(request), lockout.signup_address_budget()
+        if lockout.spent(budget, address):
+            form.is_valid()
+            form.add_error(None, _("Too many sign-ups from your network. Please try again in an hour."))
+            return render(request, "registration/signup.html", {"form": form}, status=429)
+        lockout.count(budget, address)
     if request.method == "POST" and form.is_valid():
         try:
             user, organisation = services.buyer_signup(
@@ -51,11 +66,24 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "registration/signup.html", {"form": form})
 
 
+class _PasswordResetView(auth_views.PasswordResetView):
+    """Password reset with budgets per address and per e-mail address (core.lockout)."""
+
+    form_class = ThrottledPasswordResetForm
+
+    def get_form(self, form_class: Any = None) -> Any:
+        form: Any = super().get_form(form_class)
+        form.request = self.request
+        return form
+
+
 urlpatterns: list[URLPattern] = [
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(
-            template_name="registration/login.html", redirect_authenticated_user=True
+            template_name="registration/login.html",
+            redirect_authenticated_user=True,
+            authentication_form=ThrottledAuthenticationForm,
         ),
         name="login",
     ),
@@ -63,7 +91,7 @@ urlpatterns: list[URLPattern] = [
     path("accounts/signup/", signup, name="signup"),
     path(
         "accounts/password-reset/",
-        auth_views.PasswordResetView.as_view(
+        _PasswordResetView.as_view(
             template_name="registration/password_reset_form.html",
             email_template_name="registration/password_reset_email.txt",
             subject_template_name="registration/password_reset_subject.txt",
