@@ -170,3 +170,19 @@ def buyer_org(db: None) -> Organisation:
     from tests.factories import BuyerFactory
 
     return BuyerFactory(slug="naive-buyer")
+
+
+@pytest.mark.parametrize("page_size", ["-1", "0", "1.5", "abc", "501", ""])
+def test_malformed_page_size_is_refused_not_ignored(
+    page_size: str, operator: Organisation, token_client: Client
+) -> None:
+    response = token_client(operator).get(f"/api/v1/tokens?page_size={page_size}")
+
+    body = error(response, 400, "invalid_paging")
+    assert "page_size" in body["extra"]["fields"]
+
+
+def test_a_good_page_size_pages(operator: Organisation, token_client: Client) -> None:
+    response = token_client(operator).get("/api/v1/tokens?page_size=1")
+
+    assert response.status_code == 200 and len(response.json()["results"]) == 1
