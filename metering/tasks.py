@@ -46,6 +46,9 @@ def packs_expire_due() -> int:
 
 @shared_task(
     name="metering.ledger_reconcile",
+    # Long at scale: its own limits, inside the broker's visibility timeout (config/settings/base.py).
+    soft_time_limit=6600,
+    time_limit=7200,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=3,
@@ -58,6 +61,9 @@ def ledger_reconcile() -> bool:
 
 @shared_task(
     name="metering.billing_close_previous_month",
+    # Long at scale: its own limits, inside the broker's visibility timeout (config/settings/base.py).
+    soft_time_limit=6600,
+    time_limit=7200,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=8,
@@ -70,6 +76,9 @@ def billing_close_previous_month() -> str:
 
 @shared_task(
     name="metering.billing_close_period",
+    # Long at scale: its own limits, inside the broker's visibility timeout (config/settings/base.py).
+    soft_time_limit=6600,
+    time_limit=7200,
     autoretry_for=(OperationalError,),
     retry_backoff=True,
     max_retries=8,

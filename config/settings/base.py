@@ -217,6 +217,19 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport with atomic writes (config/kombu_filesystem.py): a consumer never
     # reads a message file before it is whole.
     CELERY_BROKER_TRANSPORT = "config.kombu_filesystem:Transport"
+# Time limits: a task past its soft limit gets SoftTimeLimitExceeded (its transaction rolls back; every
+# task is idempotent and safe to run again), past the hard limit its worker process is replaced. The
+# month-end close and the ledger reconciliation take longer and set their own (metering/tasks.py).
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=300)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=360)
+# acks_late (below) with Redis: a message not acknowledged within visibility_timeout is delivered again, so
+# it must be longer than the longest task's hard limit (the close: 2 h), or a long task runs twice at once.
+# RabbitMQ's consumer_timeout (30 min by default) plays the same part there: raise it on the broker
+# (consumer_timeout = 10800000 in rabbitmq.conf) when the close can take longer than 30 minutes.
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=10_800)
+    }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = TIME_ZONE
