@@ -95,6 +95,7 @@ from metering.models import (
     ReconciliationRun,
     Settlement,
     SettlementLine,
+    StatementDocument,
     StripeEvent,
     Tariff,
     TariffBand,
@@ -2103,3 +2104,15 @@ class SettlementAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.Model
         "downloads",
     )
     inlines = [SettlementLineInline]
+
+
+@admin.register(StatementDocument)
+class StatementDocumentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The PDF of each issued statement as stored at issue, with its SHA-256 (never changed: a database
+    trigger refuses it). Download it from the statement's own page."""
+
+    list_display = ["__str__", "invoice", "settlement", "size", "sha256", "rendered_at"]
+    list_select_related = ["invoice", "settlement"]
+    search_fields = ["sha256", "invoice__number", "settlement__number"]
+    date_hierarchy = "rendered_at"
+    fields = readonly_fields = ("invoice", "settlement", "media_type", "size", "sha256", "rendered_at")
