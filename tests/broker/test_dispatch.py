@@ -56,10 +56,17 @@ def now_s() -> datetime:
 
 
 def running_lease(
-    cluster: Cluster, buyer: Organisation, *, cards: int = 8, hours_ago: int = 2, hours: int = 4, **kw: Any
+    cluster: Cluster,
+    buyer: Organisation,
+    *,
+    cards: int = 8,
+    hours_ago: int = 2,
+    hours: int = 4,
+    start: datetime | None = None,
+    **kw: Any,
 ) -> Lease:
-    """A lease of ``cards`` cards whose window began ``hours_ago`` and lasts ``hours``, started at its start."""
-    start = now_s() - timedelta(hours=hours_ago)
+    """A lease of ``cards`` cards whose window began ``hours_ago`` (or at ``start``) and lasts ``hours``."""
+    start = start or now_s() - timedelta(hours=hours_ago)
     lease = make_lease(
         job=make_job(buyer=buyer, cards=cards),
         cluster=cluster,
