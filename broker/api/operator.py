@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.urls import URLPattern, path
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -25,8 +25,10 @@ from rest_framework.views import APIView
 from broker import selectors
 from broker.models import Lease, LeaseState
 from broker.services import dispatch
+from broker.services.leases import LEASE_FEED_TOPIC, lease_feed_key
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
+from core.api.longpoll import LongPoll, long_poll_view
 from core.api.pagination import StandardPagination
 from core.api.permissions import IsOperator
 from core.api.schema import ErrorSerializer
@@ -34,15 +36,8 @@ from metering.errors import UsageBatchTooLargeError, UsageConflictError
 
 TAG_OPERATOR = "operator leases"
 
-# How often a long-poll re-checks for a change.
-POLL_INTERVAL_SECONDS = 0.4
-
 _ID_MAX = 2**63 - 1
 _LEASE_STATES = f"One of: {', '.join(LeaseState.values)}."
-
-
-def _pause(seconds: float) -> None:
-    time.sleep(seconds)
 
 
 # --- Output -----------------------------------------------------------------------------------------
@@ -133,8 +128,9 @@ class OperatorLeaseListApi(APIView):
     with a transition newer than it come, ordered by their newest transition, and `cursor` is the newest
     transition id in the page (or `after` itself when nothing changed). An agent lists once, then loops on
     `after=<cursor>`. `wait` (seconds, up to the platform's maximum, 30 by default) long-polls: when nothing
-    matches, the request re-checks every 0.4 s until something does or the wait is over, then answers (an
-    empty page when nothing came).
+    matches, the request waits until a lease of the operator (of the cluster, with `cluster`) changes or the
+    wait is over, then answers (an empty page when nothing came). A waiting request holds no server thread
+    and no database connection (core.api.longpoll): the server is woken by PostgreSQL NOTIFY.
 
     Transition ids are taken when a transition is written and become visible when it commits a few
     milliseconds later, so very rarely a change can commit behind a cursor already handed out: agents should
@@ -205,32 +201,42 @@ class OperatorLeaseListApi(APIView):
         wanted = filters.validated_data
         after: int | None = wanted.get("after")
         wait: int = wanted["wait"]
+        states_wanted = wanted.get("state", ())
+        cluster_cpi: str | None = wanted.get("cluster")
 
-        deadline = time.monotonic() + wait
-        while True:
+        def page_data(*, empty_ok: bool) -> dict[str, Any] | None:
             leases, cursor = dispatch.lease_feed_for_operator(
-                operator=operator, states=wanted.get("state", ()), cluster=wanted.get("cluster"), after=after
+                operator=operator, states=states_wanted, cluster=cluster_cpi, after=after
             )
-            # Never sleep inside a transaction (a caller's atomic block, or a test's): answer at once.
-            if not wait or connection.in_atomic_block or leases.exists() or time.monotonic() >= deadline:
-                break
-            close_old_connections()  # hand the connection back as the deployment's settings say
-            _pause(min(POLL_INTERVAL_SECONDS, max(deadline - time.monotonic(), 0)))
-
-        paginator = StandardPagination()
-        page = paginator.paginate_queryset(leases, request, view=self) or []
-        if after is not None:
-            cursor = max((lease.cursor_id for lease in page), default=after)  # type: ignore[attr-defined]
-        assert paginator.page is not None
-        return Response(
-            {
+            paginator = StandardPagination()
+            page = paginator.paginate_queryset(leases, request, view=self) or []
+            if not page and not empty_ok:
+                return None
+            if after is not None:
+                cursor = max((lease.cursor_id for lease in page), default=after)  # type: ignore[attr-defined]
+            assert paginator.page is not None
+            return {
                 "count": paginator.page.paginator.count,
                 "next": paginator.get_next_link(),
                 "previous": paginator.get_previous_link(),
                 "cursor": cursor,
                 "results": [dispatch.lease_document(lease=lease) for lease in page],
             }
+
+        # Nothing to wait for, or inside a transaction (a caller's atomic block, or a test's) where nothing
+        # can commit meanwhile: answer at once.
+        waits = bool(wait) and not connection.in_atomic_block
+        data = page_data(empty_ok=not waits)
+        if data is not None:
+            return Response(data)
+        response = Response(page_data(empty_ok=True))
+        response.long_poll = LongPoll(  # type: ignore[attr-defined]
+            topic=LEASE_FEED_TOPIC,
+            keys=[lease_feed_key(operator=operator, cluster=cluster_cpi)],
+            deadline=time.monotonic() + wait,
+            recheck=lambda: page_data(empty_ok=False),
         )
+        return response
 
 
 class OperatorLeaseDetailApi(APIView):
@@ -521,7 +527,7 @@ class OperatorEndpointSecretApi(APIView):
 
 
 urlpatterns: list[URLPattern] = [
-    path("operator/leases", OperatorLeaseListApi.as_view(), name="operator-lease-list"),
+    path("operator/leases", long_poll_view(OperatorLeaseListApi), name="operator-lease-list"),
     path("operator/leases/<int:lease_id>", OperatorLeaseDetailApi.as_view(), name="operator-lease-detail"),
     path(
         "operator/leases/<int:lease_id>/start", OperatorLeaseStartApi.as_view(), name="operator-lease-start"

@@ -40,6 +40,7 @@ from broker.services.events import lease_event_enqueue
 from broker.types import Placement
 from core.models import Organisation
 from core.types import Actor
+from core.wakeups import wake_after_commit
 from federation.models import Cluster, ClusterStatus, Island
 from metering.errors import InsufficientBalanceError
 
@@ -114,9 +115,30 @@ def lease_transition(
         reason=reason[:500],
     )
     lease_event_enqueue(transition=transition, lease=lease)
+    lease_feed_wake(lease=lease)
     if to_state in FINAL_STATES:
         _job_after_lease_end(lease=lease, to_state=to_state, reason=reason)
     return transition
+
+
+def lease_feed_wake(*, lease: Lease) -> None:
+    """Wake the operator's agents long-polling the lease feed when this transaction commits."""
+    wake_after_commit(topic=LEASE_FEED_TOPIC, key=f"{lease.operator_id}:{lease.cluster_id}")
+
+
+LEASE_FEED_TOPIC = "lease_feed"
+
+
+def lease_feed_key(*, operator: Organisation, cluster: str | None = None) -> str:
+    """The wake-up key a long-poll of ``operator``'s lease feed waits on: the operator's, or one cluster's
+    (by CPI) when the poll filters on it (an unknown CPI falls back to the operator's)."""
+    if cluster:
+        cluster_id = (
+            Cluster.objects.filter(operator=operator, cpi=cluster).values_list("pk", flat=True).first()
+        )
+        if cluster_id is not None:
+            return f"{operator.pk}:{cluster_id}"
+    return str(operator.pk)
 
 
 def _job_after_lease_end(*, lease: Lease, to_state: str, reason: str) -> None:
@@ -272,6 +294,7 @@ def lease_create(
         reason=reason[:500],
     )
     lease_event_enqueue(transition=transition, lease=lease)
+    lease_feed_wake(lease=lease)
     Job.objects.filter(pk=job.pk).update(state=Job.State.PLACED, updated_at=now)
     job.state = Job.State.PLACED
     return lease

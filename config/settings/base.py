@@ -39,7 +39,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "core.middleware.ApiBodyLimitMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "core.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -51,6 +51,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
 
 TEMPLATES = [
     {
@@ -293,6 +294,16 @@ CARDHOUR_BROKER_REQUIRE_BALANCE = env.bool("CARDHOUR_BROKER_REQUIRE_BALANCE", de
 CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS = env.int("CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS", default=60)
 # Long-poll of GET /operator/leases: the most a request may wait for a change.
 CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS = env.int("CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS", default=30)
+# Long-polls are woken by PostgreSQL NOTIFY; on other databases (SQLite under `make run`) they re-check this
+# often instead (core.wakeups).
+CARDHOUR_WAKEUP_FALLBACK_POLL_SECONDS = env.float("CARDHOUR_WAKEUP_FALLBACK_POLL_SECONDS", default=1.0)
+# The production ASGI app (config/asgi.py): these paths wait on the event loop; every other request runs on a
+# fixed pool of this many threads per server process.
+# The long-polls' listening connection when it must differ from the default database's (PgBouncer in
+# transaction mode: production.py); empty means the default database's parameters.
+CARDHOUR_WAKEUP_DATABASE_URL = ""
+CARDHOUR_ASYNC_PATHS = ["/api/v1/operator/leases"]
+CARDHOUR_WSGI_THREADS = env.int("CARDHOUR_WSGI_THREADS", default=8)
 
 # Stripe. With no secret key, `make run` starts localstripe on loopback and every page says "test mode";
 # with real keys (sk_live_/sk_test_) the platform talks to Stripe itself.

@@ -7,8 +7,36 @@ DEBUG = False
 SECRET_KEY = env("DJANGO_SECRET_KEY")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS")
 DATABASES = {"default": env.db("DATABASE_URL")}
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+_db = DATABASES["default"]
+_db_options: dict[str, object] = dict(_db.get("OPTIONS", {}))
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # A statement or a lock wait that runs away is cut off instead of holding a connection and its locks
+    # (the Celery worker, whose month-end close runs long statements, raises the first: README).
+    _db_options["options"] = " ".join(
+        [
+            f"-c statement_timeout={env.int('DATABASE_STATEMENT_TIMEOUT_MS', default=30_000)}",
+            f"-c lock_timeout={env.int('DATABASE_LOCK_TIMEOUT_MS', default=10_000)}",
+            f"-c idle_in_transaction_session_timeout={env.int('DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_MS', default=60_000)}",
+        ]
+    )
+    if env.bool("DATABASE_POOL", default=True):
+        # Django's psycopg pool, one per process: every thread borrows a connection for a request and gives
+        # it back, so a process never holds more than max_size however many threads it runs. With PgBouncer
+        # in transaction mode instead: DATABASE_POOL=false, DATABASE_CONN_MAX_AGE=0 and
+        # DATABASE_LISTEN_URL pointing at PostgreSQL itself (LISTEN needs a session; README).
+        _db_options["pool"] = {
+            "min_size": env.int("DATABASE_POOL_MIN_SIZE", default=2),
+            "max_size": env.int("DATABASE_POOL_MAX_SIZE", default=16),
+            "timeout": env.float("DATABASE_POOL_TIMEOUT_SECONDS", default=10.0),
+        }
+        _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django must not hold one per thread
+    else:
+        _db["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)
+        _db["CONN_HEALTH_CHECKS"] = True
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = env.bool("DATABASE_DISABLE_SERVER_SIDE_CURSORS", default=False)
+_db["OPTIONS"] = _db_options
+# The long-polls' listening connection (core.wakeups): PostgreSQL itself, not a transaction-mode bouncer.
+CARDHOUR_WAKEUP_DATABASE_URL = env("DATABASE_LISTEN_URL", default="")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL")
 # With Redis, longer than the longest task's hard limit (acks_late: see base.py).
 CELERY_BROKER_TRANSPORT_OPTIONS = (

@@ -13,9 +13,9 @@ from django.db import connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from broker.api import operator as operator_api
 from broker.models import CapacityHold, Job, Lease, LeaseState, LeaseTransition
 from broker.services import dispatch
+from core import wakeups
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster
@@ -265,37 +265,25 @@ def test_a_long_poll_returns_a_change_made_by_another_thread_during_the_wait(
     buyer: Organisation,
     east_operator: Organisation,
     east_cluster: Cluster,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lease = lease_on(east_cluster, buyer)
     client = token_client(east_operator)
     cursor = client.get(LEASES).json()["cursor"]
 
-    # The other thread starts the lease once the request has found nothing and begun to wait. Waiting for
-    # it inside the first pause keeps SQLite (one writer, shared cache) from seeing both at once.
-    waiting = threading.Event()
-    done = threading.Event()
+    # The other thread starts the lease once the request has found nothing and subscribed to wake-ups.
     failures: list[BaseException] = []
-    real_sleep = time.sleep
-    pauses: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        pauses.append(seconds)
-        waiting.set()
-        done.wait(10)
-        real_sleep(seconds)
 
     def other_agent() -> None:
         try:
-            waiting.wait(10)
+            deadline = time.monotonic() + 10
+            while wakeups.waiting_count() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
             started(Lease.objects.get(pk=lease.pk), east_operator)
         except BaseException as exc:  # reported by the test thread
             failures.append(exc)
         finally:
             connections.close_all()
-            done.set()
 
-    monkeypatch.setattr(operator_api, "_pause", sleep)
     thread = threading.Thread(target=other_agent)
     thread.start()
     began = time.monotonic()
@@ -308,8 +296,9 @@ def test_a_long_poll_returns_a_change_made_by_another_thread_during_the_wait(
     body = response.json()
     assert [(item["id"], item["state"]) for item in body["results"]] == [(lease.pk, "running")]
     assert body["cursor"] == LeaseTransition.objects.filter(lease=lease).latest("id").pk
-    assert 1 <= len(pauses) <= 3 and all(0 < p <= operator_api.POLL_INTERVAL_SECONDS for p in pauses)
+    # Woken by the change (NOTIFY on PostgreSQL, the same-process wake-up elsewhere), not by the wait's end.
     assert elapsed < 5
+    assert wakeups.waiting_count() == 0
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,43 @@
+"""The ASGI application the production server runs (gunicorn with uvicorn workers, config/gunicorn.conf.py).
+
+Two paths in one process:
+
+- **Waiting requests** (the paths in ``CARDHOUR_ASYNC_PATHS``: the operators' lease feed long-poll) go to
+  Django's ASGI handler, whose middleware are all async-capable, so the view waits on the event loop for a
+  PostgreSQL NOTIFY holding neither a thread nor a database connection (core.api.longpoll). Hundreds of
+  agents can wait at once at the cost of a socket and a future each.
+- **Everything else** goes to Django's WSGI handler on a fixed pool of ``CARDHOUR_WSGI_THREADS`` threads
+  (a2wsgi): ordinary requests keep the cost they have under a threaded WSGI server — one thread hop, and a
+  persistent database connection per thread — instead of paying a thread hop per middleware, which Django's
+  async stack costs a synchronous view. A waiting request never takes one of these threads, so long-polls
+  cannot starve heartbeats, quotes or ``/healthz``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from a2wsgi import WSGIMiddleware
+from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
+
+from config.entrypoint import use_settings
+
+use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
+
+_async_app = get_asgi_application()
+_wsgi_app = get_wsgi_application()
+
+from django.conf import settings  # noqa: E402  (after setup)
+
+_threaded_app = WSGIMiddleware(_wsgi_app, workers=settings.CARDHOUR_WSGI_THREADS)  # type: ignore[arg-type]
+_async_paths = frozenset(settings.CARDHOUR_ASYNC_PATHS)
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and scope["path"] in _async_paths:
+        await _async_app(scope, receive, send)
+    elif scope["type"] == "http":
+        await _threaded_app(scope, receive, send)  # type: ignore[arg-type]
+    else:  # lifespan and anything else: Django's handler answers (it refuses what it does not serve)
+        await _async_app(scope, receive, send)

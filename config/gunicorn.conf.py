@@ -1,0 +1,24 @@
+"""gunicorn settings for the production server: ``gunicorn -c config/gunicorn.conf.py config.asgi:application``.
+
+uvicorn workers (an event loop each) serve config.asgi: long-polls wait on the loop, every other request runs
+on the worker's pool of CARDHOUR_WSGI_THREADS threads. Everything here comes from the environment.
+"""
+
+import os
+
+bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
+# One worker per core is enough: threads overlap the database waits, the event loop the long-polls.
+workers = int(os.environ.get("WEB_CONCURRENCY", os.cpu_count() or 2))
+worker_class = "config.uvicorn_worker.CardhourUvicornWorker"
+# A worker that answers nothing for this long (its loop stuck) is restarted; long-polls are far shorter.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "60"))
+graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "40"))  # > the longest long-poll (30 s)
+keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "5"))
+# Recycle workers now and then (memory), at staggered moments so they never all restart at once.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "20000"))
+max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", "2000"))
+accesslog = os.environ.get("GUNICORN_ACCESSLOG", "-") or None  # empty: no access log
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto; the addresses it is trusted from.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")

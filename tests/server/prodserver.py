@@ -1,0 +1,118 @@
+"""Start the production server exactly as the README runs it (gunicorn -c config/gunicorn.conf.py
+config.asgi:application, production settings from environment variables) on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def production_env(*, database_url: str, port: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a production server process: every required variable set, nothing from
+    development (the variables of the README's production table)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CARDHOUR_", "DATABASE_"))}
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings.production",
+            "DJANGO_SECRET_KEY": "server-test-" + "k" * 60,
+            "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "DJANGO_SECURE_SSL_REDIRECT": "false",
+            "DATABASE_URL": database_url,
+            "CELERY_BROKER_URL": os.environ.get("CELERY_BROKER_URL", "memory://"),
+            "CACHE_URL": "locmemcache://server-test",
+            "STRIPE_SECRET_KEY": "sk_test_server",
+            "STRIPE_PUBLISHABLE_KEY": "pk_test_server",
+            "STRIPE_WEBHOOK_SECRET": "whsec_server_test",
+            "GUNICORN_BIND": f"127.0.0.1:{port}",
+            "GUNICORN_ACCESSLOG": "",
+            "GUNICORN_LOGLEVEL": "warning",
+            "WEB_CONCURRENCY": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Server:
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+            sent = {"Host": "127.0.0.1", **({"Content-Type": "application/json"} if body is not None else {})}
+            conn.request(method, path, body=data, headers={**sent, **(headers or {})})
+            response = conn.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            conn.close()
+
+
+@contextlib.contextmanager
+def production_server(env: Mapping[str, str], *, ready_path: str = "/healthz") -> Iterator[Server]:
+    port = int(env["GUNICORN_BIND"].rsplit(":", 1)[1])
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finally; a file, not a pipe, never fills
+    process = subprocess.Popen(  # noqa: S603 - our own server, fixed arguments
+        [str(GUNICORN), "-c", "config/gunicorn.conf.py", "config.asgi:application"],
+        cwd=ROOT,
+        env=dict(env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Server(port=port, process=process)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                log.seek(0)
+                output = log.read().decode(errors="replace")
+                raise RuntimeError(f"the production server exited with {process.returncode}:\n{output}")
+            with contextlib.suppress(OSError):
+                if server.request("GET", ready_path, timeout=5)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the production server did not answer within 60 s")
+            time.sleep(0.2)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        log.close()
