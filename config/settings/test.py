@@ -12,6 +12,8 @@ CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"
 # in-memory transport otherwise.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_BROKER_TRANSPORT_OPTIONS = {}
+# base.py chose the embedded file transport's class for its own default URL; the URL here decides.
+CELERY_BROKER_TRANSPORT = None
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,
     "DEFAULT_THROTTLE_RATES": {

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from benchmarks.prodserver import Server, free_port, production_env, production_server
 from broker.models import Lease
 from core.models import Organisation
 from core.services import api_token_create
 from federation.models import Cluster
 from tests.broker.test_operator_api import lease_on, started
-from tests.server.prodserver import Server, free_port, production_env, production_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
