@@ -5,15 +5,22 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install run test lint typecheck layers check clean
+.PHONY: install lock run test lint typecheck layers check clean
 
-$(STAMP): pyproject.toml
+# Every package at the version and hash requirements.lock pins (the dev and prod extras included), then the
+# project itself without resolving anything again. `make lock` rewrites the lock after pyproject.toml changes.
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra prod --generate-hashes --universal \
+		--python-version 3.11 --quiet -o requirements.lock
 
 # Migrate the embedded SQLite database in var/, load the demo (idempotent), then run the web server, a
 # Celery worker, Celery beat and the simulated operator agents under honcho. Ctrl-C stops them all.

@@ -202,6 +202,7 @@ SPECTACULAR_SETTINGS = {
 # --- Celery ---------------------------------------------------------------------------------------
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+CELERY_BROKER_TRANSPORT: str | None = None  # kombu's choice from the URL's scheme
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = Path(env("CELERY_FILESYSTEM_DIR", default=str(VAR_DIR / "celery")))
     for _sub in ("out", "processed", "control"):

@@ -166,6 +166,13 @@ class WebhookEvent:
 # --- Calls ------------------------------------------------------------------------------------------
 
 
+# The Stripe API version every request asks for, pinned here rather than taken from whatever the installed
+# library defaults to: a library upgrade must not change the shape of what Stripe answers. It is the version
+# stripe-python 16.1 (requirements.lock) was generated for; the webhook endpoint in Stripe's dashboard should
+# be created with the same version, so events arrive in the shape parsed below. Change both together.
+STRIPE_API_VERSION = "2026-10-28.endive"
+
+
 def _client() -> StripeClient:
     key = settings.STRIPE_SECRET_KEY
     if not key:
@@ -174,6 +181,7 @@ def _client() -> StripeClient:
     local = stripe_mode() == MODE_LOCALSTRIPE
     return StripeClient(
         key,
+        stripe_version=STRIPE_API_VERSION,
         base_addresses={"api": base} if base else None,
         # localstripe ignores idempotency keys, so a retried POST there could create a second object.
         max_network_retries=0 if local else 2,

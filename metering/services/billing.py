@@ -501,7 +501,7 @@ def settlement_issue(
     SettlementLine.objects.bulk_create(lines)
     gross = sum((line.gross for line in lines), ZERO)
     commission = sum((line.commission for line in lines), ZERO)
-    money = DecimalField(max_digits=14, decimal_places=2)
+    money: DecimalField[Decimal, Decimal] = DecimalField(max_digits=14, decimal_places=2)
     Settlement.objects.filter(pk=settlement.pk).update(
         gross=gross,
         commission=commission,
