@@ -1,0 +1,391 @@
+"""Long-polling agents against the production server: do 400 waiting agents slow anything else down?
+
+    python -m benchmarks.longpoll              # 400 agents, 20 s per phase
+    python -m benchmarks.longpoll --quick      # 100 agents, 8 s per phase
+
+On a throwaway PostgreSQL database, a market of ``--agents`` clusters (one lease agent each, as operators run
+them) is written as benchmarks.broker writes its market. The production server (gunicorn with uvicorn
+workers, config.asgi, production settings from the environment: benchmarks.prodserver) then serves two
+phases of the same mixed closed-loop load — ``/healthz``, heartbeats (each cluster's operator token), and
+quotes (``POST /api/v1/jobs/<id>/quotes``) — measured separately:
+
+1. **baseline**: no long-polls;
+2. **with long-polls**: every agent holds ``GET /api/v1/operator/leases?after=<cursor>&cluster=<cpi>&wait=30``
+   open, re-polling at once when it answers, for the whole phase.
+
+For each request kind: count, p50 / p99 wall latency, and the server's CPU per request (both phases' CPU
+is the server's total over the phase divided by all requests answered, long-poll answers included); the
+PostgreSQL connections the server held at the end of each phase; how many long-polls answered (a wait
+that ran out or a change). Baseline: the same load in the same run without long-polls, and ``/healthz`` on
+the same server. PASS when every kind's p99 with long-polls is within 1.5× its baseline p99 (or 10 ms of it,
+whichever is larger) and no request failed; MISS otherwise. Exits non-zero only on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import random
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from benchmarks._common import (
+    BenchDatabase,
+    CpuSampler,
+    JsonClient,
+    machine_description,
+    percentile,
+    print_table,
+)
+from benchmarks.broker import build_market, create_jobs
+from benchmarks.prodserver import Server, free_port, production_env, production_server
+
+BENCH_DATABASE = "cardhour_bench_longpoll"
+APP_NAME = "cardhour-bench-longpoll"
+KINDS = ("healthz", "heartbeat", "quote")
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    errors: list[str] = field(default_factory=list)
+    server_cpu_s: float = 0.0
+    postgres_cpu_s: float = 0.0
+    long_polls_answered: int = 0
+    connections: int = 0
+    wall_s: float = 0.0
+
+    def requests(self) -> int:
+        return sum(len(v) for v in self.latencies.values())
+
+
+def mixed_load(
+    server: Server,
+    *,
+    seconds: float,
+    clients: int,
+    heartbeat: list[tuple[str, str, str]],
+    quotes: list[tuple[int, str]],
+    phase: Phase,
+) -> None:
+    """``clients`` closed-loop threads, each cycling healthz → heartbeat → quote until ``seconds`` pass."""
+    stop_at = time.monotonic() + seconds
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        rng = random.Random(n)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        i = n
+        try:
+            while time.monotonic() < stop_at:
+                kind = KINDS[i % len(KINDS)]
+                i += 1
+                headers = {"Host": "127.0.0.1"}
+                body = None
+                if kind == "healthz":
+                    method, path = "GET", "/healthz"
+                elif kind == "heartbeat":
+                    cpi, island, token = heartbeat[rng.randrange(len(heartbeat))]
+                    method, path = "POST", f"/api/v1/clusters/{cpi}/heartbeats"
+                    headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                    body = json.dumps(
+                        {
+                            "sent_at": datetime.now(UTC).isoformat(),
+                            "health": "ok",
+                            "islands": [{"name": island, "available_cards": 1, "unhealthy_cards": 0}],
+                        }
+                    ).encode()
+                else:
+                    job_id, token = quotes[rng.randrange(len(quotes))]
+                    method, path = "POST", f"/api/v1/jobs/{job_id}/quotes"
+                    headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                    body = json.dumps({"limit": 10}).encode()
+                began = time.perf_counter()
+                try:
+                    conn.request(method, path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    raw = response.read()
+                    code = response.status
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    code, raw = 0, repr(exc).encode()
+                took = time.perf_counter() - began
+                with lock:
+                    if code in (200, 201):
+                        phase.latencies[kind].append(took)
+                    else:
+                        phase.errors.append(f"{kind}: HTTP {code} {raw[:200]!r}")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+class Agents:
+    """``len(agents)`` lease agents, each holding a long-poll on its own cluster's feed, re-polling at once."""
+
+    def __init__(self, server: Server, agents: list[tuple[str, str]], cursor_of: dict[str, int]) -> None:
+        self.server = server
+        self.agents = agents
+        self.cursor_of = cursor_of
+        self.stop = threading.Event()
+        self.answered = 0
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._run, args=(cpi, token), daemon=True, name=f"agent-{n}")
+            for n, (cpi, token) in enumerate(agents)
+        ]
+
+    def _run(self, cpi: str, token: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=60)
+        after = self.cursor_of[token]
+        headers = {"Host": "127.0.0.1", "Authorization": f"Bearer {token}"}
+        try:
+            while not self.stop.is_set():
+                try:
+                    conn.request(
+                        "GET", f"/api/v1/operator/leases?after={after}&cluster={cpi}&wait=30", headers=headers
+                    )
+                    response = conn.getresponse()
+                    raw = response.read()
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    with self.lock:
+                        self.errors.append(f"long-poll: {exc!r}")
+                    time.sleep(0.5)
+                    continue
+                if response.status != 200:
+                    with self.lock:
+                        self.errors.append(f"long-poll: HTTP {response.status} {raw[:200]!r}")
+                    time.sleep(0.5)
+                    continue
+                after = json.loads(raw)["cursor"]
+                with self.lock:
+                    self.answered += 1
+        finally:
+            conn.close()
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(40)
+
+
+def server_connections(database_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database_url.split("?")[0].replace("postgres://", "postgresql://", 1)) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def report(phases: Sequence[Phase], agents: int) -> list[str]:
+    base, loaded = phases
+    rows = []
+    verdicts = []
+    for kind in KINDS:
+        for phase in phases:
+            values = sorted(phase.latencies[kind])
+            rows.append(
+                [
+                    kind,
+                    phase.name,
+                    f"{len(values):,}",
+                    f"{percentile(values, 50) * 1000:.1f}" if values else "-",
+                    f"{percentile(values, 99) * 1000:.1f}" if values else "-",
+                ]
+            )
+        b = sorted(base.latencies[kind])
+        w = sorted(loaded.latencies[kind])
+        if b and w:
+            p99_b, p99_w = percentile(b, 99), percentile(w, 99)
+            limit = max(1.5 * p99_b, p99_b + 0.010)
+            verdicts.append(
+                f"{kind}: p99 {p99_w * 1000:.1f} ms with {agents} long-polls vs {p99_b * 1000:.1f} ms without "
+                f"(limit {limit * 1000:.1f} ms): {'PASS' if p99_w <= limit else 'MISS'}"
+            )
+    print_table(
+        "Latency by request kind (wall, closed loop)",
+        ["request", "phase", "answered", "p50 ms", "p99 ms"],
+        rows,
+        left_columns=2,
+    )
+    print_table(
+        "Cost per request (server = gunicorn master and workers; CPU over the phase / requests answered)",
+        [
+            "phase",
+            "requests",
+            "wall s",
+            "server CPU ms/request",
+            "PostgreSQL CPU ms/request",
+            "server DB conns",
+            "long-polls answered",
+        ],
+        [
+            [
+                p.name,
+                f"{p.requests():,}",
+                f"{p.wall_s:.1f}",
+                f"{p.server_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
+                f"{p.postgres_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
+                str(p.connections),
+                f"{p.long_polls_answered:,}",
+            ]
+            for p in phases
+        ],
+    )
+    print()
+    for line in verdicts:
+        print(line)
+    return verdicts
+
+
+def run(args: argparse.Namespace, database: BenchDatabase) -> int:
+    from benchmarks._common import django_setup
+
+    print(machine_description())
+    django_setup(database_url=database.url, conn_max_age=0)
+    market_args = argparse.Namespace(
+        clusters=args.agents,
+        islands=args.agents * 4,
+        leases=args.agents,
+        operators=max(args.agents // 20, 1),
+        buyers=5,
+        seed=args.seed,
+    )
+    market = build_market(market_args, database.url)
+    operator_token = {slug: market.operator_tokens[slug] for slug in market.operator_tokens}
+    agents = [(plan.cpi, operator_token[plan.operator]) for plan in market.fleet]
+    heartbeat = [(plan.cpi, plan.islands[0][0], operator_token[plan.operator]) for plan in market.fleet]
+
+    url = f"{database.url}?application_name={APP_NAME}"
+    env = production_env(
+        database_url=url,
+        port=free_port(),
+        extra={
+            "WEB_CONCURRENCY": str(args.workers),
+            "CACHE_URL": args.cache_url,
+            "API_THROTTLE_CREDENTIAL": "1000000/min",
+            "API_THROTTLE_HEARTBEAT": "1000000/min",
+        },
+    )
+    errors: list[str] = []
+    with production_server(env) as server:
+        pids = _server_pids(server)
+        client = JsonClient(host="127.0.0.1", ports=[server.port])
+        job_ids = create_jobs(
+            client, token=market.quote_buyer_token, n=args.jobs, duration_hours=8, seed=args.seed
+        )
+        quotes = [(job_id, market.quote_buyer_token) for job_id in job_ids]
+        cursor_of: dict[str, int] = {}
+        for token in set(operator_token.values()):
+            _, answer = client.call(
+                "GET", "/api/v1/operator/leases?page_size=1", token=token, label="feed"
+            )
+            cursor_of[token] = answer["cursor"]
+        # Warm every worker (catalogue, hold book) before measuring.
+        mixed_load(
+            server,
+            seconds=3,
+            clients=args.clients,
+            heartbeat=heartbeat,
+            quotes=quotes,
+            phase=Phase("warm-up"),
+        )
+
+        phases = []
+        for name, with_agents in (("baseline", False), (f"{args.agents} long-polls", True)):
+            phase = Phase(name)
+            group = Agents(server, agents, cursor_of) if with_agents else None
+            if group is not None:
+                group.start()
+                time.sleep(3)  # every agent is waiting
+            with CpuSampler(server_pids=pids, database=database.url.rsplit("/", 1)[1]) as cpu:
+                began = time.monotonic()
+                mixed_load(
+                    server,
+                    seconds=args.seconds,
+                    clients=args.clients,
+                    heartbeat=heartbeat,
+                    quotes=quotes,
+                    phase=phase,
+                )
+                phase.wall_s = time.monotonic() - began
+            phase.connections = server_connections(database.url)
+            if group is not None:
+                group.finish()
+                phase.long_polls_answered = group.answered
+                errors += group.errors[:20]
+            phase.server_cpu_s = cpu.seconds("server")
+            phase.postgres_cpu_s = cpu.seconds("postgres")
+            errors += phase.errors[:20]
+            phases.append(phase)
+        print()
+        report(phases, args.agents)
+    for error in errors:
+        print("ERROR", error, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _server_pids(server: Server) -> list[int]:
+    import subprocess
+
+    children = subprocess.run(
+        ["pgrep", "-P", str(server.process.pid)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    return [server.process.pid, *(int(pid) for pid in children)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.longpoll", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--agents", type=int, default=400, help="long-polling lease agents (one per cluster)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--clients", type=int, default=4, help="closed-loop clients of the mixed load")
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=2, help="server processes (WEB_CONCURRENCY)")
+    parser.add_argument("--cache-url", default="redis://127.0.0.1:6379/10")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--quick", action="store_true", help="100 agents, 8 s per phase")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.agents, args.seconds = 100, 8.0
+    database = (
+        BenchDatabase(url=args.database_url, owned=False)
+        if args.database_url
+        else BenchDatabase.create(name=BENCH_DATABASE)
+    )
+    try:
+        return run(args, database)
+    finally:
+        if not args.keep:
+            with contextlib.suppress(Exception):
+                database.drop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
