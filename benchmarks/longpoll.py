@@ -297,9 +297,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         quotes = [(job_id, market.quote_buyer_token) for job_id in job_ids]
         cursor_of: dict[str, int] = {}
         for token in set(operator_token.values()):
-            _, answer = client.call(
-                "GET", "/api/v1/operator/leases?page_size=1", token=token, label="feed"
-            )
+            _, answer = client.call("GET", "/api/v1/operator/leases?page_size=1", token=token, label="feed")
             cursor_of[token] = answer["cursor"]
         # Warm every worker (catalogue, hold book) before measuring.
         mixed_load(

@@ -5,6 +5,13 @@ on the worker's pool of CARDHOUR_WSGI_THREADS threads. Everything here comes fro
 """
 
 import os
+import shutil
+import tempfile
+
+# Metrics from every worker process are aggregated on scrape (prometheus_client's multiprocess mode): each
+# worker writes its samples under this directory, emptied when the server starts.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="cardhour-metrics-")
 
 bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
 # One worker per core is enough: threads overlap the database waits, the event loop the long-polls.
@@ -22,3 +29,15 @@ errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto; the addresses it is trusted from.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def on_starting(server: object) -> None:
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+
+
+def child_exit(server: object, worker: object) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]

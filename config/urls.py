@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.views import healthz, home
+from core.views.probes import livez, metrics, readyz
 
 api_v1 = [
     path("", include("core.api.urls")),
@@ -14,6 +15,9 @@ api_v1 = [
 urlpatterns = [
     path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
+    path("livez", livez, name="livez"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     # Namespaced, so the portal can use the same URL names for its pages (job-list, lease-detail, …).
     path("api/v1/", include((api_v1, "api"), namespace="api")),

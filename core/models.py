@@ -182,3 +182,20 @@ class Invitation(models.Model):
         if self.is_expired():
             return "expired"
         return "pending"
+
+
+class TaskRun(models.Model):
+    """When each Celery task (by name) last started, succeeded and failed, written by the worker around
+    every run (core.observability). Read by ``/readyz`` (is beat still sending?) and by ``/metrics``."""
+
+    name = models.CharField(max_length=200, unique=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_succeeded_at = models.DateTimeField(null=True, blank=True)
+    last_failed_at = models.DateTimeField(null=True, blank=True)
+    last_runtime_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -111,6 +111,15 @@ def smoke(server: Server, token: str) -> None:
     status, _, body = server.request("GET", "/healthz", headers=HTTPS)
     check(status == 200 and json.loads(body)["status"] == "ok", "GET /healthz", status)
 
+    status, _, body = server.request("GET", "/livez")
+    check(status == 200, "GET /livez", status)
+    status, _, body = server.request("GET", "/readyz")
+    checks = json.loads(body)["checks"]
+    # No beat runs beside this server: readiness must say so rather than pass.
+    check(
+        status == 503 and checks["database"] == "ok" and checks["beat"] == "never ran", "GET /readyz", checks
+    )
+
     auth = {"Authorization": f"Bearer {token}", **HTTPS}
     status, _, body = server.request("GET", "/api/v1/operator/leases", headers=auth)
     check(
@@ -130,6 +139,21 @@ def smoke(server: Server, token: str) -> None:
     )
     status, _, body = server.request("GET", "/api/schema/", headers=HTTPS)
     check(status == 200 and b"openapi" in body, "GET /api/schema/", status)
+
+    status, headers_, body = server.request("GET", "/metrics")
+    text = body.decode()
+    check(
+        status == 200
+        and 'cardhour_http_request_duration_seconds_count{method="GET",route="/healthz",status="2xx"}' in text
+        and "cardhour_clusters_offline 0.0" in text
+        and "cardhour_task_last_started_timestamp_seconds" in text,
+        "GET /metrics from loopback: request latency by route and the database gauges",
+        status,
+    )
+    status, headers_, body = server.request("GET", "/healthz", headers={"X-Request-ID": "smoke-req-1"})
+    check(
+        headers_.get("x-request-id") == "smoke-req-1", "X-Request-ID comes back", headers_.get("x-request-id")
+    )
 
     status, _, page = raw_request(server, "GET", "/accounts/login/")
     html = page.decode()

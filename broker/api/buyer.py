@@ -26,6 +26,7 @@ from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.permissions import IsOrganisationMember
 from core.api.schema import ErrorSerializer
+from core.observability import QUOTE_SECONDS
 from federation.models import Fabric
 from metering.errors import NotABuyerError
 
@@ -366,7 +367,8 @@ class JobQuoteApi(APIView):
         job = selectors.job_get_for(buyer=actor.organisation, job_id=job_id)
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
-        quote_set = quote_services.quote_create(job=job, limit=data.validated_data["limit"])
+        with QUOTE_SECONDS.time():
+            quote_set = quote_services.quote_create(job=job, limit=data.validated_data["limit"])
         result = quote_set.result
         body = {
             "job": job.pk,

@@ -6,6 +6,7 @@ Every value that differs between environments comes from an environment variable
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -37,6 +38,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "core.observability.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "core.middleware.ApiBodyLimitMiddleware",
     "core.middleware.StaticFilesMiddleware",
@@ -315,11 +317,32 @@ STRIPE_WEBHOOK_SECRET = env("STRIPE_WEBHOOK_SECRET", default="")
 STRIPE_API_BASE = env("STRIPE_API_BASE", default="")
 STRIPE_JS_URL = env("STRIPE_JS_URL", default="https://js.stripe.com/v3/")
 
-LOGGING = {
+# Readiness (/readyz) fails when beat's fastest interval task has not started for this many of its
+# intervals (0: not checked). /metrics answers these networks, or a bearer METRICS_TOKEN.
+CARDHOUR_READYZ_BEAT_INTERVALS = env.int("CARDHOUR_READYZ_BEAT_INTERVALS", default=6)
+CARDHOUR_METRICS_TOKEN = env("METRICS_TOKEN", default="")
+# Tasks whose runs are noted in core.TaskRun (the platform's own).
+CARDHOUR_TASK_RUN_PREFIXES = ["broker.", "metering.", "federation.", "core."]
+CARDHOUR_METRICS_ALLOWED_NETWORKS = env.list(
+    "CARDHOUR_METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"]
+)
+
+# Every record carries the request id and task id (core.observability); production writes JSON lines.
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "core.observability.ContextFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s%(task_id)s] %(message)s"},
+        "json": {"()": "core.observability.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": env("DJANGO_LOG_FORMAT", default="plain"),
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

@@ -1,7 +1,7 @@
 """Production: everything from environment variables; secrets have no defaults."""
 
 from .base import *  # noqa: F403
-from .base import env
+from .base import LOGGING, env
 
 DEBUG = False
 SECRET_KEY = env("DJANGO_SECRET_KEY")
@@ -62,6 +62,9 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
+# JSON lines with request and task ids (core.observability.JsonFormatter); DJANGO_LOG_FORMAT=plain for text.
+LOGGING["handlers"]["console"]["formatter"] = env("DJANGO_LOG_FORMAT", default="json")
+
 EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
 EMAIL_CONFIG = env.email_url("EMAIL_URL", default="smtp://localhost:25")
 vars().update(EMAIL_CONFIG)
