@@ -142,11 +142,15 @@ def main() -> int:
                 status, raw = request(args.port, "POST", "/api/v1/jobs", token, job)
                 if status == 201:
                     job_id = json.loads(raw)["id"]
-                    status, raw = request(args.port, "POST", f"/api/v1/jobs/{job_id}/quotes", token, {"limit": 3})
+                    status, raw = request(
+                        args.port, "POST", f"/api/v1/jobs/{job_id}/quotes", token, {"limit": 3}
+                    )
                     quotes += 1
                     offers = json.loads(raw).get("quotes", []) if status in (200, 201) else []
                     if offers:
-                        status, raw = request(args.port, "POST", f"/api/v1/quotes/{offers[0]['id']}/accept", token, {})
+                        status, raw = request(
+                            args.port, "POST", f"/api/v1/quotes/{offers[0]['id']}/accept", token, {}
+                        )
                         if status in (200, 201):
                             accepted += 1
                     placed += 1
@@ -173,7 +177,9 @@ def main() -> int:
                     failures.append(f"minute {minute}: a process is down: {alive}")
             time.sleep(15)
         alive = honcho_children(process.pid)
-        print(f"after {args.minutes:g} min: processes {alive}; make run {'running' if process.poll() is None else 'exited'}")
+        print(
+            f"after {args.minutes:g} min: processes {alive}; make run {'running' if process.poll() is None else 'exited'}"
+        )
         if not all(alive.values()) or process.poll() is not None:
             failures.append(f"at the end: {alive}")
         if accepted == 0:

@@ -194,6 +194,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.api.schema.postprocess_error_responses",
+        "core.api.schema.one_of_to_any_of",
     ],
     # Swagger UI is served from drf-spectacular-sidecar's static files: no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -79,3 +79,26 @@ class CardhourAutoSchema(AutoSchema):
             return str(super().get_serializer_name(serializer, direction))
         parts = [part.removesuffix("Api") for part in qualname.split(".")]
         return "".join(parts)
+
+
+def one_of_to_any_of(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Postprocessing hook: every ``oneOf`` without a discriminator becomes ``anyOf``.
+
+    drf-spectacular writes ``oneOf`` for a blank-able URL (a URI, or an empty string), a choice that may be
+    blank or null (the enum, a blank enum, a null enum), and the like. ``oneOf`` demands that *exactly one*
+    branch match, which is not what the server checks (it accepts a value matching any branch) and which a
+    strict client or validator can get wrong where branches overlap. ``anyOf`` says what the server does.
+    """
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "oneOf" in node and "discriminator" not in node:
+                node["anyOf"] = node.pop("oneOf")
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        return node
+
+    return walk(result)  # type: ignore[no-any-return]
