@@ -101,4 +101,5 @@ def one_of_to_any_of(result: dict[str, Any], generator: Any, request: Any, publi
                 walk(value)
         return node
 
-    return walk(result)  # type: ignore[no-any-return]
+    walk(result)
+    return result
