@@ -32,7 +32,8 @@ PASSWORD = "portal-pass-2026"
 A800 = "nvidia-a800-sxm4-80gb"
 
 # URL prefixes that are not portal pages.
-SKIPPED_PREFIXES = ("api/", "admin/", "static/", "healthz", "__debug__")
+# Probes and the metrics scrape are for machines, not pages (tests/core/test_observability.py).
+SKIPPED_PREFIXES = ("api/", "admin/", "static/", "healthz", "livez", "readyz", "metrics", "__debug__")
 
 
 @dataclass
