@@ -11,14 +11,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 
-class ApiBodyLimitMiddleware:
-    """Refuse an API request whose body is larger than its endpoint accepts, before anything reads it:
-    ``413 {"code": "payload_too_large", …}`` in the API's error shape (Django alone would answer an HTML 400
-    once the body passed DATA_UPLOAD_MAX_MEMORY_SIZE). Usage batches get a larger limit, sized for the
-    largest documented batch (CARDHOUR_USAGE_BATCH_MAX records with 200-character keys)."""
+class DualModeMiddleware:
+    """Base of the project's middleware: sync- and async-capable, running in the mode of the handler it
+    wraps. Under the ASGI server a long-poll must reach its async view without a synchronous middleware
+    pinning a thread for the whole wait (core.api.longpoll); subclasses branch on ``self.is_async``."""
 
-    # Async-capable, as every middleware here is: under the ASGI server a long-poll must reach its async view
-    # without a synchronous middleware pinning a thread for the whole wait (core.api.longpoll).
     sync_capable = True
     async_capable = True
 
@@ -26,7 +23,14 @@ class ApiBodyLimitMiddleware:
         self.get_response = get_response
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
-            markcoroutinefunction(self)
+            markcoroutinefunction(self)  # type: ignore[type-var]  # every subclass defines __call__
+
+
+class ApiBodyLimitMiddleware(DualModeMiddleware):
+    """Refuse an API request whose body is larger than its endpoint accepts, before anything reads it:
+    ``413 {"code": "payload_too_large", …}`` in the API's error shape (Django alone would answer an HTML 400
+    once the body passed DATA_UPLOAD_MAX_MEMORY_SIZE). Usage batches get a larger limit, sized for the
+    largest documented batch (CARDHOUR_USAGE_BATCH_MAX records with 200-character keys)."""
 
     def __call__(self, request: HttpRequest) -> Any:
         refusal = self.refusal(request)

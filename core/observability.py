@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
+
+from core.middleware import DualModeMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +74,8 @@ def _route(request: HttpRequest) -> str:
     return "/" + str(match.route) if match.route else (match.view_name or "unmatched")
 
 
-class RequestContextMiddleware:
+class RequestContextMiddleware(DualModeMiddleware):
     """Outermost middleware: the request id (in, out and in every log line) and the latency histogram."""
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
