@@ -98,6 +98,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8770)
     args = parser.parse_args()
 
+    (ROOT / "var").mkdir(exist_ok=True)  # a fresh clone has none until make run makes it
     log = open(ROOT / "var" / "soak.log", "w")  # noqa: SIM115
     process = subprocess.Popen(  # noqa: S603
         ["make", "run", f"PORT={args.port}"],  # noqa: S607
