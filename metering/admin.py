@@ -2160,7 +2160,7 @@ class ArrearsSettlementAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "invoice",
     ]
     list_filter = [BuyerFilter]
-    list_select_related = ["buyer", "pack", "invoice"]
+    list_select_related = ["buyer", "pack", "pack__buyer", "pack__accelerator", "invoice"]
     fields = readonly_fields = (
         "buyer",
         "order",

@@ -97,7 +97,19 @@ def _sections(invoice: Invoice) -> list[LineSection]:
 def invoice_detail(request: HttpRequest, invoice_id: int) -> HttpResponse:
     """One invoice: its totals, then its lines by kind (usage by cluster and band)."""
     invoice = selectors.invoice_get_for(buyer=request.portal.organisation, invoice_id=invoice_id)  # type: ignore[attr-defined]
-    context: dict[str, Any] = {"invoice": invoice, "line_sections": _sections(invoice)}
+    # The buyer as frozen on the invoice at issue (an invoice issued before freezing: as it is today).
+    frozen = (invoice.parties or {}).get("buyer") or {}
+    billed_to = {
+        "name": frozen.get("legal_name") or frozen.get("name") or invoice.buyer.name,
+        "tax_id": frozen.get("tax_id", ""),
+        "unified_social_credit_code": frozen.get("unified_social_credit_code", ""),
+        "invoice_title": frozen.get("invoice_title", ""),
+    }
+    context: dict[str, Any] = {
+        "invoice": invoice,
+        "line_sections": _sections(invoice),
+        "billed_to": billed_to,
+    }
     return render(request, "metering/invoices/detail.html", context)
 
 
