@@ -57,7 +57,9 @@ def beta(db: None):
     cluster = make_cluster(operator=operator, islands=[("isl-01", 64)])
     price_card_for(cluster)
     buyer = BuyerFactory(slug="beta", name="Beta Labs")
-    report_and_rate(operator, ("r1", "beta", 2, sh(2026, 3, 20, 20), sh(2026, 3, 20, 21)), now=sh(2026, 3, 21))
+    report_and_rate(
+        operator, ("r1", "beta", 2, sh(2026, 3, 20, 20), sh(2026, 3, 20, 21)), now=sh(2026, 3, 21)
+    )
     assert balance(f"arrears:{buyer.pk}:{A800}") == -OWED_CARD_HOURS
     assert balance(f"buyer_money:{buyer.pk}") == OWED_MONEY
     assert BuyerExhaustion.objects.filter(buyer=buyer, cleared_at__isnull=True).count() == 1
@@ -79,7 +81,9 @@ def assert_every_transfer_balances() -> None:
 
 
 def test_a_chip_pack_pays_the_arrears_of_its_chip_before_it_is_usable(beta) -> None:
-    pack = make_paid_pack(buyer=beta, accelerator=A800, card_hours=10, price="100.00", paid_at=sh(2026, 3, 25))
+    pack = make_paid_pack(
+        buyer=beta, accelerator=A800, card_hours=10, price="100.00", paid_at=sh(2026, 3, 25)
+    )
 
     settlement = ArrearsSettlement.objects.get()
     assert (settlement.pack, settlement.arrears_class, settlement.factor) == (pack, A800, None)
@@ -106,7 +110,9 @@ def test_a_chip_pack_pays_the_arrears_of_its_chip_before_it_is_usable(beta) -> N
 
 
 def test_a_pack_credited_again_settles_nothing_again(beta) -> None:
-    pack = make_paid_pack(buyer=beta, accelerator=A800, card_hours=10, price="100.00", paid_at=sh(2026, 3, 25))
+    pack = make_paid_pack(
+        buyer=beta, accelerator=A800, card_hours=10, price="100.00", paid_at=sh(2026, 3, 25)
+    )
     again, created = pack_issue(order=pack.order, paid_at=sh(2026, 3, 26), posted_by="replay")
     assert (again, created) == (pack, False)
     assert ArrearsSettlement.objects.count() == 1
@@ -221,7 +227,9 @@ def test_a_replayed_webhook_settles_the_arrears_once(localstripe, stripe_webhook
     cluster = make_cluster(operator=operator, islands=[("isl-01", 64)])
     price_card_for(cluster, rate="10.0000")
     buyer = BuyerFactory(slug="gamma", name="Gamma")
-    report_and_rate(operator, ("g1", "gamma", 2, local(3, 20), local(3, 21)), now=local(2, 12), cpi=cluster.cpi)
+    report_and_rate(
+        operator, ("g1", "gamma", 2, local(3, 20), local(3, 21)), now=local(2, 12), cpi=cluster.cpi
+    )
     owed_card_hours = -balance(f"arrears:{buyer.pk}:{A800}")
     owed_money = balance(f"buyer_money:{buyer.pk}")
     assert (owed_card_hours, owed_money) == (2 * MICROS, 20 * MICROS)  # 2 card-hours at 10 CNY, flat
@@ -243,7 +251,11 @@ def test_a_replayed_webhook_settles_the_arrears_once(localstripe, stripe_webhook
 
     pack = Pack.objects.get(order=order)
     settlement = ArrearsSettlement.objects.get()
-    assert (settlement.pack, settlement.arrears_card_hours, settlement.pack_draw) == (pack, 2 * MICROS, 2 * MICROS)
+    assert (settlement.pack, settlement.arrears_card_hours, settlement.pack_draw) == (
+        pack,
+        2 * MICROS,
+        2 * MICROS,
+    )
     assert (settlement.prepaid_value, settlement.money_cleared) == (30 * MICROS, 20 * MICROS)
     assert LedgerTransfer.objects.filter(kind=TransferKind.ARREARS_SETTLEMENT).count() == 1
     assert entries(settlement.transfer) == {
