@@ -37,7 +37,7 @@ from tests.metering.localstripe import (  # noqa: F401  # fixtures
     stripe_on_localstripe_fixture,
     stripe_webhooks_fixture,
 )
-from tests.metering.test_billing_close import CPI, price_card_for, report_and_rate
+from tests.metering.test_billing_close import price_card_for, report_and_rate
 
 pytestmark = pytest.mark.django_db
 
