@@ -203,7 +203,7 @@ def _distinct(values: Iterable[int | None]) -> set[int]:
 
 def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
     """Ids of the buyers with anything not yet invoiced up to the end of the period: rated segments, paid
-    orders, refunds."""
+    orders, refunds, arrears settlements."""
     _, end_at = billing_period_bounds(period_start=period_start)
     ids = _distinct(
         _uninvoiced_segments(end_at=end_at)
@@ -214,6 +214,12 @@ def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
     ids |= _distinct(_unstated_orders(end_at=end_at).order_by().values_list("buyer_id", flat=True).distinct())
     ids |= _distinct(
         _unstated_refunds(end_at=end_at).order_by().values_list("order__buyer_id", flat=True).distinct()
+    )
+    ids |= _distinct(
+        ArrearsSettlement.objects.filter(invoice__isnull=True, settled_at__lt=end_at)
+        .order_by()
+        .values_list("buyer_id", flat=True)
+        .distinct()
     )
     return sorted(ids)
 
