@@ -78,6 +78,7 @@ from metering.models import (
     ALL_MONTHS,
     ALL_WEEKDAYS,
     CNY_UNIT,
+    ArrearsSettlement,
     BillingCloseRun,
     BillingProfile,
     BuyerExhaustion,
@@ -900,6 +901,7 @@ class BillingProfileAdmin(admin.ModelAdmin):
         "organisation",
         "legal_name",
         "tax_id",
+        "unified_social_credit_code",
         "billing_email",
         "stripe_customer_id",
         "updated_at",
@@ -921,6 +923,9 @@ class BillingProfileAdmin(admin.ModelAdmin):
         "tax_id",
         "address",
         "billing_email",
+        "unified_social_credit_code",
+        "invoice_title",
+        "fapiao_email",
         "stripe_customer_id",
         "created_at",
         "updated_at",
@@ -1917,6 +1922,31 @@ class BillingCloseRunAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [("finished_at", admin.EmptyFieldListFilter)]
     date_hierarchy = "period_start"
 
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "close/",
+                self.admin_site.admin_view(self.close_view),
+                name="metering_billingcloserun_close",
+            ),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"can_close": _can_close(request), **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)
+
+    def close_view(self, request: HttpRequest) -> HttpResponse:
+        """Close a month with billing_close_period — the beat task's own service, with its guarantees
+        (unique run per period, each statement issued once, resumable) — refusing a month not yet over."""
+        from metering.admin_backoffice import close_month
+
+        if not _can_close(request):
+            raise PermissionDenied
+        return close_month(request, model_admin=self)
+
 
 class InvoiceLineInline(_ReadOnlyInline):
     model = InvoiceLine
@@ -1931,6 +1961,9 @@ class InvoiceLineInline(_ReadOnlyInline):
         "order_number",
         "card_hours",
         "card_hours_drawn",
+        "vat_rate",
+        "net_amount",
+        "tax_amount",
         "amount",
     )
     ordering = ["seq"]
@@ -2064,11 +2097,100 @@ class InvoiceAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.ModelAdm
         "usage_value",
         "arrears_amount",
         "total_paid",
+        "net_amount",
+        "tax_amount",
+        "arrears_brought_forward",
+        "arrears_settled",
         "amount_due",
         "issued_at",
+        "frozen_at",
         "downloads",
     )
     inlines = [InvoiceLineInline]
+    actions = ["export_fapiao"]
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "preview/",
+                self.admin_site.admin_view(self.preview_view),
+                name="metering_invoice_preview",
+            ),
+            *super().get_urls(),
+        ]
+
+    def preview_view(self, request: HttpRequest) -> HttpResponse:
+        """A buyer's current-month invoice as it stands, issued nowhere: nothing is written or frozen."""
+        from metering.admin_backoffice import invoice_preview_page
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return invoice_preview_page(request, model_admin=self)
+
+    @admin.action(description="Export fapiao data (CSV) — for the issuing system, not a fapiao")
+    def export_fapiao(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> HttpResponse:
+        from metering import fapiao
+        from metering.services import statements
+
+        invoices = [statements.invoice_frozen(invoice=i) for i in queryset.order_by("period_start", "number")]
+        logger.info("fapiao export by %s: %s invoice(s)", request.user, len(invoices))
+        response = HttpResponse(fapiao.fapiao_csv(invoices=invoices), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="fapiao-records.csv"'
+        return response
+
+
+def _can_close(request: HttpRequest) -> bool:
+    return request.user.has_perm("metering.add_billingcloserun")
+
+
+@admin.register(ArrearsSettlement)
+class ArrearsSettlementAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Arrears paid from a new pack when it was credited (metering.services.packs); never edited."""
+
+    list_display = [
+        "id",
+        "buyer",
+        "arrears_class",
+        "owed_card_hours",
+        "pack",
+        "drawn_card_hours",
+        "factor",
+        "money",
+        "settled_at",
+        "invoice",
+    ]
+    list_filter = [BuyerFilter]
+    list_select_related = ["buyer", "pack", "pack__buyer", "pack__accelerator", "invoice"]
+    fields = readonly_fields = (
+        "buyer",
+        "order",
+        "pack",
+        "arrears_class",
+        "owed_card_hours",
+        "drawn_card_hours",
+        "factor",
+        "prepaid_value_cny",
+        "money",
+        "transfer",
+        "settled_at",
+        "invoice",
+    )
+
+    @admin.display(description="Arrears cleared (card-hours of the chip)")
+    def owed_card_hours(self, obj: ArrearsSettlement) -> Decimal:
+        return from_micros(obj.arrears_card_hours)
+
+    @admin.display(description="Drawn from the pack (its card-hours)")
+    def drawn_card_hours(self, obj: ArrearsSettlement) -> Decimal:
+        return from_micros(obj.pack_draw)
+
+    @admin.display(description="Prepaid value used (CNY)")
+    def prepaid_value_cny(self, obj: ArrearsSettlement) -> Decimal:
+        return from_micros(obj.prepaid_value)
+
+    @admin.display(description="Money owed cleared (CNY)")
+    def money(self, obj: ArrearsSettlement) -> Decimal:
+        return from_micros(obj.money_cleared)
 
 
 @admin.register(Settlement)

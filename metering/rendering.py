@@ -60,6 +60,11 @@ def _csv(rows: Iterable[Sequence[Any]]) -> bytes:
     return buffer.getvalue().encode(CSV_ENCODING)
 
 
+def csv_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
+    """Rows as a statement CSV (UTF-8 with BOM, CRLF): the one CSV dialect every export here uses."""
+    return _csv(rows)
+
+
 def _band(value: str) -> str:
     return str(Band(value).label) if value else ""
 
@@ -79,6 +84,9 @@ def invoice_csv(*, invoice: Invoice) -> bytes:
             "card_hours_drawn",
             "amount",
             "currency",
+            "vat_rate",
+            "net_amount",
+            "tax_amount",
         ]
     ]
     for line in _invoice_lines(invoice):
@@ -94,10 +102,15 @@ def invoice_csv(*, invoice: Invoice) -> bytes:
                 line.card_hours_drawn,
                 line.amount,
                 currency,
+                line.vat_rate,
+                line.net_amount,
+                line.tax_amount,
             ]
         )
     for name, label, amount in _invoice_totals(invoice):
-        rows.append([invoice.number, "", f"total:{name}", label, "", "", "", "", amount, currency])
+        rows.append(
+            [invoice.number, "", f"total:{name}", label, "", "", "", "", amount, currency, "", "", ""]
+        )
     return _csv(rows)
 
 
@@ -155,12 +168,33 @@ def _invoice_lines(invoice: Invoice) -> list[InvoiceLine]:
     return list(invoice.lines.all())
 
 
+def _with_vat(invoice: Invoice) -> bool:
+    """Whether the invoice was issued with VAT on its lines (invoices issued before carry none)."""
+    return invoice.net_amount is not None
+
+
 def _invoice_totals(invoice: Invoice) -> list[tuple[str, str, Decimal]]:
-    return [
+    paid: list[tuple[str, str, Decimal]] = [
         ("packs_amount", "Packs bought", invoice.packs_amount),
         ("refunds_amount", "Refunds (credit)", invoice.refunds_amount),
-        ("total_paid", "Paid through Stripe, net", invoice.total_paid),
-        ("usage_value", "Prepaid value used (informational)", invoice.usage_value),
+        ("total_paid", "Paid through Stripe, net of refunds", invoice.total_paid),
+    ]
+    if _with_vat(invoice):
+        paid += [
+            ("net_amount", "of which net of VAT", invoice.net_amount or Decimal("0.00")),
+            ("tax_amount", "of which VAT", invoice.tax_amount or Decimal("0.00")),
+        ]
+    paid.append(("usage_value", "Prepaid value used (informational)", invoice.usage_value))
+    if _with_vat(invoice):
+        return [
+            *paid,
+            ("arrears_brought_forward", "Owed from the previous invoice", invoice.arrears_brought_forward),
+            ("arrears_amount", "Card-hours used with no pack", invoice.arrears_amount),
+            ("arrears_settled", "Arrears paid from new packs", invoice.arrears_settled),
+            ("amount_due", "Amount due", invoice.amount_due),
+        ]
+    return [
+        *paid,
         ("arrears_amount", "Card-hours used with no pack", invoice.arrears_amount),
         ("amount_due", "Amount due", invoice.amount_due),
     ]
@@ -217,6 +251,9 @@ def _party_lines(party: dict[str, Any]) -> list[str]:
         for value in (
             party.get("legal_name", "") if party.get("legal_name") != name else "",
             f"Tax id: {party['tax_id']}" if party.get("tax_id") else "",
+            f"USCC: {party['unified_social_credit_code']}" if party.get("unified_social_credit_code") else "",
+            f"Invoice title: {party['invoice_title']}" if party.get("invoice_title") else "",
+            f"Fapiao e-mail: {party['fapiao_email']}" if party.get("fapiao_email") else "",
             *(str(party.get("address") or "").splitlines()),
             party.get("phone", ""),
             f"Bank: {party['bank']}" if party.get("bank") else "",
@@ -317,31 +354,8 @@ def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
         party=_party_lines(parties.get("buyer", {})),
         issued=_issued(invoice.issued_at),
     )
-    rows: list[list[Any]] = [
-        [
-            styles.para(text, styles.right if numeric else styles.normal, bold=True)
-            for text, numeric in (
-                ("#", False),
-                ("Description", False),
-                ("Card-seconds", True),
-                ("Card-hours drawn", True),
-                (f"Amount ({invoice.currency})", True),
-            )
-        ]
-    ]
-    for line in _invoice_lines(invoice):
-        rows.append(
-            [
-                styles.para(line.seq, styles.normal),
-                styles.para(line.description, styles.normal),
-                styles.para(f"{line.card_seconds:,}" if line.card_seconds else "", styles.right),
-                styles.para(f"{line.card_hours_drawn:,.6f}" if line.card_hours_drawn else "", styles.right),
-                styles.para(_money(line.amount), styles.right),
-            ]
-        )
-    if len(rows) == 1:
-        rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", ""])
-    table = Table(rows, colWidths=[10 * mm, 94 * mm, 24 * mm, 26 * mm, 26 * mm], repeatRows=1)
+    rows, widths = (_vat_rows if _with_vat(invoice) else _plain_rows)(styles, invoice)
+    table = Table(rows, colWidths=widths, repeatRows=1)
     table.setStyle(_style(_TABLE_STYLE))
     story += [table, Spacer(1, 6 * mm)]
 
@@ -360,11 +374,99 @@ def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
         styles.para(
             "Packs are paid through Stripe when bought; usage drawn from packs is shown at the prepaid value "
             "it used and is not charged again. The amount due is card-hours used with no pack, at the "
-            "operator's price. Lines are rounded to the fen (half to even); totals are sums of the lines.",
+            "operator's price"
+            + (
+                ", plus what the previous invoice left due, less arrears paid from new packs (a new pack "
+                "pays arrears before it can be used). Amounts include VAT; each line's net is rounded once "
+                "to the fen (half to even) and its VAT is the rest. This is a statement, not a fapiao: the "
+                "fapiao data is exported for the platform's issuing system"
+                if _with_vat(invoice)
+                else ""
+            )
+            + ". Lines are rounded to the fen (half to even); totals are sums of the lines.",
             styles.small,
         ),
     ]
     return _document(f"Invoice {invoice.number}", story)
+
+
+def _head_row(styles: _Styles, head: Sequence[tuple[str, bool]]) -> list[Any]:
+    return [
+        styles.para(text, styles.right if numeric else styles.normal, bold=True) for text, numeric in head
+    ]
+
+
+def _plain_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], list[float]]:
+    """The lines of an invoice issued before VAT (frozen late): the layout it was issued with."""
+    rows: list[list[Any]] = [
+        _head_row(
+            styles,
+            (
+                ("#", False),
+                ("Description", False),
+                ("Card-seconds", True),
+                ("Card-hours drawn", True),
+                (f"Amount ({invoice.currency})", True),
+            ),
+        )
+    ]
+    for line in _invoice_lines(invoice):
+        rows.append(
+            [
+                styles.para(line.seq, styles.normal),
+                styles.para(line.description, styles.normal),
+                styles.para(f"{line.card_seconds:,}" if line.card_seconds else "", styles.right),
+                styles.para(f"{line.card_hours_drawn:,.6f}" if line.card_hours_drawn else "", styles.right),
+                styles.para(_money(line.amount), styles.right),
+            ]
+        )
+    if len(rows) == 1:
+        rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", ""])
+    return rows, [10 * mm, 94 * mm, 24 * mm, 26 * mm, 26 * mm]
+
+
+def _vat_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], list[float]]:
+    """The lines with their VAT: rate, net, tax and gross amount; card-seconds go under the description."""
+    rows: list[list[Any]] = [
+        _head_row(
+            styles,
+            (
+                ("#", False),
+                ("Description", False),
+                ("Card-hours drawn", True),
+                ("VAT", True),
+                ("Net", True),
+                ("Tax", True),
+                (f"Amount ({invoice.currency})", True),
+            ),
+        )
+    ]
+    for line in _invoice_lines(invoice):
+        description = line.description + (
+            f" · {line.card_seconds:,} card-seconds" if line.card_seconds else ""
+        )
+        rows.append(
+            [
+                styles.para(line.seq, styles.normal),
+                styles.para(description, styles.normal),
+                styles.para(f"{line.card_hours_drawn:,.6f}" if line.card_hours_drawn else "", styles.right),
+                styles.para(vat_percent(line.vat_rate), styles.right),
+                styles.para(_money(line.net_amount) if line.net_amount is not None else "", styles.right),
+                styles.para(_money(line.tax_amount) if line.tax_amount is not None else "", styles.right),
+                styles.para(_money(line.amount), styles.right),
+            ]
+        )
+    if len(rows) == 1:
+        rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", "", "", ""])
+    return rows, [8 * mm, 70 * mm, 22 * mm, 12 * mm, 22 * mm, 20 * mm, 26 * mm]
+
+
+def vat_percent(rate: Decimal | None) -> str:
+    """A VAT rate as a percentage without trailing zeros: 0.0600 → "6%", 0.0550 → "5.5%"."""
+    if rate is None:
+        return ""
+    percent = (rate * 100).normalize()
+    return f"{percent:f}%"
 
 
 def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:

@@ -103,6 +103,8 @@ BUYER_ONLY = {
     "invoices_get",
     "invoices_csv",
     "invoices_pdf",
+    "invoices_fapiao",
+    "invoices_fapiao_csv",
     "pack_orders_list",
     "pack_orders_create",  # Stripe is a closed loopback port here: an order that gets that far is a 502
     "pack_orders_get",
@@ -742,6 +744,13 @@ SCENARIOS = [
     Scenario("invoices_csv", 404, "others", lambda w: {"invoice_id": w.other_invoice.pk}, as_org="acme"),
     Scenario("invoices_pdf", 200, "own", lambda w: {"invoice_id": w.invoice.pk}, as_org="acme"),
     Scenario("invoices_pdf", 404, "others", lambda w: {"invoice_id": w.other_invoice.pk}, as_org="acme"),
+    Scenario("invoices_fapiao", 200, "own", lambda w: {"invoice_id": w.invoice.pk}, as_org="acme"),
+    Scenario("invoices_fapiao", 404, "others", lambda w: {"invoice_id": w.other_invoice.pk}, as_org="acme"),
+    Scenario("invoices_fapiao", 403, "operator", lambda w: {"invoice_id": w.invoice.pk}),
+    Scenario("invoices_fapiao_csv", 200, "own", lambda w: {"invoice_id": w.invoice.pk}, as_org="acme"),
+    Scenario(
+        "invoices_fapiao_csv", 404, "others", lambda w: {"invoice_id": w.other_invoice.pk}, as_org="acme"
+    ),
     Scenario("settlements_list", 200, "operator"),
     Scenario("settlements_list", 403, "buyer", as_org="acme"),
     Scenario("settlements_get", 200, "own", lambda w: {"settlement_id": w.settlement.pk}),

@@ -278,6 +278,19 @@ CARDHOUR_SELLER = {
     "bank": env("CARDHOUR_SELLER_BANK", default=""),
     "bank_account": env("CARDHOUR_SELLER_BANK_ACCOUNT", default=""),
 }
+# VAT per product kind (metering.tax.ProductKind), as fractions; amounts on statements are tax-included.
+# Defaults: 6 %, the rate of "information technology services" (modern services, 财税〔2016〕36号) for a
+# general VAT taxpayer. Defaults only: the platform's tax adviser must confirm them for its entity.
+CARDHOUR_VAT_RATES = {
+    "pack_purchase": env("CARDHOUR_VAT_RATE_PACK_PURCHASE", default="0.06"),
+    "compute_service": env("CARDHOUR_VAT_RATE_COMPUTE_SERVICE", default="0.06"),
+}
+# 税收分类编码 (the State Taxation Administration's goods-and-services classification code) per product kind,
+# exported for the fapiao issuing system. Empty until the tax adviser picks them: the export leaves it blank.
+CARDHOUR_FAPIAO_TAX_CODES = {
+    "pack_purchase": env("CARDHOUR_FAPIAO_TAX_CODE_PACK_PURCHASE", default=""),
+    "compute_service": env("CARDHOUR_FAPIAO_TAX_CODE_COMPUTE_SERVICE", default=""),
+}
 # A TrueType font to set statement PDFs in instead of the bundled WenQuanYi Micro Hei (metering/fonts).
 CARDHOUR_PDF_FONT = env("CARDHOUR_PDF_FONT", default="")
 

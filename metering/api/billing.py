@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 
 from core.api.context import actor_from_request
 from core.api.permissions import IsOperator, IsOrganisationMember
-from metering import rendering
+from metering import fapiao, rendering
 from metering.errors import NotABuyerError
 from metering.models import Invoice, InvoiceLine, Settlement, SettlementLine
 from metering.selectors import billing as selectors
@@ -130,6 +130,10 @@ class InvoiceLineOutput(serializers.ModelSerializer):
             "card_seconds",
             "card_hours_drawn",
             "amount",
+            "product_kind",
+            "vat_rate",
+            "net_amount",
+            "tax_amount",
         ]
 
 
@@ -150,7 +154,11 @@ class InvoiceOutput(serializers.ModelSerializer):
             "total_paid",
             "usage_value",
             "arrears_amount",
+            "arrears_brought_forward",
+            "arrears_settled",
             "amount_due",
+            "net_amount",
+            "tax_amount",
             "issued_at",
         ]
 
@@ -235,6 +243,49 @@ class InvoicePdfApi(_DownloadApi):
         response = self.file_response(document.content, filename=invoice.number)
         response["ETag"] = f'"{document.sha256}"'
         return response
+
+
+class InvoiceFapiaoApi(APIView):
+    """The fapiao data of one of the caller's invoices (layout ``cardhour-fapiao/1``): a blue record per
+    pack bought, a red-letter reversal per refund naming the record it reverses. Data for a fapiao issuing
+    system — Cardhour issues no fapiao and is connected to no issuing system."""
+
+    permission_classes = [IsBuyer]
+
+    class Output(serializers.Serializer):
+        layout = serializers.CharField()
+        notice = serializers.CharField()
+        invoice_number = serializers.CharField()
+        records = serializers.ListField(
+            child=serializers.DictField(child=serializers.CharField(allow_blank=True)),
+            help_text="One object per record; the fields of metering.fapiao.FIELDS, all strings.",
+        )
+
+    @extend_schema(operation_id="invoices_fapiao", responses={200: Output}, tags=[TAG])
+    def get(self, request: Request, invoice_id: int) -> Response:
+        invoice = selectors.invoice_get_for(
+            buyer=actor_from_request(request).organisation, invoice_id=invoice_id
+        )
+        invoice = statements.invoice_frozen(invoice=invoice)
+        return Response(fapiao.fapiao_document(invoice=invoice))
+
+
+class InvoiceFapiaoCsvApi(_DownloadApi):
+    """The fapiao data of one of the caller's invoices as CSV (one row per record, UTF-8 with BOM)."""
+
+    permission_classes = [IsBuyer]
+    renderer_classes = [CsvRenderer]
+    extension = "csv"
+
+    @_download_schema(
+        "invoices_fapiao_csv", "text/csv", "Fapiao records (layout cardhour-fapiao/1) as CSV, UTF-8 with BOM."
+    )
+    def get(self, request: Request, invoice_id: int) -> Response:
+        invoice = selectors.invoice_get_for(
+            buyer=actor_from_request(request).organisation, invoice_id=invoice_id
+        )
+        invoice = statements.invoice_frozen(invoice=invoice)
+        return self.file_response(fapiao.fapiao_csv(invoices=[invoice]), filename=f"{invoice.number}-fapiao")
 
 
 # --- Settlements ------------------------------------------------------------------------------------
@@ -346,6 +397,8 @@ urlpatterns = [
     path("invoices/<int:invoice_id>", InvoiceDetailApi.as_view(), name="invoice-detail"),
     path("invoices/<int:invoice_id>.csv", InvoiceCsvApi.as_view(), name="invoice-csv"),
     path("invoices/<int:invoice_id>.pdf", InvoicePdfApi.as_view(), name="invoice-pdf"),
+    path("invoices/<int:invoice_id>/fapiao", InvoiceFapiaoApi.as_view(), name="invoice-fapiao"),
+    path("invoices/<int:invoice_id>/fapiao.csv", InvoiceFapiaoCsvApi.as_view(), name="invoice-fapiao-csv"),
     path("settlements", SettlementListApi.as_view(), name="settlement-list"),
     path("settlements/<int:settlement_id>", SettlementDetailApi.as_view(), name="settlement-detail"),
     path("settlements/<int:settlement_id>.csv", SettlementCsvApi.as_view(), name="settlement-csv"),

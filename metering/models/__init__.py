@@ -1,6 +1,7 @@
 """Metering models: tariffs and price cards, packs and Stripe, the ledger, usage, statements."""
 
 from metering.models.billing import (
+    ArrearsSettlement,
     BillingCloseRun,
     Invoice,
     InvoiceLine,
@@ -48,6 +49,7 @@ __all__ = [
     "MINUTES_PER_DAY",
     "STANDARD_CLASS",
     "AccountKind",
+    "ArrearsSettlement",
     "Band",
     "BillingCloseRun",
     "BillingProfile",

@@ -15,8 +15,10 @@ from django.utils.translation import gettext_lazy as _
 
 from core.models import Organisation
 from federation.models import Cluster
+from metering.models.ledger import LedgerTransfer
 from metering.models.packs import Pack, PackOrder
 from metering.models.tariffs import Band
+from metering.tax import ProductKind
 
 
 class BillingCloseRun(models.Model):
@@ -48,6 +50,32 @@ class Invoice(models.Model):
     arrears_amount = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     total_paid = models.DecimalField(max_digits=14, decimal_places=2, default=0)
     amount_due = models.DecimalField(max_digits=14, decimal_places=2, default=0)
+    arrears_brought_forward = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        default=0,
+        help_text=_("The amount due on the buyer's previous invoice."),
+    )
+    arrears_settled = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        default=0,
+        help_text=_("Arrears paid in the period from new packs (negative: it reduces the amount due)."),
+    )
+    net_amount = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text=_("Net of VAT of what was paid (packs less refunds); empty on invoices issued before VAT."),
+    )
+    tax_amount = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text=_("VAT in what was paid (packs less refunds): the sum of those lines' tax."),
+    )
     issued_at = models.DateTimeField()
     frozen_at = models.DateTimeField(
         null=True, blank=True, help_text=_("When its parties and PDF were frozen; read-only from then on.")
@@ -73,6 +101,7 @@ class InvoiceLine(models.Model):
         PRIOR_PERIOD = "prior_period", _("Usage from an earlier period, reported late")
         REFUND = "refund", _("Refund (credit)")
         ARREARS = "arrears", _("Card-hours used with no pack")
+        ARREARS_PAID = "arrears_paid", _("Arrears settled from a new pack")
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
@@ -84,10 +113,20 @@ class InvoiceLine(models.Model):
     order = models.ForeignKey(PackOrder, on_delete=models.PROTECT, null=True, blank=True, related_name="+")
     card_seconds = models.BigIntegerField(default=0)
     card_hours_drawn = models.DecimalField(max_digits=20, decimal_places=6, default=0)
-    amount = models.DecimalField(max_digits=14, decimal_places=2)
+    amount = models.DecimalField(max_digits=14, decimal_places=2, help_text=_("Gross: VAT included."))
+    # VAT (metering.tax): empty on lines issued before invoices carried it.
+    product_kind = models.CharField(max_length=24, choices=ProductKind.choices, blank=True)
+    vat_rate = models.DecimalField(max_digits=5, decimal_places=4, null=True, blank=True)
+    net_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    tax_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    arrears_settlement = models.ForeignKey(
+        "ArrearsSettlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["invoice_id", "seq"]
+        # net + tax = amount holds by construction (metering.tax.vat_split); not a CHECK, because SQLite
+        # compares decimals in floating point (see settlement_issue).
         constraints = [models.UniqueConstraint(fields=["invoice", "seq"], name="invoice_line_unique_seq")]
 
     def __str__(self) -> str:
@@ -175,3 +214,47 @@ class StatementDocument(models.Model):
 
     def __str__(self) -> str:
         return f"{self.invoice or self.settlement} ({self.sha256[:12]})"
+
+
+class ArrearsSettlement(models.Model):
+    """Arrears of one class (card-hours a buyer used with no pack) paid from a newly credited pack.
+
+    Made when the pack is credited (metering.services.arrears), before any of it is usable, one per (order,
+    arrears class); its ledger transfer (``arrears_settlement:<order>:<class>``) draws the pack and clears
+    the arrears account and the money owed. Amounts are exact micro-units (core.money), like the ledger;
+    the invoice of the month it happens in shows it as a line that reduces the amount due."""
+
+    buyer = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="arrears_settlements")
+    order = models.ForeignKey(PackOrder, on_delete=models.PROTECT, related_name="arrears_settlements")
+    pack = models.ForeignKey(Pack, on_delete=models.PROTECT, related_name="arrears_settlements")
+    arrears_class = models.CharField(max_length=80, help_text=_("The chip whose card-hours were owed."))
+    arrears_card_hours = models.BigIntegerField(help_text=_("Micro-card-hours of the chip cleared."))
+    pack_draw = models.BigIntegerField(help_text=_("Micro-card-hours drawn from the pack, in its unit."))
+    factor = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text=_("The chip's standard-card factor when a standard pack paid; empty for a chip pack."),
+    )
+    prepaid_value = models.BigIntegerField(help_text=_("Micro-yuan of the pack's prepaid value used."))
+    money_cleared = models.BigIntegerField(help_text=_("Micro-yuan of money owed that this cleared."))
+    transfer = models.OneToOneField(LedgerTransfer, on_delete=models.PROTECT, related_name="+")
+    settled_at = models.DateTimeField()
+    invoice = models.ForeignKey(
+        Invoice, on_delete=models.PROTECT, null=True, blank=True, related_name="arrears_settlements"
+    )
+
+    class Meta:
+        ordering = ["settled_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["order", "arrears_class"], name="arrears_settlement_unique"),
+            models.CheckConstraint(
+                condition=Q(arrears_card_hours__gt=0, pack_draw__gt=0, money_cleared__gte=0),
+                name="arrears_settlement_positive",
+            ),
+        ]
+        indexes = [models.Index(fields=["buyer", "invoice"], name="arrears_settlement_buyer")]
+
+    def __str__(self) -> str:
+        return f"arrears settlement {self.pk} of {self.buyer} from pack {self.pack_id}"

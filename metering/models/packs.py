@@ -8,6 +8,7 @@ from django.utils.translation import gettext_lazy as _
 
 from core.models import Organisation
 from federation.models import Accelerator
+from metering.tax import validate_uscc
 
 STANDARD_CLASS = "std"
 
@@ -18,7 +19,9 @@ def pack_class_key(accelerator_slug: str | None) -> str:
 
 
 class BillingProfile(models.Model):
-    """What a buyer organisation needs to be billed: invoice details and its Stripe customer."""
+    """What a buyer organisation needs to be billed: invoice details, its tax profile for fapiao (统一社会信用代码,
+    invoice title, the e-mail the fapiao goes to) and its Stripe customer. Statements copy these at issue
+    (metering.services.statements); editing the profile never changes an issued statement."""
 
     organisation = models.OneToOneField(
         Organisation, on_delete=models.PROTECT, related_name="billing_profile"
@@ -28,6 +31,17 @@ class BillingProfile(models.Model):
     tax_id = models.CharField(_("tax id"), max_length=64, blank=True)
     address = models.TextField(blank=True)
     billing_email = models.EmailField(blank=True)
+    unified_social_credit_code = models.CharField(
+        _("unified social credit code"),
+        max_length=18,
+        blank=True,
+        validators=[validate_uscc],
+        help_text=_("统一社会信用代码: 18 characters, checked against GB 32100-2015."),
+    )
+    invoice_title = models.CharField(
+        max_length=200, blank=True, help_text=_("发票抬头: the buyer's name as the fapiao must print it.")
+    )
+    fapiao_email = models.EmailField(blank=True, help_text=_("Where the issuing system sends the e-fapiao."))
     stripe_customer_id = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

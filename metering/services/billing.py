@@ -26,6 +26,17 @@ statement. Usage that starts before the period (an earlier, already-closed month
 paid) and ``refunds_amount`` (negative credit lines) make ``total_paid``; usage drawn from packs is
 informational (``usage_value``: the prepaid value consumed). What is owed is ``amount_due`` =
 ``arrears_amount``: card-hours used with no pack, at the operator's price (gross).
+
+**Arrears carried and settled.** What is owed runs from one invoice to the next: ``amount_due`` =
+``arrears_brought_forward`` (the previous invoice's amount due) + ``arrears_amount`` (new owed lines) +
+``arrears_settled`` (one negative ``arrears_paid`` line per settlement made from a new pack in the period,
+metering.services.packs). Each settlement is stated once, on the first invoice issued after it.
+
+**VAT.** Every line carries its product kind's rate (``CARDHOUR_VAT_RATES``, metering.tax) and its split:
+the amount is gross (tax included), the net is rounded once per line to the fen, half to even, and the tax
+is the rest. ``net_amount`` / ``tax_amount`` of an invoice are the sums over what was paid (packs bought
+and refunds), the lines a fapiao is issued for (metering.fapiao); usage lines carry their split for
+information.
 """
 
 from __future__ import annotations
@@ -58,8 +69,10 @@ from django.utils import timezone
 from core.models import Organisation
 from core.money import from_micros, micros_to_fen
 from federation.models import Cluster
+from metering import tax
 from metering.errors import BillingPeriodInvalidError, BillingPeriodOpenError
 from metering.models import (
+    ArrearsSettlement,
     Band,
     BillingCloseRun,
     Invoice,
@@ -190,7 +203,7 @@ def _distinct(values: Iterable[int | None]) -> set[int]:
 
 def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
     """Ids of the buyers with anything not yet invoiced up to the end of the period: rated segments, paid
-    orders, refunds."""
+    orders, refunds, arrears settlements."""
     _, end_at = billing_period_bounds(period_start=period_start)
     ids = _distinct(
         _uninvoiced_segments(end_at=end_at)
@@ -201,6 +214,12 @@ def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
     ids |= _distinct(_unstated_orders(end_at=end_at).order_by().values_list("buyer_id", flat=True).distinct())
     ids |= _distinct(
         _unstated_refunds(end_at=end_at).order_by().values_list("order__buyer_id", flat=True).distinct()
+    )
+    ids |= _distinct(
+        ArrearsSettlement.objects.filter(invoice__isnull=True, settled_at__lt=end_at)
+        .order_by()
+        .values_list("buyer_id", flat=True)
+        .distinct()
     )
     return sorted(ids)
 
@@ -301,16 +320,31 @@ def _cluster_cpis(groups: Iterable[_SegmentGroup]) -> dict[int, str]:
 # --- Invoices ---------------------------------------------------------------------------------------
 
 
+def _product_kind(kind: str) -> str:
+    paid = kind in (InvoiceLine.Kind.PACK_PURCHASE, InvoiceLine.Kind.REFUND)
+    return tax.ProductKind.PACK_PURCHASE if paid else tax.ProductKind.COMPUTE_SERVICE
+
+
+def _with_vat(line: InvoiceLine) -> InvoiceLine:
+    line.product_kind = _product_kind(line.kind)
+    line.vat_rate = tax.vat_rate(kind=line.product_kind)
+    line.net_amount, line.tax_amount = tax.vat_split(gross=line.amount, rate=line.vat_rate)
+    return line
+
+
 def _invoice_lines(
-    *, invoice: Invoice, buyer: Organisation, start_at: datetime, end_at: datetime
+    *, invoice: Invoice, buyer: Organisation, start_at: datetime, end_at: datetime, attach: bool = True
 ) -> tuple[list[InvoiceLine], set[int]]:
     """Attach what the invoice covers and build its lines (not saved); also the seqs of the owed lines.
-    Must run inside the issuing transaction, after the invoice row exists."""
+
+    With ``attach`` (issuing) it must run inside the issuing transaction, after the invoice row exists.
+    Without (a preview) it writes nothing: it reads what is not yet on any invoice, as issuing would
+    attach it now."""
     lines: list[InvoiceLine] = []
     owed: set[int] = set()
 
     def add(**fields: object) -> None:
-        lines.append(InvoiceLine(invoice=invoice, seq=len(lines) + 1, **fields))
+        lines.append(_with_vat(InvoiceLine(invoice=invoice, seq=len(lines) + 1, **fields)))
 
     orders = list(
         _unstated_orders(end_at=end_at)
@@ -335,8 +369,12 @@ def _invoice_lines(
     # Usage: the UPDATE re-checks ``invoice IS NULL`` on each row it changes, so a segment another
     # transaction attached first is skipped, never attached twice.
     scope = _segments_of(records=UsageRecord.objects.filter(buyer=buyer, start_at__lt=end_at))
-    scope.filter(invoice__isnull=True, start_at__lt=end_at).update(invoice=invoice)
-    groups = _segment_groups(scope.filter(invoice=invoice), start_at=start_at, by_pack_class=True)
+    if attach:
+        scope.filter(invoice__isnull=True, start_at__lt=end_at).update(invoice=invoice)
+        covered = scope.filter(invoice=invoice)
+    else:
+        covered = scope.filter(invoice__isnull=True, start_at__lt=end_at)
+    groups = _segment_groups(covered, start_at=start_at, by_pack_class=True)
     cpis = _cluster_cpis(groups)
     for group in groups:
         where = f"{cpis.get(group.cluster_id, group.cluster_id)}, {Band(group.band).label.lower()}"
@@ -363,6 +401,23 @@ def _invoice_lines(
         if group.arrears:
             owed.add(len(lines))
 
+    settled = ArrearsSettlement.objects.filter(buyer=buyer, settled_at__lt=end_at)
+    if attach:
+        settled.filter(invoice__isnull=True).update(invoice=invoice)
+        settled = settled.filter(invoice=invoice)
+    else:
+        settled = settled.filter(invoice__isnull=True)
+    for settlement in settled.select_related("pack", "pack__accelerator").order_by("settled_at", "pk"):
+        add(
+            kind=InvoiceLine.Kind.ARREARS_PAID,
+            description=arrears_settlement_description(settlement)[:300],
+            order_id=settlement.order_id,
+            pack_id=settlement.pack_id,
+            card_hours_drawn=from_micros(settlement.pack_draw),
+            amount=-micros_to_fen(settlement.money_cleared),
+            arrears_settlement=settlement,
+        )
+
     refunds = list(_unstated_refunds(end_at=end_at).filter(order__buyer=buyer).order_by("refunded_at", "pk"))
     for refund in refunds:
         add(
@@ -376,22 +431,97 @@ def _invoice_lines(
     return lines, owed
 
 
-def invoice_totals(lines: Iterable[InvoiceLine], *, owed: set[int]) -> dict[str, Decimal]:
+def arrears_settlement_description(settlement: ArrearsSettlement) -> str:
+    """How an invoice names an arrears settlement: what was owed, the pack that paid and how much of it."""
+    pack = settlement.pack
+    unit = "standard" if pack.accelerator_id is None else pack.class_key
+    at = f" at factor {settlement.factor}" if settlement.factor is not None else ""
+    return (
+        f"Arrears paid: {from_micros(settlement.arrears_card_hours)} {settlement.arrears_class} card-hours, "
+        f"from pack {pack.pk} (order {settlement.order_id}){at}, "
+        f"{from_micros(settlement.pack_draw)} {unit} card-hours drawn, "
+        f"{timezone.localtime(settlement.settled_at, billing_zone()):%Y-%m-%d}"
+    )
+
+
+def invoice_totals(
+    lines: Iterable[InvoiceLine], *, owed: set[int], brought_forward: Decimal = ZERO
+) -> dict[str, Decimal]:
     """The invoice's totals as sums of its (already quantised) lines; ``owed`` are the seqs of the lines
-    for card-hours used with no pack (arrears, including late arrears from an earlier period)."""
-    totals = dict.fromkeys(("packs_amount", "refunds_amount", "usage_value", "arrears_amount"), ZERO)
+    for card-hours used with no pack (arrears, including late arrears from an earlier period);
+    ``brought_forward`` the amount due on the buyer's previous invoice."""
+    totals = dict.fromkeys(
+        (
+            "packs_amount",
+            "refunds_amount",
+            "usage_value",
+            "arrears_amount",
+            "arrears_settled",
+            "net_amount",
+            "tax_amount",
+        ),
+        ZERO,
+    )
     for line in lines:
-        if line.kind == InvoiceLine.Kind.PACK_PURCHASE:
-            totals["packs_amount"] += line.amount
-        elif line.kind == InvoiceLine.Kind.REFUND:
-            totals["refunds_amount"] += line.amount
+        if line.kind in (InvoiceLine.Kind.PACK_PURCHASE, InvoiceLine.Kind.REFUND):
+            key = "packs_amount" if line.kind == InvoiceLine.Kind.PACK_PURCHASE else "refunds_amount"
+            totals[key] += line.amount
+            totals["net_amount"] += line.net_amount or ZERO
+            totals["tax_amount"] += line.tax_amount or ZERO
+        elif line.kind == InvoiceLine.Kind.ARREARS_PAID:
+            totals["arrears_settled"] += line.amount
         elif line.seq in owed:
             totals["arrears_amount"] += line.amount
         else:
             totals["usage_value"] += line.amount
     totals["total_paid"] = totals["packs_amount"] + totals["refunds_amount"]
-    totals["amount_due"] = totals["arrears_amount"]
+    totals["arrears_brought_forward"] = brought_forward
+    totals["amount_due"] = brought_forward + totals["arrears_amount"] + totals["arrears_settled"]
     return totals
+
+
+def _brought_forward(*, buyer: Organisation, period_start: date) -> Decimal:
+    previous = (
+        Invoice.objects.filter(buyer=buyer, period_start__lt=period_start)
+        .order_by("-period_start")
+        .values_list("amount_due", flat=True)
+        .first()
+    )
+    return previous if previous is not None else ZERO
+
+
+@dataclass(frozen=True)
+class InvoicePreview:
+    """A buyer's invoice as it would be issued now: unsaved rows, nothing attached, nothing frozen."""
+
+    invoice: Invoice
+    lines: list[InvoiceLine]
+    period_start_at: datetime
+    period_end_at: datetime
+
+
+def invoice_preview(*, buyer: Organisation, now: datetime | None = None) -> InvoicePreview:
+    """The buyer's invoice for the current month (billing zone) as it stands, without issuing it.
+
+    Writes nothing — no invoice row, no segment, order, refund or settlement attached, no PDF, no freeze —
+    so it lives beside invoice_issue, whose line-building it shares (``attach=False``), rather than in the
+    selectors. The lines are what issuing would produce if the month ended now.
+    """
+    now = now or timezone.now()
+    period_start = now.astimezone(billing_zone()).date().replace(day=1)
+    start_at, end_at = billing_period_bounds(period_start=period_start)
+    invoice = Invoice(
+        buyer=buyer,
+        period_start=period_start,
+        period_end=billing_period_end(period_start=period_start),
+        number=invoice_number(buyer=buyer, period_start=period_start),
+        issued_at=now,
+    )
+    lines, owed = _invoice_lines(invoice=invoice, buyer=buyer, start_at=start_at, end_at=end_at, attach=False)
+    brought_forward = _brought_forward(buyer=buyer, period_start=period_start)
+    for field, value in invoice_totals(lines, owed=owed, brought_forward=brought_forward).items():
+        setattr(invoice, field, value)
+    return InvoicePreview(invoice=invoice, lines=lines, period_start_at=start_at, period_end_at=end_at)
 
 
 @transaction.atomic
@@ -403,8 +533,8 @@ def invoice_issue(
     An invoice that exists is returned unchanged (it is final). Otherwise, in one transaction: insert the
     invoice (unique per buyer and period, so a concurrent issuer waits and then gets this one), attach every
     rated segment of the buyer not yet invoiced that starts before the period's end (earlier ones become
-    ``prior_period`` lines), add a line per order paid and per refund not yet invoiced, and store the
-    totals. Raises BillingPeriodInvalidError for a period that does not start on the 1st.
+    ``prior_period`` lines) and every arrears settlement not yet stated, add a line per order paid and
+    per refund not yet invoiced, each line with its VAT split, and store the totals. Raises BillingPeriodInvalidError for a period that does not start on the 1st.
     """
     start_at, end_at = billing_period_bounds(period_start=period_start)
     existing = Invoice.objects.filter(buyer=buyer, period_start=period_start).first()
@@ -425,18 +555,11 @@ def invoice_issue(
 
     lines, owed = _invoice_lines(invoice=invoice, buyer=buyer, start_at=start_at, end_at=end_at)
     InvoiceLine.objects.bulk_create(lines)
-    for field, value in invoice_totals(lines, owed=owed).items():
+    brought_forward = _brought_forward(buyer=buyer, period_start=period_start)
+    totals = invoice_totals(lines, owed=owed, brought_forward=brought_forward)
+    for field, value in totals.items():
         setattr(invoice, field, value)
-    invoice.save(
-        update_fields=[
-            "packs_amount",
-            "refunds_amount",
-            "usage_value",
-            "arrears_amount",
-            "total_paid",
-            "amount_due",
-        ]
-    )
+    invoice.save(update_fields=list(totals))
     statements.invoice_freeze(invoice=invoice, now=invoice.issued_at)
     logger.info("invoice %s issued: %d lines, amount due %s", invoice.number, len(lines), invoice.amount_due)
     return invoice, True

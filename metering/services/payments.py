@@ -4,7 +4,9 @@ A pack is credited only when Stripe's webhook says its PaymentIntent succeeded �
 redirect — and exactly once: ``pack_issue`` locks the order and makes one pack per order, its ledger
 posting has an idempotency key per order, and an order has one PaymentIntent (unique in the database).
 So every Stripe payment is matched by exactly one credit, however often and in whatever order Stripe
-delivers its events.
+delivers its events. The transaction that credits the pack also settles the buyer's arrears from it,
+before any of it is usable (``arrears_settlement`` transfers, metering.services.packs); a replayed event
+finds the pack made and settles nothing twice.
 
 Webhook events are stored by their id *before* they are handled (received → processed / ignored /
 failed with the error). A replay of a processed event returns the stored row and changes nothing; a

@@ -63,6 +63,9 @@ def _organisation_party(organisation: Organisation, *, with_billing_profile: boo
                 tax_id=profile.tax_id,
                 address=profile.address,
                 billing_email=profile.billing_email,
+                unified_social_credit_code=profile.unified_social_credit_code,
+                invoice_title=profile.invoice_title,
+                fapiao_email=profile.fapiao_email,
             )
     return party
 
@@ -122,6 +125,15 @@ def settlement_freeze(
     settlement.parties, settlement.frozen_at = parties, now
     logger.info("settlement %s frozen: %d bytes, sha256 %s", locked.number, document.size, document.sha256)
     return document
+
+
+def invoice_frozen(*, invoice: Invoice) -> Invoice:
+    """The invoice with its parties frozen (freezing it now, as a first download would, if it was issued
+    before statements were frozen): what the fapiao export reads, so its records never change."""
+    if invoice.frozen_at is None:
+        invoice_freeze(invoice=invoice, late=True)
+        invoice.refresh_from_db()
+    return invoice
 
 
 def _stored(document: StatementDocument, *, number: str) -> StoredDocument:

@@ -138,6 +138,15 @@ class World:
             ],
         )
         usage_rate_pending()
+        # Beta used A800 cards with no pack: a small A800 pack bought since pays part of its arrears.
+        self.beta_pack = make_paid_pack(
+            buyer=self.beta,
+            accelerator=A800,
+            card_hours=1,
+            price="10.00",
+            paid_at=timezone.now() - timedelta(days=2),
+            key=f"beta-order-{suffix or 0}",
+        )
         self.profile = billing_profile_get_or_create(buyer=self.acme)
         self.event = StripeEvent.objects.create(
             event_id=f"evt_{suffix or 0}",
@@ -405,7 +414,15 @@ def test_billing_profile_details_are_editable_and_the_stripe_customer_is_not(
 ) -> None:
     BillingProfile.objects.filter(pk=world.profile.pk).update(stripe_customer_id="cus_real")
     form = admin_client.get(_url(BillingProfile, "change", world.profile.pk)).context["adminform"].form
-    assert set(form.fields) == {"legal_name", "tax_id", "address", "billing_email"}
+    assert set(form.fields) == {
+        "legal_name",
+        "tax_id",
+        "address",
+        "billing_email",
+        "unified_social_credit_code",
+        "invoice_title",
+        "fapiao_email",
+    }
     response = admin_client.post(
         _url(BillingProfile, "change", world.profile.pk),
         {
@@ -413,6 +430,9 @@ def test_billing_profile_details_are_editable_and_the_stripe_customer_is_not(
             "tax_id": "91110000X",
             "address": "1 Road",
             "billing_email": "ap@acme.example",
+            "unified_social_credit_code": "",
+            "invoice_title": "",
+            "fapiao_email": "",
             "stripe_customer_id": "cus_forged",
         },
     )

@@ -347,7 +347,11 @@ def test_late_arrears_are_owed_on_the_next_invoice(world: World) -> None:
     april = Invoice.objects.get(buyer=world.beta, period_start=APRIL)
     [line] = april.lines.all()
     assert line.kind == "prior_period" and "(owed)" in line.description
-    assert april.amount_due == april.arrears_amount == fen(exact_gross(3600, "flat")) == Decimal("7.78")
+    assert april.arrears_amount == fen(exact_gross(3600, "flat")) == Decimal("7.78")
+    # Nothing paid March's arrears (no pack was bought): what March left due is carried forward.
+    march = Invoice.objects.get(buyer=world.beta, period_start=MARCH)
+    assert april.arrears_brought_forward == march.amount_due == Decimal("15.56")
+    assert april.amount_due == Decimal("15.56") + Decimal("7.78") == Decimal("23.34")
 
 
 def test_orders_and_refunds_are_stated_once_even_when_reported_late(world: World) -> None:

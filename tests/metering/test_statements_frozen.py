@@ -94,6 +94,9 @@ def test_an_issued_invoice_freezes_its_parties_and_stores_its_pdf_once(world: Wo
         "tax_id": "91310000MA1FL0000X",
         "address": "上海",
         "billing_email": "",
+        "unified_social_credit_code": "",
+        "invoice_title": "",
+        "fapiao_email": "",
     }
     content = bytes(document.content)
     assert document.sha256 == hashlib.sha256(content).hexdigest() and document.size == len(content)

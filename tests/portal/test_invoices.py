@@ -168,14 +168,26 @@ def test_csv_and_pdf_are_the_rendered_statement(buyer_client: Client, march: Inv
     assert pdf_response.content.startswith(b"%PDF-")
 
 
-@pytest.mark.parametrize("name", ["invoice-detail", "invoice-csv", "invoice-pdf"])
+@pytest.mark.parametrize(
+    "name", ["invoice-detail", "invoice-csv", "invoice-pdf", "invoice-fapiao-csv", "invoice-fapiao-json"]
+)
 def test_another_buyers_invoice_is_404(other_buyer: Organisation, buyer_client: Client, name: str) -> None:
     theirs = make_invoice(other_buyer, period=date(2026, 3, 1))
     assert buyer_client.get(reverse(name, args=[theirs.pk])).status_code == 404
     assert buyer_client.get(reverse(name, args=[999999])).status_code == 404
 
 
-@pytest.mark.parametrize("name", ["invoice-list", "invoice-detail", "invoice-csv", "invoice-pdf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "invoice-list",
+        "invoice-detail",
+        "invoice-csv",
+        "invoice-pdf",
+        "invoice-fapiao-csv",
+        "invoice-fapiao-json",
+    ],
+)
 def test_anonymous_is_sent_to_log_in_and_an_operator_is_refused(
     client: Client, operator_client: Client, march: Invoice, name: str
 ) -> None:

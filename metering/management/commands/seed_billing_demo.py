@@ -8,12 +8,18 @@ Run after ``seed_demo``. Idempotent: a second run finds everything in place and 
 - the pack catalogue (standard cards and a few chips);
 - a demo buyer, ``demo-buyer`` (log-in ``buyer`` / the demo password), holding two packs granted by this
   seed — labelled as such in the ledger, no payment behind them — and yesterday's usage on two clusters,
-  reported through the usage batch service and rated, so the admin's ledger, usage and segments have rows.
+  reported through the usage batch service and rated, so the admin's ledger, usage and segments have rows;
+- a tax profile for the demo buyer (the unified social credit code is GB 32100-2015's own worked example,
+  not a real company's) and **one closed month** to open: last month, the demo buyer used A800 cards with no
+  pack (arrears), a standard pack granted the next day paid them (an ``arrears_settlement``), and the month
+  is closed with the monthly task's service — so ``/invoices/`` has an invoice with its VAT, the amount due
+  and what settled it, and the admin an operator settlement. Seeded once: skipped when the demo buyer
+  already has an invoice.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -26,7 +32,13 @@ from core.models import Membership, Organisation
 from core.types import Actor
 from federation.models import Accelerator, Cluster
 from federation.selectors import standard_card_current, standard_card_factor
-from metering.models import PackOrder, PackProduct, PriceCard, Tariff
+from metering.models import BillingProfile, Invoice, PackOrder, PackProduct, PriceCard, Tariff
+from metering.services.billing import (
+    billing_close_period,
+    billing_period_end,
+    billing_previous_period_start,
+    billing_zone,
+)
 from metering.services.packs import pack_issue
 from metering.services.rating import usage_rate_pending
 from metering.services.tariffs import price_card_set, tariff_presets_install
@@ -62,10 +74,11 @@ class Command(BaseCommand):
             granted = self._packs(buyer)
         reported = self._usage(buyer)
         rated = usage_rate_pending()
+        closed = self._closed_month(buyer)
         self.stdout.write(
             f"billing demo: {priced} price cards set, {PackProduct.objects.count()} pack products, "
             f"buyer {BUYER_SLUG!r} (log-in {BUYER_USERNAME} / {DEMO_PASSWORD}) with {granted} new packs, "
-            f"{reported} usage records reported, {rated} rated"
+            f"{reported} usage records reported, {rated} rated, {closed}"
         )
 
     def _price_cards(self) -> int:
@@ -119,6 +132,18 @@ class Command(BaseCommand):
             )
         Membership.objects.get_or_create(
             organisation=buyer, user=user, defaults={"role": Membership.Role.OWNER}
+        )
+        BillingProfile.objects.get_or_create(
+            organisation=buyer,
+            defaults={
+                "legal_name": "演示买家人工智能实验室（示例）",
+                "address": "上海市浦东新区示例路 8 号 (demo address)",
+                "billing_email": "buyer@example.com",
+                # GB 32100-2015's worked example: a valid code that belongs to no real company.
+                "unified_social_credit_code": "91350100M000100Y43",
+                "invoice_title": "演示买家人工智能实验室（示例）",
+                "fapiao_email": "fapiao@example.com",
+            },
         )
         return buyer
 
@@ -182,3 +207,65 @@ class Command(BaseCommand):
             result = usage_record_create_batch(operator=cluster.operator, records=records)
             reported += result.created
         return reported
+
+    def _closed_month(self, buyer: Organisation) -> str:
+        """Last month: 4 A800 cards for 4 hours with no pack two days before its end (arrears, reported and
+        rated as they happened), a 100-card-hour standard pack granted the next morning (which pays them),
+        then the month closed by billing_close_period. Once: skipped when the buyer has an invoice."""
+        if Invoice.objects.filter(buyer=buyer).exists():
+            return "a closed month already there"
+        period_start = billing_previous_period_start()
+        zone = billing_zone()
+        end = billing_period_end(period_start=period_start)
+        day: date = end - timedelta(days=2)
+        cluster = (
+            Cluster.objects.filter(price_cards__isnull=False, accelerator__slug="nvidia-a800-sxm4-80gb")
+            .select_related("operator")
+            .order_by("pk")
+            .first()
+        )
+        if cluster is None:
+            return "no A800 cluster to close a month on"
+        version = (
+            PriceCard.objects.filter(cluster=cluster).order_by("version").values_list("version", flat=True)[0]
+        )
+        start = datetime.combine(day, time(10), tzinfo=zone)
+        reported_at = start + timedelta(hours=4, minutes=1)
+        usage_record_create_batch(
+            operator=cluster.operator,
+            records=[
+                UsageRecordInput(
+                    idempotency_key=f"demo-closed-{day:%Y%m%d}-{cluster.pk}-{hour:02d}",
+                    cluster=cluster.cpi,
+                    buyer=buyer.slug,
+                    cards=4,
+                    start_at=start + timedelta(hours=hour),
+                    end_at=start + timedelta(hours=hour + 1),
+                    price_card_version=version,
+                    reference="demo: last month, no pack",
+                )
+                for hour in range(4)
+            ],
+            now=reported_at,
+        )
+        usage_rate_pending(buyer=buyer, now=reported_at)
+        product = PackProduct.objects.get(code="std-100")
+        order, _ = PackOrder.objects.get_or_create(
+            buyer=buyer,
+            idempotency_key=f"demo-seed-arrears-{period_start:%Y%m}",
+            defaults={
+                "product": product,
+                "accelerator": None,
+                "card_hours": product.card_hours,
+                "amount": product.price,
+                "validity_days": product.validity_days,
+                "created_by": "seed_billing_demo",
+            },
+        )
+        pack_issue(
+            order=order,
+            paid_at=datetime.combine(day + timedelta(days=1), time(9), tzinfo=zone),
+            posted_by="seed_billing_demo (demo grant, no payment)",
+        )
+        run = billing_close_period(period_start=period_start)
+        return f"{period_start:%Y-%m} closed ({run.invoices_issued} invoices, {run.settlements_issued} settlements)"
