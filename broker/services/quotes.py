@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from broker import selectors
 from broker.catalog import market
+from broker.draws import BuyerPacks, buyer_packs_after_leases
 from broker.errors import JobClosedError
 from broker.matching import match, window_of
 from broker.models import Job, Quote
@@ -48,8 +49,22 @@ class QuoteSet:
     expires_at: datetime
 
 
-def _breakdown(placement: Placement) -> dict[str, object]:
+def _breakdown(placement: Placement, packs: BuyerPacks | None) -> dict[str, object]:
+    plan = (
+        packs.plan(
+            chip=placement.accelerator,
+            factor=placement.standard_card_factor,
+            draw=placement.expected_draw,
+            rate=placement.rate_per_card_hour,
+            at=placement.start_at,
+        )
+        if packs is not None
+        else None
+    )
     return {
+        # Which of the buyer's packs would pay, in each pack's unit, and the buyer's effective price:
+        # the buyer's balances at quote time, drawn rating's way (broker.draws).
+        "draw_plan": plan.as_json() if plan is not None else None,
         "bands": [
             {
                 "band": band.band,
@@ -92,6 +107,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     result = placements_find(spec=job_spec(job=job), buyer=job.buyer, now=now, limit=limit)
     expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
     affordability = selectors.buyer_affordability(buyer=job.buyer, at=now) if result.placements else None
+    packs = buyer_packs_after_leases(buyer=job.buyer, at=now) if result.placements else None
     quotes = [
         Quote(
             job=job,
@@ -103,7 +119,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             end_at=placement.end_at,
             price_card_id=placement.price_card_id,
             cost=placement.cost,
-            breakdown=_breakdown(placement),
+            breakdown=_breakdown(placement, packs),
             latency_ms=placement.latency_ms,
             saving=placement.saving,
             expected_draw=placement.expected_draw,
