@@ -47,7 +47,7 @@ from core.charts import band_sort_key
 from core.models import Organisation
 from core.money import MICROS, from_micros, line_to_fen, lines_total, round_div
 from federation.models import Cluster
-from metering.models import STANDARD_CLASS, Pack, RatedSegment, UsageRecord
+from metering.models import STANDARD_CLASS, Band, Pack, RatedSegment, UsageRecord
 from metering.selectors.payments import buyer_balance_summary, pack_list_for
 
 SECONDS_PER_HOUR = 3600
@@ -279,6 +279,10 @@ class SpendLine:
         return line_to_fen(self.gross_micros)
 
 
+# An invoice lists a cluster's bands dearest first (metering.services.billing); so do the lines here.
+_INVOICE_BAND_ORDER = {band.value: position for position, band in enumerate(Band)}
+
+
 def usage_spend_lines(*, buyer: Organisation, period: UsagePeriod) -> list[SpendLine]:
     """The period's segments summed per (cluster, band, pack class, arrears?) in one query, in an
     invoice's order: covered lines before arrears, by CPI, band, class."""
@@ -312,7 +316,10 @@ def usage_spend_lines(*, buyer: Organisation, period: UsagePeriod) -> list[Spend
         )
         for row in rows
     ]
-    return sorted(lines, key=lambda line: (line.arrears, line.cpi, band_sort_key(line.band), line.pack_class))
+    return sorted(
+        lines,
+        key=lambda line: (line.arrears, line.cpi, _INVOICE_BAND_ORDER.get(line.band, 99), line.pack_class),
+    )
 
 
 @dataclass(frozen=True)

@@ -311,9 +311,11 @@ def test_a_buyer_who_cannot_pay_is_told_before_and_when_accepting(
     response = buyer_client.post(f"/quotes/{quote.pk}/accept/", follow=True)
     error = response.context["quote_error"]
     assert error["code"] == "insufficient_balance" and error["pack_link"] is True
-    assert escape("cannot pay this quote's expected draw of 3.040000 nvidia-a800-sxm4-80gb card-hours") in (
-        response.content.decode()
-    )
+    # In the unit of the pack that pays (the A800 pack: A800 card-hours), to two places.
+    assert escape(
+        "cannot pay this quote's expected draw: 3.04 nvidia-a800-sxm4-80gb card-hours; your packs have "
+        "1.00 of it free."
+    ) in (response.content.decode())
     assert not Lease.objects.exists()
 
 
