@@ -135,7 +135,7 @@ def test_a_running_lease_shows_its_history_price_and_usage_by_band(
     assert "Reserved → " in html and "agent" in html
     assert "¥12.00 / card-hour" in html and "cn-gd" in html
     assert "¥36.48 at the operator's list price" in html
-    assert f"3.04 {A800} card-hours with no pack (amount due)" in html
+    assert f"3.04</span> {A800} card-hours with no pack (amount due)" in html
     assert "1 record not rated yet" in html
     assert f'data-poll-url="/leases/{lease.pk}/usage/"' in html
     assert f'action="/leases/{lease.pk}/cancel/"' in html and "Stop lease" in html
