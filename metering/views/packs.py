@@ -102,6 +102,8 @@ def _pack_list_context(request: HttpRequest, *, form: PackBuyForm) -> dict[str, 
     packs.object_list = list(packs.object_list)
     for pack in packs.object_list:
         pack.remaining_card_hours = from_micros(int(pack.remaining_micros))
+        # What one card-hour of the pack's unit cost (standard card-hours for a standard pack).
+        pack.price_per_card_hour = (pack.price / pack.card_hours).quantize(CENT)
     return {
         "balances": [(balance, names.get(balance.accelerator or "", "")) for balance in balances],
         "packs": packs,
