@@ -216,6 +216,17 @@ class DrawPlan:
         }
 
 
+@dataclass(frozen=True)
+class EffectivePrice:
+    """The buyer's price for one card-hour of a chip at band multiplier 1: the paying pack's price per
+    card-hour of its unit, × the chip's standard-card factor from a standard pack."""
+
+    class_key: str
+    pack_price_per_card_hour: Decimal
+    factor: Decimal | None
+    price_per_card_hour: Decimal
+
+
 @dataclass
 class _Slot:
     pack_id: int
@@ -263,6 +274,23 @@ class BuyerPacks:
             left -= covers
         return taken, max(left, Decimal(0))
 
+    def effective_price(self, *, chip: str, factor: Decimal | None, at: datetime) -> EffectivePrice | None:
+        """What one card-hour of ``chip`` (× band multiplier) would cost the buyer from the pack rating
+        would draw first at ``at``, or None when no pack of the buyer can pay it (arrears: the
+        operator's rate)."""
+        taken, _uncovered = self._take(chip=chip, factor=factor, draw=_MICRO, at=at, commit=False)
+        if not taken:
+            return None
+        slot = taken[0][0]
+        std = slot.class_key == STANDARD_CLASS
+        per_chip_hour = slot.price_per_card_hour * (factor if std and factor else Decimal(1))
+        return EffectivePrice(
+            class_key=slot.class_key,
+            pack_price_per_card_hour=slot.price_per_card_hour.quantize(FEN, rounding=ROUND_HALF_EVEN),
+            factor=factor if std else None,
+            price_per_card_hour=per_chip_hour.quantize(FEN, rounding=ROUND_HALF_EVEN),
+        )
+
     def plan(
         self, *, chip: str, factor: Decimal | None, draw: Decimal, rate: Decimal, at: datetime
     ) -> DrawPlan:
@@ -295,7 +323,7 @@ class BuyerPacks:
         )
 
 
-def _factors(slugs: Iterable[str]) -> dict[str, Decimal | None]:
+def chip_factors(slugs: Iterable[str]) -> dict[str, Decimal | None]:
     slugs = set(slugs)
     if not slugs:
         return {}
@@ -334,7 +362,7 @@ def buyer_packs_after_leases(
         .order_by("start_at", "id")
         .values_list("draw_class", "expected_draw", "start_at", "end_at")
     )
-    packs = BuyerPacks(slots=slots, factors=_factors({row[0] for row in live}))
+    packs = BuyerPacks(slots=slots, factors=chip_factors({row[0] for row in live}))
     for chip, expected, start_at, end_at in live:
         total = (end_at - start_at).total_seconds()
         left = (end_at - max(start_at, at)).total_seconds()
@@ -348,7 +376,7 @@ def lease_draw_plan(*, lease: Lease, at: datetime | None = None) -> DrawPlan:
     buyer's *other* live leases are set aside."""
     at = at or timezone.now()
     packs = buyer_packs_after_leases(buyer=lease.buyer, at=at, exclude_lease_ids=[lease.pk])
-    factor = _factors([lease.draw_class]).get(lease.draw_class)
+    factor = chip_factors([lease.draw_class]).get(lease.draw_class)
     return packs.plan(
         chip=lease.draw_class,
         factor=factor,
@@ -372,7 +400,7 @@ def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDr
     if not reserved:
         return []
     packs = BuyerPacks(
-        slots=_buyer_packs(buyer=buyer, at=now), factors=_factors(r.draw_class for r in reserved)
+        slots=_buyer_packs(buyer=buyer, at=now), factors=chip_factors(r.draw_class for r in reserved)
     )
     draws: list[ReservedDraw] = []
     for lease in reserved:
