@@ -483,8 +483,8 @@ def test_a_standard_pack_buyer_sees_draws_in_standard_card_hours_and_its_own_pri
     ]
     assert (east.value, east.effective_price_per_card_hour) == (Decimal("28.45"), Decimal("9.36"))
     html = page.content.decode()
-    assert '<strong>3.12</strong> std card-h' in html and "4.00 chip card-h × 0.78" in html
-    assert '<strong>2.37</strong> std card-h' in html
+    assert "<strong>3.12</strong> std card-h" in html and "4.00 chip card-h × 0.78" in html
+    assert "<strong>2.37</strong> std card-h" in html
     assert "¥37.44" in html and "¥9.36/card-h yours" in html and "list ¥9.00/card-h · ¥36.00" in html
     assert "nvidia-a800-sxm4-80gb card-h" not in html  # no draw in a unit no pack of the buyer has
 
@@ -518,8 +518,11 @@ def test_a_refusal_names_the_draw_in_standard_card_hours(
     response = buyer_client.post(f"/quotes/{quote.pk}/accept/", follow=True)
     error = response.context["quote_error"]
     assert error["code"] == "insufficient_balance"
-    assert escape(
-        "expected draw: 3.12 standard card-hours (4.00 nvidia-a800-sxm4-80gb card-hours × factor 0.78); "
-        "your packs have 1.00 of it free."
-    ) in response.content.decode()
+    assert (
+        escape(
+            "expected draw: 3.12 standard card-hours (4.00 nvidia-a800-sxm4-80gb card-hours × factor 0.78); "
+            "your packs have 1.00 of it free."
+        )
+        in response.content.decode()
+    )
     assert not Lease.objects.exists()
