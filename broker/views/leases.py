@@ -73,7 +73,9 @@ def lease_detail(request: HttpRequest, lease_id: int) -> HttpResponse:
             "tariff": card.tariff_version.tariff,
             "can_cancel": lease.state in CANCELLABLE_STATES,
             # How the expected draw is paid, in the paying packs' units, while the lease can still draw.
-            "plan": lease_draw_plan(lease=lease) if lease.state in HOLDING_STATES else None,
+            "plan": lease_draw_plan(lease=lease)
+            if lease.state in HOLDING_STATES and lease.expected_draw > 0
+            else None,
             "time_zone": timezone.get_current_timezone_name(),
         },
     )

@@ -485,7 +485,12 @@ def test_a_standard_pack_buyer_sees_draws_in_standard_card_hours_and_its_own_pri
     html = page.content.decode()
     assert "<strong>3.12</strong> std card-h" in html and "4.00 chip card-h × 0.78" in html
     assert "<strong>2.37</strong> std card-h" in html
-    assert "¥37.44" in html and "¥9.36/card-h yours" in html and "list ¥9.00/card-h · ¥36.00" in html
+    assert (
+        "¥37.44" in html
+        and "¥9.36/card-h yours" in html
+        and "list ¥9.00/card-h" in html
+        and "¥36.00 at list" in html
+    )
     assert "nvidia-a800-sxm4-80gb card-h" not in html  # no draw in a unit no pack of the buyer has
 
     # The API answers with the same plan, exact.
