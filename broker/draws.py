@@ -90,8 +90,7 @@ class DrawPlan:
 
     @property
     def class_key(self) -> str:
-        """The unit the draw is named in: the first paying class, else the class of the buyer's pack that
-        would pay had it a balance (``paying_class``), else the chip's own."""
+        """The unit the draw is named in: the first paying class, else (no pack pays) the chip's own."""
         return self.parts[0].class_key if self.parts else self.chip
 
     def describe(self) -> str:
@@ -245,9 +244,12 @@ class BuyerPacks:
     slots: list[_Slot]
     factors: dict[str, Decimal | None] = field(default_factory=dict)
 
-    def _take(
+    def take(
         self, *, chip: str, factor: Decimal | None, draw: Decimal, at: datetime, commit: bool
     ) -> tuple[list[tuple[_Slot, Decimal, Decimal]], Decimal]:
+        """Draw ``draw`` chip card-hours (× multiplier) from the usable slots, rating's way; return the
+        pieces (slot, amount in the slot's unit, chip card-hours it covers) and what is left uncovered.
+        Only with ``commit`` are the slots drawn down."""
         left = draw
         taken: list[tuple[_Slot, Decimal, Decimal]] = []
         for slot in self.slots:
@@ -278,7 +280,7 @@ class BuyerPacks:
         """What one card-hour of ``chip`` (× band multiplier) would cost the buyer from the pack rating
         would draw first at ``at``, or None when no pack of the buyer can pay it (arrears: the
         operator's rate)."""
-        taken, _uncovered = self._take(chip=chip, factor=factor, draw=_MICRO, at=at, commit=False)
+        taken, _uncovered = self.take(chip=chip, factor=factor, draw=_MICRO, at=at, commit=False)
         if not taken:
             return None
         slot = taken[0][0]
@@ -294,7 +296,7 @@ class BuyerPacks:
     def plan(
         self, *, chip: str, factor: Decimal | None, draw: Decimal, rate: Decimal, at: datetime
     ) -> DrawPlan:
-        taken, uncovered = self._take(chip=chip, factor=factor, draw=draw, at=at, commit=False)
+        taken, uncovered = self.take(chip=chip, factor=factor, draw=draw, at=at, commit=False)
         by_class: dict[str, list[tuple[_Slot, Decimal, Decimal]]] = {}
         for slot, amount, covers in taken:
             by_class.setdefault(slot.class_key, []).append((slot, amount, covers))
@@ -367,7 +369,7 @@ def buyer_packs_after_leases(
         total = (end_at - start_at).total_seconds()
         left = (end_at - max(start_at, at)).total_seconds()
         share = (expected * Decimal(left) / Decimal(total)).quantize(_MICRO) if total > 0 else expected
-        packs._take(chip=chip, factor=packs.factors.get(chip), draw=share, at=max(start_at, at), commit=True)
+        packs.take(chip=chip, factor=packs.factors.get(chip), draw=share, at=max(start_at, at), commit=True)
     return packs
 
 
@@ -406,7 +408,7 @@ def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDr
     for lease in reserved:
         factor = packs.factors.get(lease.draw_class)
         at = max(lease.start_at, now)
-        taken, _uncovered = packs._take(
+        taken, _uncovered = packs.take(
             chip=lease.draw_class, factor=factor, draw=lease.expected_draw, at=at, commit=True
         )
         for slot, amount, _covers in taken:
