@@ -97,7 +97,8 @@ def lease_transitions(*, lease: Lease) -> QuerySet[LeaseTransition]:
 
 @dataclass(frozen=True)
 class Affordability:
-    """What a buyer's usable packs can still pay for once its live leases' expected draws are set aside.
+    """A buyer's balances per class and its live leases' expected draws, as a refusal's ``extra`` reports
+    them. Whether a draw is paid is decided by broker.draws (rating's order), not here.
 
     ``chip`` maps a chip slug to card-hours of that chip's packs; ``standard`` is standard card-hours.
     ``committed`` is what live leases are still expected to draw, per chip (in that chip's card-hours).
@@ -107,24 +108,6 @@ class Affordability:
     standard: Decimal
     committed: dict[str, Decimal]
     factors: dict[str, Decimal | None]
-
-    def covers(self, *, chip: str, draw: Decimal, factor: Decimal | None) -> bool:
-        """Whether a further ``draw`` card-hours of ``chip`` (at standard-card ``factor``) can be paid,
-        rating's way: a chip's own packs first, the rest from standard packs at the chip's factor."""
-        committed = dict(self.committed)
-        committed[chip] = committed.get(chip, Decimal(0)) + draw
-        factors = dict(self.factors)
-        factors[chip] = factor
-        standard_needed = Decimal(0)
-        for slug, amount in committed.items():
-            overflow = amount - self.chip.get(slug, Decimal(0))
-            if overflow <= 0:
-                continue
-            chip_factor = factors.get(slug)
-            if chip_factor is None:
-                return False
-            standard_needed += overflow * chip_factor
-        return standard_needed <= self.standard
 
 
 def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> Affordability:

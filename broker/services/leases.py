@@ -229,17 +229,18 @@ def lease_create(
     now = timezone.now()
     Organisation.objects.select_for_update().filter(pk=job.buyer_id).values_list("pk").get()
     if check_balance and settings.CARDHOUR_BROKER_REQUIRE_BALANCE:
-        affordability = selectors.buyer_affordability(buyer=job.buyer, at=now)
-        if not affordability.covers(chip=draw_class, draw=expected_draw, factor=standard_card_factor):
-            # Named in the unit of the pack that would pay (standard card-hours from a standard pack),
-            # to two places; the exact figures go in ``extra``.
-            plan = buyer_packs_after_leases(buyer=job.buyer, at=now).plan(
-                chip=draw_class,
-                factor=standard_card_factor,
-                draw=expected_draw,
-                rate=PriceCard.objects.values_list("rate_per_card_hour", flat=True).get(pk=price_card_id),
-                at=max(start_at, now),
-            )
+        # One rule for the quote's "covered", this check and the refusal's words: the buyer's packs less
+        # its live leases, drawn the way rating draws them (broker.draws: earliest expiry first, each
+        # pack only while it is valid), must pay the whole expected draw.
+        plan = buyer_packs_after_leases(buyer=job.buyer, at=now).plan(
+            chip=draw_class,
+            factor=standard_card_factor,
+            draw=expected_draw,
+            rate=PriceCard.objects.values_list("rate_per_card_hour", flat=True).get(pk=price_card_id),
+            at=max(start_at, now),
+        )
+        if not plan.covered:
+            affordability = selectors.buyer_affordability(buyer=job.buyer, at=now)
             draw_text = plan.shortfall_text()
             raise InsufficientBalanceError(
                 f"Your packs cannot pay the expected draw of {draw_text}, once your live leases are set "
