@@ -7,8 +7,10 @@ packs earliest expiry first (metering.services.rating), so a plan follows the sa
 leases (reserved or running, by start) are drawn first, pro rata to their time still to come, then the
 draw asked about. What no pack covers is arrears, billed at the operator's rate (its list price).
 
-The plan is an estimate made before usage arrives — the ledger decides at rating time — but it is made
-by the rule rating applies, so a page never shows a draw in a unit no pack of the buyer is drawn in.
+The plan is made before usage arrives — the ledger decides at rating time — by the rule rating applies,
+so a page never shows a draw in a unit no pack of the buyer is drawn in. It is also the one affordability
+rule: a quote is "covered" and its acceptance is allowed exactly when its plan leaves nothing uncovered
+(broker.services.quotes, broker.services.leases), and a refusal names the plan.
 """
 
 from __future__ import annotations
