@@ -7,3 +7,8 @@ class BrokerConfig(AppConfig):
 
     def ready(self) -> None:
         from broker import metrics  # noqa: F401  (registers its /metrics gauges)
+        from broker.draws import reserved_draws_for
+        from metering.selectors.usage_dashboard import reserved_draws_provider_register
+
+        # The run-out forecast on /usage/ counts reserved leases; metering cannot import the broker.
+        reserved_draws_provider_register(reserved_draws_for)

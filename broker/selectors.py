@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
-from django.db.models import Count, Max, Prefetch, QuerySet, Sum
+from django.db.models import BooleanField, Case, Count, Max, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
 
 from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
 from broker.models import HOLDING_STATES, BuyerNotice, CapacityHold, Job, Lease, LeaseTransition, Quote
 from core.charts import band_sort_key
 from core.models import Organisation
-from core.money import from_micros
+from core.money import from_micros, lines_total
 from metering.models import RatedSegment, UsageRecord
 from metering.selectors.payments import buyer_balance_summary
 
@@ -96,7 +97,8 @@ def lease_transitions(*, lease: Lease) -> QuerySet[LeaseTransition]:
 
 @dataclass(frozen=True)
 class Affordability:
-    """What a buyer's usable packs can still pay for once its live leases' expected draws are set aside.
+    """A buyer's balances per class and its live leases' expected draws, as a refusal's ``extra`` reports
+    them. Whether a draw is paid is decided by broker.draws (rating's order), not here.
 
     ``chip`` maps a chip slug to card-hours of that chip's packs; ``standard`` is standard card-hours.
     ``committed`` is what live leases are still expected to draw, per chip (in that chip's card-hours).
@@ -106,24 +108,6 @@ class Affordability:
     standard: Decimal
     committed: dict[str, Decimal]
     factors: dict[str, Decimal | None]
-
-    def covers(self, *, chip: str, draw: Decimal, factor: Decimal | None) -> bool:
-        """Whether a further ``draw`` card-hours of ``chip`` (at standard-card ``factor``) can be paid,
-        rating's way: a chip's own packs first, the rest from standard packs at the chip's factor."""
-        committed = dict(self.committed)
-        committed[chip] = committed.get(chip, Decimal(0)) + draw
-        factors = dict(self.factors)
-        factors[chip] = factor
-        standard_needed = Decimal(0)
-        for slug, amount in committed.items():
-            overflow = amount - self.chip.get(slug, Decimal(0))
-            if overflow <= 0:
-                continue
-            chip_factor = factors.get(slug)
-            if chip_factor is None:
-                return False
-            standard_needed += overflow * chip_factor
-        return standard_needed <= self.standard
 
 
 def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> Affordability:
@@ -205,14 +189,30 @@ def job_notices(*, job: Job) -> QuerySet[BuyerNotice]:
 
 
 @dataclass(frozen=True)
+class ClassDraw:
+    """Card-hours drawn in one pack class's unit (standard card-hours for ``std``, the chip's otherwise),
+    or, with ``arrears``, the chip's card-hours × multiplier no pack covered."""
+
+    class_key: str
+    arrears: bool
+    micros: int
+
+    @property
+    def card_hours(self) -> Decimal:
+        return from_micros(self.micros)
+
+
+@dataclass(frozen=True)
 class BandUsage:
-    """Rated usage of a lease in one tariff band: card-seconds, what it cost (rate × card-hours ×
-    multiplier) and what it drew from the buyer's packs."""
+    """Rated usage of a lease in one tariff band: card-seconds, what the buyer pays for it (``spend``:
+    prepaid value drawn plus arrears at the operator's gross, the sum of its lines rounded by
+    core.money's rule), the operator's list price (gross), and what it drew per pack class."""
 
     band: str
     card_seconds: int
-    cost: Decimal
-    draw: Decimal
+    spend: Decimal
+    list_price: Decimal
+    draws: tuple[ClassDraw, ...]
 
     @property
     def card_hours(self) -> Decimal:
@@ -255,12 +255,29 @@ class LeaseUsage:
         return sum((band.card_hours for band in self.bands), Decimal(0))
 
     @property
-    def cost(self) -> Decimal:
-        return sum((band.cost for band in self.bands), Decimal(0))
+    def spend(self) -> Decimal:
+        """What the buyer pays so far: the sum of the lease's rounded lines (band × pack class)."""
+        return sum((band.spend for band in self.bands), Decimal("0.00"))
 
     @property
-    def draw(self) -> Decimal:
-        return sum((band.draw for band in self.bands), Decimal(0))
+    def list_price(self) -> Decimal:
+        return sum((band.list_price for band in self.bands), Decimal("0.00"))
+
+    @property
+    def draws(self) -> tuple[ClassDraw, ...]:
+        """What the lease drew so far per pack class (each in its unit), then arrears."""
+        sums: dict[tuple[bool, str], int] = {}
+        for band in self.bands:
+            for draw in band.draws:
+                sums[(draw.arrears, draw.class_key)] = (
+                    sums.get((draw.arrears, draw.class_key), 0) + draw.micros
+                )
+        return tuple(
+            ClassDraw(class_key=key, arrears=arrears, micros=micros)
+            for (arrears, key), micros in sorted(
+                sums.items(), key=lambda kv: (kv[0][0], kv[0][1] != "std", kv[0][1])
+            )
+        )
 
 
 def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
@@ -275,20 +292,42 @@ def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
         RatedSegment.objects.filter(
             usage_record__buyer_id=lease.buyer_id, usage_record__reference=lease.reference
         )
-        .values("band")
-        .annotate(card_seconds=Sum("card_seconds"), gross=Sum("gross"), draw=Sum("pack_draw"))
+        .annotate(
+            arrears=Case(
+                When(pack__isnull=True, then=Value(True)), default=Value(False), output_field=BooleanField()
+            )
+        )
+        .values("band", "pack_class", "arrears")
+        .annotate(
+            card_seconds=Sum("card_seconds"),
+            gross=Sum("gross"),
+            value=Sum("buyer_value"),
+            draw=Sum("pack_draw"),
+        )
         .order_by()
     )
+    # One line per band × pack class × arrears (a lease is on one cluster): core.money's rounding rule.
+    per_band: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        per_band.setdefault(row["band"], []).append(row)
     bands = tuple(
         sorted(
             (
                 BandUsage(
-                    band=row["band"],
-                    card_seconds=int(row["card_seconds"] or 0),
-                    cost=from_micros(int(row["gross"] or 0)),
-                    draw=from_micros(int(row["draw"] or 0)),
+                    band=band,
+                    card_seconds=sum(int(row["card_seconds"] or 0) for row in band_rows),
+                    spend=lines_total(int(row["value"] or 0) for row in band_rows),
+                    list_price=lines_total(int(row["gross"] or 0) for row in band_rows),
+                    draws=tuple(
+                        ClassDraw(
+                            class_key=row["pack_class"],
+                            arrears=bool(row["arrears"]),
+                            micros=int(row["draw"] or 0),
+                        )
+                        for row in band_rows
+                    ),
                 )
-                for row in rows
+                for band, band_rows in per_band.items()
             ),
             key=lambda band: band_sort_key(band.band),
         )

@@ -18,7 +18,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker import selectors
-from broker.models import BuyerNotice, Gang, Job, Lease, LeaseState, Preference, Quote
+from broker.draws import lease_draw_plan
+from broker.models import HOLDING_STATES, BuyerNotice, Gang, Job, Lease, LeaseState, Preference, Quote
 from broker.services import jobs as job_services
 from broker.services import leases as lease_services
 from broker.services import quotes as quote_services
@@ -253,6 +254,44 @@ class QuotePriceCardOutput(serializers.Serializer):
     tariff = serializers.CharField()
 
 
+class DrawPartOutput(serializers.Serializer):
+    pack_class = serializers.CharField(help_text="`std` for standard cards, else the chip's slug.")
+    unit = serializers.ChoiceField(choices=["standard_card_hours", "chip_card_hours"])
+    card_hours = serializers.DecimalField(
+        max_digits=20, decimal_places=6, help_text="Drawn from this class's packs, in its unit."
+    )
+    chip_card_hours = serializers.DecimalField(
+        max_digits=20, decimal_places=6, help_text="The chip's card-hours × band multiplier it covers."
+    )
+    standard_card_factor = serializers.DecimalField(max_digits=8, decimal_places=4, allow_null=True)
+    price_per_card_hour = serializers.DecimalField(
+        max_digits=16, decimal_places=6, help_text="The paying packs' price per card-hour of their unit, CNY."
+    )
+    value = serializers.DecimalField(max_digits=16, decimal_places=2, help_text="Prepaid value drawn, CNY.")
+
+
+class DrawPlanOutput(serializers.Serializer):
+    chip = serializers.CharField()
+    expected_draw_chip_card_hours = serializers.DecimalField(max_digits=20, decimal_places=6)
+    standard_card_factor = serializers.DecimalField(max_digits=8, decimal_places=4, allow_null=True)
+    paid_by = DrawPartOutput(
+        many=True, help_text="The buyer's pack classes that would pay, earliest expiry first (as rating)."
+    )
+    uncovered_chip_card_hours = serializers.DecimalField(
+        max_digits=20, decimal_places=6, help_text="What no pack covers: billed at the operator's rate."
+    )
+    arrears_value = serializers.DecimalField(max_digits=16, decimal_places=2)
+    value = serializers.DecimalField(
+        max_digits=16, decimal_places=2, help_text="What the buyer would pay: prepaid value + arrears, CNY."
+    )
+    effective_price_per_card_hour = serializers.DecimalField(
+        max_digits=16, decimal_places=2, help_text="`value` ÷ the chip card-hours × multiplier, CNY."
+    )
+    operator_rate_per_card_hour = serializers.DecimalField(
+        max_digits=16, decimal_places=6, help_text="The operator's list price per card-hour, CNY."
+    )
+
+
 class QuoteOutput(serializers.Serializer):
     id = serializers.IntegerField()
     rank = serializers.IntegerField()
@@ -279,6 +318,11 @@ class QuoteOutput(serializers.Serializer):
     draw_class = serializers.CharField()
     standard_card_factor = serializers.DecimalField(max_digits=8, decimal_places=4, allow_null=True)
     expected_standard_draw = serializers.DecimalField(max_digits=20, decimal_places=6, allow_null=True)
+    draw_plan = DrawPlanOutput(
+        allow_null=True,
+        help_text="Which of your packs would pay the expected draw, each in its unit (standard card-hours "
+        "for a standard pack), and your effective price; null for a quote made before plans were kept.",
+    )
     balance_sufficient = serializers.BooleanField(
         help_text="Whether your packs, less your live leases' expected draws, cover the expected draw; "
         "accepting when false is 402 insufficient_balance."
@@ -312,6 +356,7 @@ def quote_body(quote: Quote) -> dict[str, Any]:
         "draw_class": quote.draw_class,
         "standard_card_factor": extra["standard_card_factor"],
         "expected_standard_draw": extra["expected_standard_draw"],
+        "draw_plan": extra.get("draw_plan"),
         "balance_sufficient": quote.balance_sufficient,
         "expires_at": quote.expires_at,
     }
@@ -441,8 +486,47 @@ class LeaseOutput(serializers.Serializer):
         ).data
 
 
+class LeaseDrawnOutput(serializers.Serializer):
+    pack_class = serializers.CharField()
+    arrears = serializers.BooleanField(help_text="True: the chip's card-hours no pack covered (amount due).")
+    card_hours = serializers.DecimalField(max_digits=20, decimal_places=6, help_text="In the class's unit.")
+
+
 class LeaseDetailOutput(LeaseOutput):
     transitions = TransitionOutput(many=True, source="transitions.all")
+    draw_plan = serializers.SerializerMethodField(
+        help_text="While the lease can draw: how its expected draw would be paid by your packs now."
+    )
+    drawn = serializers.SerializerMethodField(help_text="Rated so far, per pack class, each in its unit.")
+    spend = serializers.SerializerMethodField(
+        help_text="What you pay so far (prepaid value drawn + arrears), CNY, by core.money's rounding rule."
+    )
+
+    @extend_schema_field(DrawPlanOutput(allow_null=True))
+    def get_draw_plan(self, lease: Lease) -> Any:
+        if lease.state not in HOLDING_STATES:
+            return None
+        return DrawPlanOutput(lease_draw_plan(lease=lease).as_json()).data
+
+    def _usage(self, lease: Lease) -> selectors.LeaseUsage:
+        cached = self.context.setdefault("usage", {})
+        if lease.pk not in cached:
+            cached[lease.pk] = selectors.lease_usage(lease=lease, recent=0)
+        return cached[lease.pk]
+
+    @extend_schema_field(LeaseDrawnOutput(many=True))
+    def get_drawn(self, lease: Lease) -> Any:
+        return LeaseDrawnOutput(
+            [
+                {"pack_class": d.class_key, "arrears": d.arrears, "card_hours": d.card_hours}
+                for d in self._usage(lease).draws
+            ],
+            many=True,
+        ).data
+
+    @extend_schema_field(serializers.DecimalField(max_digits=16, decimal_places=2))
+    def get_spend(self, lease: Lease) -> str:
+        return str(self._usage(lease).spend)
 
 
 class LeaseFilter(django_filters.FilterSet):

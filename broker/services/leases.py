@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from broker import selectors
+from broker.draws import buyer_packs_after_leases
 from broker.errors import (
     CapacityTakenError,
     ClusterUnavailableError,
@@ -43,6 +44,7 @@ from core.types import Actor
 from core.wakeups import wake_after_commit
 from federation.models import Cluster, ClusterStatus, Island
 from metering.errors import InsufficientBalanceError
+from metering.models import PriceCard
 
 # Which state a lease may move to from which. `stop_requested` asks the operator to stop (the buyer's
 # packs ran dry, or the buyer cancelled a running lease); the operator's stop report completes it.
@@ -227,12 +229,25 @@ def lease_create(
     now = timezone.now()
     Organisation.objects.select_for_update().filter(pk=job.buyer_id).values_list("pk").get()
     if check_balance and settings.CARDHOUR_BROKER_REQUIRE_BALANCE:
-        affordability = selectors.buyer_affordability(buyer=job.buyer, at=now)
-        if not affordability.covers(chip=draw_class, draw=expected_draw, factor=standard_card_factor):
+        # One rule for the quote's "covered", this check and the refusal's words: the buyer's packs less
+        # its live leases, drawn the way rating draws them (broker.draws: earliest expiry first, each
+        # pack only while it is valid), must pay the whole expected draw.
+        plan = buyer_packs_after_leases(buyer=job.buyer, at=now).plan(
+            chip=draw_class,
+            factor=standard_card_factor,
+            draw=expected_draw,
+            rate=PriceCard.objects.values_list("rate_per_card_hour", flat=True).get(pk=price_card_id),
+            at=max(start_at, now),
+        )
+        if not plan.covered:
+            affordability = selectors.buyer_affordability(buyer=job.buyer, at=now)
+            draw_text = plan.shortfall_text()
             raise InsufficientBalanceError(
-                f"Your packs cannot pay the expected draw of {expected_draw} {draw_class} card-hours "
-                "once your live leases are set aside: buy a pack first.",
+                f"Your packs cannot pay the expected draw of {draw_text}, once your live leases are set "
+                "aside: buy a pack first.",
                 extra={
+                    "draw_text": draw_text,
+                    "draw_plan": plan.as_json(),
                     "expected_draw": str(expected_draw),
                     "pack_class": draw_class,
                     "balances": {

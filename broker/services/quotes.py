@@ -10,8 +10,8 @@ from django.db import connections, router
 from django.db.models import Field
 from django.utils import timezone
 
-from broker import selectors
 from broker.catalog import market
+from broker.draws import BuyerPacks, DrawPlan, buyer_packs_after_leases
 from broker.errors import JobClosedError
 from broker.matching import match, window_of
 from broker.models import Job, Quote
@@ -48,8 +48,23 @@ class QuoteSet:
     expires_at: datetime
 
 
-def _breakdown(placement: Placement) -> dict[str, object]:
+def _plan(placement: Placement, packs: BuyerPacks | None) -> DrawPlan | None:
+    if packs is None:
+        return None
+    return packs.plan(
+        chip=placement.accelerator,
+        factor=placement.standard_card_factor,
+        draw=placement.expected_draw,
+        rate=placement.rate_per_card_hour,
+        at=placement.start_at,
+    )
+
+
+def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]:
     return {
+        # Which of the buyer's packs would pay, in each pack's unit, and the buyer's effective price:
+        # the buyer's balances at quote time, drawn rating's way (broker.draws).
+        "draw_plan": plan.as_json() if plan is not None else None,
         "bands": [
             {
                 "band": band.band,
@@ -91,7 +106,8 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     limit = min(max(limit or settings.CARDHOUR_QUOTE_LIMIT_DEFAULT, 1), settings.CARDHOUR_QUOTE_LIMIT_MAX)
     result = placements_find(spec=job_spec(job=job), buyer=job.buyer, now=now, limit=limit)
     expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
-    affordability = selectors.buyer_affordability(buyer=job.buyer, at=now) if result.placements else None
+    packs = buyer_packs_after_leases(buyer=job.buyer, at=now) if result.placements else None
+    plans = [_plan(placement, packs) for placement in result.placements]
     quotes = [
         Quote(
             job=job,
@@ -103,23 +119,17 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             end_at=placement.end_at,
             price_card_id=placement.price_card_id,
             cost=placement.cost,
-            breakdown=_breakdown(placement),
+            breakdown=_breakdown(placement, plan),
             latency_ms=placement.latency_ms,
             saving=placement.saving,
             expected_draw=placement.expected_draw,
             draw_class=placement.accelerator,
-            balance_sufficient=bool(
-                affordability
-                and affordability.covers(
-                    chip=placement.accelerator,
-                    draw=placement.expected_draw,
-                    factor=placement.standard_card_factor,
-                )
-            ),
+            # The rule lease_create applies when the quote is accepted (broker.draws).
+            balance_sufficient=plan is not None and plan.covered,
             created_at=now,
             expires_at=expires_at,
         )
-        for rank, placement in enumerate(result.placements, start=1)
+        for rank, (placement, plan) in enumerate(zip(result.placements, plans, strict=True), start=1)
     ]
     if quotes:
         _quotes_insert(quotes)

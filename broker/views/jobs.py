@@ -3,6 +3,7 @@ breakdown and the reasons other islands were rejected, accept a quote, re-quote,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -21,6 +22,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from broker import selectors
+from broker.draws import BuyerPacks, DrawPlan, buyer_packs_after_leases
 from broker.errors import (
     CapacityTakenError,
     ClusterUnavailableError,
@@ -170,9 +172,26 @@ class QuoteRow:
     cheapest: bool
     expires_in: int
     lease_id: int | None
+    plan: DrawPlan | None  # which of the buyer's packs would pay, in their units, and the effective price
 
 
-def _quote_rows(quotes: list[Quote], *, now: datetime) -> list[QuoteRow]:
+def _quote_plan(quote: Quote, extra: dict[str, Any], packs: Callable[[], BuyerPacks]) -> DrawPlan:
+    """The plan the quote was made with; a quote made before plans were stored gets one from the
+    buyer's packs as they stand now."""
+    stored = extra.get("draw_plan")
+    if isinstance(stored, dict):
+        return DrawPlan.from_json(stored)
+    factor = extra.get("standard_card_factor")
+    return packs().plan(
+        chip=quote.draw_class,
+        factor=Decimal(str(factor)) if factor else None,
+        draw=quote.expected_draw,
+        rate=Decimal(str(extra.get("rate_per_card_hour", "0"))),
+        at=quote.start_at,
+    )
+
+
+def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> list[QuoteRow]:
     slugs = {quote.draw_class for quote in quotes}
     chips = (
         {
@@ -186,6 +205,13 @@ def _quote_rows(quotes: list[Quote], *, now: datetime) -> list[QuoteRow]:
     )
     # The best-ranked of the cheapest quotes is highlighted (ranks may put a nearer one first).
     cheapest = min(quotes, key=lambda quote: (quote.cost, quote.rank), default=None)
+    loaded: list[BuyerPacks] = []
+
+    def packs() -> BuyerPacks:
+        if not loaded:
+            loaded.append(buyer_packs_after_leases(buyer=buyer, at=now))
+        return loaded[0]
+
     rows = []
     for quote in quotes:
         extra: dict[str, Any] = quote.breakdown if isinstance(quote.breakdown, dict) else {}
@@ -222,6 +248,7 @@ def _quote_rows(quotes: list[Quote], *, now: datetime) -> list[QuoteRow]:
                 cheapest=len(quotes) > 1 and quote is cheapest,
                 expires_in=max(int((quote.expires_at - now).total_seconds()), 0),
                 lease_id=lease.pk if lease is not None else None,
+                plan=_quote_plan(quote, extra, packs),
             )
         )
     return rows
@@ -265,7 +292,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.job_get_for(buyer=buyer, job_id=job_id)
     now = timezone.now()
     quotes = selectors.job_quotes_latest(job=job)
-    rows = _quote_rows(quotes, now=now)
+    rows = _quote_rows(quotes, now=now, buyer=buyer)
     chips = dict(
         accelerator_list()
         .filter(slug__in=job.accelerators or [])
@@ -325,8 +352,8 @@ def _accept_error(exc: DomainError, quote: Quote) -> dict[str, Any]:
     elif isinstance(exc, InsufficientBalanceError):
         text = _(
             "Your card-hour packs, less what your live leases will still draw, cannot pay this quote's "
-            "expected draw of %(draw)s %(kind)s card-hours. Buy a pack, then get new quotes."
-        ) % {"draw": exc.extra.get("expected_draw", quote.expected_draw), "kind": quote.draw_class}
+            "expected draw: %(draw)s. Buy a pack, then get new quotes."
+        ) % {"draw": exc.extra.get("draw_text") or exc.message}
         pack_link = True
     elif isinstance(exc, ClusterUnavailableError):
         text = _(

@@ -16,8 +16,9 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from broker import selectors
+from broker.draws import lease_draw_plan
 from broker.errors import LeaseTransitionError
-from broker.models import Lease, LeaseState
+from broker.models import HOLDING_STATES, Lease, LeaseState
 from broker.services import leases as lease_services
 from core.portal import portal_view
 
@@ -71,6 +72,10 @@ def lease_detail(request: HttpRequest, lease_id: int) -> HttpResponse:
             "price_card": card,
             "tariff": card.tariff_version.tariff,
             "can_cancel": lease.state in CANCELLABLE_STATES,
+            # How the expected draw is paid, in the paying packs' units, while the lease can still draw.
+            "plan": lease_draw_plan(lease=lease)
+            if lease.state in HOLDING_STATES and lease.expected_draw > 0
+            else None,
             "time_zone": timezone.get_current_timezone_name(),
         },
     )

@@ -10,6 +10,7 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from broker.draws import buyer_packs_after_leases, chip_factors
 from broker.forms.market import HomeHubForm, MarketFilterForm
 from broker.market import (
     MarketQuery,
@@ -61,6 +62,15 @@ def market(request: HttpRequest) -> HttpResponse:
         query=query, origin_hub=home.code, at=now, page_number=request.GET.get("page"), per_page=PAGE_SIZE
     )
     strips = {row.strip.tariff_version_id: row.strip for row in rows if row.strip is not None}
+    # The buyer's own price beside each operator's rate: from the pack rating would draw first.
+    packs = buyer_packs_after_leases(buyer=buyer, at=now)
+    factors = chip_factors({row.cluster.accelerator.slug for row in rows})
+    yours = {
+        row.cluster.pk: packs.effective_price(
+            chip=row.cluster.accelerator.slug, factor=factors.get(row.cluster.accelerator.slug), at=now
+        )
+        for row in rows
+    }
     return render(
         request,
         "broker/market/market.html",
@@ -73,6 +83,9 @@ def market(request: HttpRequest) -> HttpResponse:
             "summary": market_summary(include_offline=query.include_offline, at=now),
             "page": page,
             "rows": rows,
+            "priced_rows": [(row, yours.get(row.cluster.pk)) for row in rows],
+            "yours": yours,
+            "holds_packs": bool(packs.slots),
             "bands": sorted({band for strip in strips.values() for band in strip.multipliers}),
             "now": now,
         },

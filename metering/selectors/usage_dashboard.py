@@ -15,7 +15,7 @@ the day it starts.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -26,6 +26,8 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import (
     BigIntegerField,
+    BooleanField,
+    Case,
     Count,
     DateField,
     Expression,
@@ -35,6 +37,7 @@ from django.db.models import (
     QuerySet,
     Sum,
     Value,
+    When,
 )
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -42,9 +45,9 @@ from django.utils.translation import gettext as _
 
 from core.charts import band_sort_key
 from core.models import Organisation
-from core.money import MICROS, from_micros, round_div
+from core.money import MICROS, from_micros, line_to_fen, lines_total, round_div
 from federation.models import Cluster
-from metering.models import STANDARD_CLASS, Pack, RatedSegment, UsageRecord
+from metering.models import STANDARD_CLASS, Band, Pack, RatedSegment, UsageRecord
 from metering.selectors.payments import buyer_balance_summary, pack_list_for
 
 SECONDS_PER_HOUR = 3600
@@ -157,6 +160,7 @@ class DayBandUsage:
     gross_micros: int
     drawn_micros: int
     arrears_micros: int
+    value_micros: int = 0
 
     @property
     def card_hours(self) -> Decimal:
@@ -165,6 +169,12 @@ class DayBandUsage:
     @property
     def gross(self) -> Decimal:
         return from_micros(self.gross_micros)
+
+    @property
+    def value(self) -> Decimal:
+        """What the buyer pays for these card-hours, exact (6 places): prepaid value drawn plus arrears
+        at the operator's gross."""
+        return from_micros(self.value_micros)
 
     @property
     def pack_draw(self) -> Decimal:
@@ -212,6 +222,7 @@ def usage_by_day_band(*, buyer: Organisation, period: UsagePeriod) -> list[DayBa
             gross=Sum("gross"),
             drawn=Sum("pack_draw", filter=Q(pack__isnull=False)),
             arrears=Sum("pack_draw", filter=Q(pack__isnull=True)),
+            value=Sum("buyer_value"),
         )
         .order_by()
     )
@@ -224,13 +235,91 @@ def usage_by_day_band(*, buyer: Organisation, period: UsagePeriod) -> list[DayBa
             gross_micros=int(row["gross"] or 0),
             drawn_micros=int(row["drawn"] or 0),
             arrears_micros=int(row["arrears"] or 0),
+            value_micros=int(row["value"] or 0),
         )
         for row in rows
     ]
     return sorted(usage, key=lambda u: (u.day, band_sort_key(u.band), u.pack_class))
 
 
-# --- Spend per cluster -----------------------------------------------------------------------------
+# --- Spend: statement lines, per cluster ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpendLine:
+    """One line by the rounding rule (core.money): the period's segments of one cluster, band and pack
+    class, covered by a pack or not (arrears) — the grouping of an invoice's usage lines. ``spend`` is
+    the exact ``buyer_value`` rounded once to the fen; ``list_price`` the operators' gross, likewise."""
+
+    cluster_id: int
+    cpi: str
+    band: str
+    pack_class: str
+    arrears: bool
+    card_seconds: int
+    drawn_micros: int
+    gross_micros: int
+    value_micros: int
+
+    @property
+    def card_hours(self) -> Decimal:
+        return card_hours_of(self.card_seconds)
+
+    @property
+    def pack_draw(self) -> Decimal:
+        """Card-hours drawn, in the unit of ``pack_class`` (for arrears, the chip's card-hours)."""
+        return from_micros(self.drawn_micros)
+
+    @property
+    def spend(self) -> Decimal:
+        return line_to_fen(self.value_micros)
+
+    @property
+    def list_price(self) -> Decimal:
+        return line_to_fen(self.gross_micros)
+
+
+# An invoice lists a cluster's bands dearest first (metering.services.billing); so do the lines here.
+_INVOICE_BAND_ORDER = {band.value: position for position, band in enumerate(Band)}
+
+
+def usage_spend_lines(*, buyer: Organisation, period: UsagePeriod) -> list[SpendLine]:
+    """The period's segments summed per (cluster, band, pack class, arrears?) in one query, in an
+    invoice's order: covered lines before arrears, by CPI, band, class."""
+    rows = (
+        _scoped(_segments_of(buyer=buyer, starts_at=period.starts_at, ends_at=period.ends_at), period)
+        .annotate(
+            arrears=Case(
+                When(pack__isnull=True, then=Value(True)), default=Value(False), output_field=BooleanField()
+            )
+        )
+        .values("usage_record__cluster_id", "usage_record__cluster__cpi", "band", "pack_class", "arrears")
+        .annotate(
+            card_seconds=Sum("card_seconds"),
+            drawn=Sum("pack_draw"),
+            gross=Sum("gross"),
+            value=Sum("buyer_value"),
+        )
+        .order_by()
+    )
+    lines = [
+        SpendLine(
+            cluster_id=row["usage_record__cluster_id"],
+            cpi=row["usage_record__cluster__cpi"],
+            band=row["band"],
+            pack_class=row["pack_class"],
+            arrears=bool(row["arrears"]),
+            card_seconds=int(row["card_seconds"] or 0),
+            drawn_micros=int(row["drawn"] or 0),
+            gross_micros=int(row["gross"] or 0),
+            value_micros=int(row["value"] or 0),
+        )
+        for row in rows
+    ]
+    return sorted(
+        lines,
+        key=lambda line: (line.arrears, line.cpi, _INVOICE_BAND_ORDER.get(line.band, 99), line.pack_class),
+    )
 
 
 @dataclass(frozen=True)
@@ -242,47 +331,45 @@ class ClusterUsage:
     chip: str
     chip_name: str
     card_seconds: int
-    gross_micros: int
+    spend: Decimal  # the sum of the cluster's rounded lines
+    list_price: Decimal  # the operators' gross, the sum of the cluster's rounded lines
 
     @property
     def card_hours(self) -> Decimal:
         return card_hours_of(self.card_seconds)
 
-    @property
-    def gross(self) -> Decimal:
-        return from_micros(self.gross_micros)
 
-
-def usage_by_cluster(*, buyer: Organisation, period: UsagePeriod) -> list[ClusterUsage]:
-    """Card-seconds and gross spend per cluster in the period, in one query, biggest spend first."""
-    prefix = "usage_record__cluster__"
-    rows = (
-        _scoped(_segments_of(buyer=buyer, starts_at=period.starts_at, ends_at=period.ends_at), period)
-        .values(
-            "usage_record__cluster_id",
-            f"{prefix}cpi",
-            f"{prefix}name",
-            f"{prefix}hub__code",
-            f"{prefix}accelerator__slug",
-            f"{prefix}accelerator__model",
+def usage_by_cluster(
+    *, buyer: Organisation, period: UsagePeriod, lines: list[SpendLine] | None = None
+) -> list[ClusterUsage]:
+    """Card-seconds, spend and list price per cluster in the period, each the sum of the cluster's
+    rounded lines (``usage_spend_lines``), biggest spend first."""
+    if lines is None:
+        lines = usage_spend_lines(buyer=buyer, period=period)
+    by_cluster: dict[int, list[SpendLine]] = defaultdict(list)
+    for line in lines:
+        by_cluster[line.cluster_id].append(line)
+    facts = {
+        row[0]: row[1:]
+        for row in Cluster.objects.filter(pk__in=list(by_cluster)).values_list(
+            "id", "cpi", "name", "hub__code", "accelerator__slug", "accelerator__model"
         )
-        .annotate(card_seconds=Sum("card_seconds"), gross=Sum("gross"))
-        .order_by()
-    )
+    }
     usage = [
         ClusterUsage(
-            cluster_id=row["usage_record__cluster_id"],
-            cpi=row[f"{prefix}cpi"],
-            name=row[f"{prefix}name"],
-            hub=row[f"{prefix}hub__code"],
-            chip=row[f"{prefix}accelerator__slug"],
-            chip_name=row[f"{prefix}accelerator__model"],
-            card_seconds=int(row["card_seconds"] or 0),
-            gross_micros=int(row["gross"] or 0),
+            cluster_id=cluster_id,
+            cpi=facts[cluster_id][0],
+            name=facts[cluster_id][1],
+            hub=facts[cluster_id][2],
+            chip=facts[cluster_id][3],
+            chip_name=facts[cluster_id][4],
+            card_seconds=sum(line.card_seconds for line in cluster_lines),
+            spend=lines_total(line.value_micros for line in cluster_lines),
+            list_price=lines_total(line.gross_micros for line in cluster_lines),
         )
-        for row in rows
+        for cluster_id, cluster_lines in by_cluster.items()
     ]
-    return sorted(usage, key=lambda u: (-u.gross_micros, -u.card_seconds, u.cpi))
+    return sorted(usage, key=lambda u: (-u.spend, -u.card_seconds, u.cpi))
 
 
 # --- Reported, not rated yet -------------------------------------------------------------------------
@@ -365,13 +452,40 @@ def pack_draws_trailing(*, buyer: Organisation, now: datetime) -> dict[str, int]
 
 
 @dataclass(frozen=True)
+class ReservedDraw:
+    """What a reserved lease (accepted, not started) is expected to draw from one pack, in the pack's
+    unit, from ``starts_at``. Provided by the broker (which knows leases) through
+    ``reserved_draws_provider_register``: metering never imports the broker."""
+
+    pack_id: int
+    class_key: str
+    micros: int
+    starts_at: datetime
+
+
+ReservedDrawsProvider = Callable[..., list[ReservedDraw]]
+_reserved_draw_providers: list[ReservedDrawsProvider] = []
+
+
+def reserved_draws_provider_register(provider: ReservedDrawsProvider) -> None:
+    """Register ``provider(buyer=, now=) -> list[ReservedDraw]`` (once; the broker does, when it loads)."""
+    if provider not in _reserved_draw_providers:
+        _reserved_draw_providers.append(provider)
+
+
+def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDraw]:
+    return [draw for provider in _reserved_draw_providers for draw in provider(buyer=buyer, now=now)]
+
+
+@dataclass(frozen=True)
 class PackForecast:
-    """One usable pack: what is left, when it expires and, at the class's current rate, what would be
-    left unused when it expires (None: it is used up before)."""
+    """One usable pack: what is left, what reserved leases will take of it, when it expires and, at the
+    class's current rate, what would be left unused when it expires (None: it is used up before)."""
 
     pack: Pack
     class_key: str
     remaining_micros: int
+    reserved_micros: int
     expires_on: date
     days_left: int
     unused_at_expiry_micros: int | None
@@ -385,9 +499,20 @@ class PackForecast:
         return None if self.unused_at_expiry_micros is None else from_micros(self.unused_at_expiry_micros)
 
 
+class Outcome:
+    """The one thing the forecast says about a class."""
+
+    RUNS_OUT = "runs_out"  # used up at the current rate (after reserved leases) on ``on``
+    RESERVED_EXCEED = "reserved_exceed"  # reserved leases alone need more than is left
+    EXPIRES_UNUSED = "expires_unused"  # ``unused`` card-hours expire unused, the last on ``on``
+    IDLE = "idle"  # no recent use and nothing reserved: everything left expires unused on ``on``
+
+
 @dataclass(frozen=True)
 class ClassForecast:
-    """A class the buyer holds card-hours of, its balance, its trailing draw and when it runs out."""
+    """A class the buyer holds card-hours of, its balance, its reserved and trailing draws and the one
+    outcome the forecast states: ``outcome`` on ``outcome_on`` (with ``unused`` card-hours lost for
+    EXPIRES_UNUSED / IDLE, and for RUNS_OUT the card-hours of earlier packs that expire on the way)."""
 
     class_key: str
     label: str
@@ -395,14 +520,24 @@ class ClassForecast:
     packs: int
     next_expiry_at: datetime | None
     drawn_trailing_micros: int
-    runs_out_at: datetime | None
-    runs_out_on: date | None
-    runs_out_in_days: int | None
+    reserved_micros: int
+    outcome: str
+    outcome_on: date | None
+    outcome_in_days: int | None
+    unused_micros: int
     pack_rows: list[PackForecast] = field(default_factory=list)
 
     @property
     def drawn_trailing(self) -> Decimal:
         return from_micros(self.drawn_trailing_micros)
+
+    @property
+    def reserved(self) -> Decimal:
+        return from_micros(self.reserved_micros)
+
+    @property
+    def unused(self) -> Decimal:
+        return from_micros(self.unused_micros)
 
     @property
     def rate_per_day(self) -> Decimal:
@@ -413,24 +548,30 @@ class ClassForecast:
         return self.drawn_trailing_micros > 0
 
     @property
-    def expiring_unused(self) -> list[PackForecast]:
-        return [p for p in self.pack_rows if p.unused_at_expiry_micros]
+    def runs_out_on(self) -> date | None:
+        return self.outcome_on if self.outcome == Outcome.RUNS_OUT else None
 
 
 def _simulate(
     packs: Sequence[tuple[Pack, int]], *, drawn: int, now: datetime
-) -> tuple[datetime | None, dict[int, int | None]]:
-    """Draw ``packs`` (in consumption order: earliest expiry first) at ``drawn`` micro-card-hours per
-    trailing window from ``now``. Return when the last is used up (None with no recent use) and, per
-    pack, what would be left when it expires (None: used up first)."""
+) -> tuple[datetime | None, bool, dict[int, int | None]]:
+    """Draw ``packs`` (what is left of each once reserved leases are set aside, in consumption order:
+    earliest expiry first) at ``drawn`` micro-card-hours per trailing window from ``now``. Return the
+    instant the draw stops — the last pack used up, or the last expiry — whether it stopped because the
+    card-hours ran out (True) or expired (False), and, per pack, what would be left when it expires
+    (None: used up first)."""
     window = FORECAST_TRAILING_DAYS * 86400
     unused: dict[int, int | None] = {}
-    if drawn <= 0:
-        return None, {pack.pk: remaining for pack, remaining in packs}
     t = now
+    ran_out = True
     for pack, remaining in packs:
-        if pack.expires_at <= t:
+        if remaining <= 0:
+            unused[pack.pk] = None
+            continue
+        if drawn <= 0 or pack.expires_at <= t:
             unused[pack.pk] = remaining
+            t = max(t, pack.expires_at)
+            ran_out = False
             continue
         # Whole seconds, rounded down: ``remaining`` at ``drawn`` per ``window`` seconds.
         finish = t + timedelta(seconds=remaining * window // drawn)
@@ -438,10 +579,12 @@ def _simulate(
             elapsed = (pack.expires_at - t) // timedelta(seconds=1)
             unused[pack.pk] = remaining - elapsed * drawn // window
             t = pack.expires_at
+            ran_out = False
         else:
             unused[pack.pk] = None
             t = finish
-    return t, unused
+            ran_out = True
+    return (t if packs else None), ran_out, unused
 
 
 def class_label(class_key: str, *, names: dict[str, str]) -> str:
@@ -454,9 +597,12 @@ def usage_forecast_for(
     *, buyer: Organisation, now: datetime | None = None, chip_names: dict[str, str] | None = None
 ) -> list[ClassForecast]:
     """Per class with a balance: what is left (buyer_balance_summary, from the packs' ledger accounts),
-    the usable packs in the order rating draws them, and the run-out date at the trailing draw rate
-    (pack card-hours drawn over the last 7 days ÷ 7 per day), packs expiring on the way taken into
-    account. Three queries."""
+    the usable packs in the order rating draws them, and one outcome. Reserved leases' expected draws
+    (``reserved_draws_for``) are taken from their packs first; the rest is drawn at the trailing rate
+    (pack card-hours drawn over the last 7 days ÷ 7 per day), earliest expiry first, packs expiring on
+    the way taken into account. The outcome is RESERVED_EXCEED when reserved leases need more than is
+    left, RUNS_OUT when the last pack is used up before it expires, EXPIRES_UNUSED when it expires first
+    (with the card-hours lost), IDLE with no use and nothing reserved."""
     now = now or timezone.now()
     zone = dashboard_zone()
     today = now.astimezone(zone).date()
@@ -467,6 +613,11 @@ def usage_forecast_for(
         .filter(starts_at__lte=now, expires_at__gt=now)
     )
     draws = pack_draws_trailing(buyer=buyer, now=now)
+    reserved_by_pack: dict[int, int] = defaultdict(int)
+    reserved_by_class: dict[str, int] = defaultdict(int)
+    for draw in reserved_draws_for(buyer=buyer, now=now):
+        reserved_by_pack[draw.pack_id] += draw.micros
+        reserved_by_class[draw.class_key] += draw.micros
     names = dict(chip_names or {})
     by_class: dict[str, list[tuple[Pack, int]]] = defaultdict(list)
     for pack in packs:
@@ -482,8 +633,20 @@ def usage_forecast_for(
             continue
         class_packs = by_class.get(balance.class_key, [])
         drawn = draws.get(balance.class_key, 0)
-        runs_out_at, unused = _simulate(class_packs, drawn=drawn, now=now)
-        runs_out_on = runs_out_at.astimezone(zone).date() if runs_out_at is not None else None
+        reserved = reserved_by_class.get(balance.class_key, 0)
+        free = [
+            (pack, max(remaining - reserved_by_pack.get(pack.pk, 0), 0)) for pack, remaining in class_packs
+        ]
+        stop_at, ran_out, unused = _simulate(free, drawn=drawn, now=now)
+        lost = sum(value for value in unused.values() if value)
+        if reserved and not any(remaining for _, remaining in free):
+            outcome, on = Outcome.RESERVED_EXCEED, None
+        elif drawn > 0 and ran_out:
+            outcome, on = Outcome.RUNS_OUT, stop_at.astimezone(zone).date() if stop_at else None
+        elif drawn > 0 or reserved:
+            outcome, on = Outcome.EXPIRES_UNUSED, stop_at.astimezone(zone).date() if stop_at else None
+        else:
+            outcome, on = Outcome.IDLE, stop_at.astimezone(zone).date() if stop_at else None
         forecasts.append(
             ClassForecast(
                 class_key=balance.class_key,
@@ -492,17 +655,20 @@ def usage_forecast_for(
                 packs=balance.packs,
                 next_expiry_at=balance.next_expiry_at,
                 drawn_trailing_micros=drawn,
-                runs_out_at=runs_out_at,
-                runs_out_on=runs_out_on,
-                runs_out_in_days=(runs_out_on - today).days if runs_out_on is not None else None,
+                reserved_micros=reserved,
+                outcome=outcome,
+                outcome_on=on,
+                outcome_in_days=(on - today).days if on is not None else None,
+                unused_micros=lost,
                 pack_rows=[
                     PackForecast(
                         pack=pack,
                         class_key=balance.class_key,
                         remaining_micros=remaining,
+                        reserved_micros=reserved_by_pack.get(pack.pk, 0),
                         expires_on=pack.expires_at.astimezone(zone).date(),
                         days_left=(pack.expires_at.astimezone(zone).date() - today).days,
-                        unused_at_expiry_micros=unused.get(pack.pk) if drawn > 0 else None,
+                        unused_at_expiry_micros=unused.get(pack.pk),
                     )
                     for pack, remaining in class_packs
                 ],
@@ -518,11 +684,13 @@ def usage_forecast_for(
 class DayBar:
     day: date
     card_seconds_by_band: dict[str, int]
-    gross_micros: int
+    value_micros: int
 
     @property
-    def gross(self) -> Decimal:
-        return from_micros(self.gross_micros)
+    def spend(self) -> Decimal:
+        """The day's spend, rounded once to the fen (a day is not a statement line: the days of a month
+        may add up to a fen or two off the month's total, which is the sum of its lines)."""
+        return line_to_fen(self.value_micros)
 
     @property
     def card_hours_by_band(self) -> dict[str, Decimal]:
@@ -551,8 +719,8 @@ class UsageDashboard:
     days: list[DayBar]
     bands: list[str]
     clusters: list[ClusterUsage]
+    lines: list[SpendLine]
     card_seconds: int
-    gross_micros: int
     drawn_by_class: list[ClassAmount]
     arrears_by_class: list[ClassAmount]
     unrated: UnratedUsage
@@ -562,8 +730,23 @@ class UsageDashboard:
         return card_hours_of(self.card_seconds)
 
     @property
-    def gross(self) -> Decimal:
-        return from_micros(self.gross_micros)
+    def spend(self) -> Decimal:
+        """What the buyer pays for the period's usage: the sum of its rounded lines (core.money)."""
+        return lines_total(line.value_micros for line in self.lines)
+
+    @property
+    def spend_from_packs(self) -> Decimal:
+        return lines_total(line.value_micros for line in self.lines if not line.arrears)
+
+    @property
+    def amount_due(self) -> Decimal:
+        """Usage no pack covered, at the operators' gross: what the buyer owes."""
+        return lines_total(line.value_micros for line in self.lines if line.arrears)
+
+    @property
+    def list_price(self) -> Decimal:
+        """The same usage at the operators' list prices (gross), the sum of its rounded lines."""
+        return lines_total(line.gross_micros for line in self.lines)
 
 
 def _by_class(rows: Iterable[DayBandUsage], attr: str, names: dict[str, str]) -> list[ClassAmount]:
@@ -580,27 +763,29 @@ def _by_class(rows: Iterable[DayBandUsage], attr: str, names: dict[str, str]) ->
 def usage_dashboard_for(
     *, buyer: Organisation, period: UsagePeriod, chip_names: dict[str, str] | None = None
 ) -> UsageDashboard:
-    """The period's figures: per day × band × class sums, the days' bars, spend per cluster, totals, pack
-    draws and arrears per class, and unrated usage. Three queries, whatever the number of records."""
+    """The period's figures: per day × band × class sums, the days' bars, the spend lines and spend per
+    cluster (core.money's rounding rule), totals, pack draws and arrears per class, and unrated usage. A
+    fixed number of queries, whatever the number of records."""
     rows = usage_by_day_band(buyer=buyer, period=period)
     names = chip_names or {}
     per_day: dict[date, dict[str, int]] = {day: {} for day in period.days}
-    gross_per_day: dict[date, int] = defaultdict(int)
+    value_per_day: dict[date, int] = defaultdict(int)
     for row in rows:
         bands = per_day.setdefault(row.day, {})
         bands[row.band] = bands.get(row.band, 0) + row.card_seconds
-        gross_per_day[row.day] += row.gross_micros
+        value_per_day[row.day] += row.value_micros
+    lines = usage_spend_lines(buyer=buyer, period=period)
     return UsageDashboard(
         period=period,
         rows=rows,
         days=[
-            DayBar(day=day, card_seconds_by_band=per_day[day], gross_micros=gross_per_day[day])
+            DayBar(day=day, card_seconds_by_band=per_day[day], value_micros=value_per_day[day])
             for day in sorted(per_day)
         ],
         bands=sorted({row.band for row in rows}, key=band_sort_key),
-        clusters=usage_by_cluster(buyer=buyer, period=period),
+        clusters=usage_by_cluster(buyer=buyer, period=period, lines=lines),
+        lines=lines,
         card_seconds=sum(row.card_seconds for row in rows),
-        gross_micros=sum(row.gross_micros for row in rows),
         drawn_by_class=_by_class(rows, "drawn_micros", names),
         arrears_by_class=_by_class(rows, "arrears_micros", names),
         unrated=usage_unrated_for(buyer=buyer, period=period),

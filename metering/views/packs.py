@@ -102,6 +102,8 @@ def _pack_list_context(request: HttpRequest, *, form: PackBuyForm) -> dict[str, 
     packs.object_list = list(packs.object_list)
     for pack in packs.object_list:
         pack.remaining_card_hours = from_micros(int(pack.remaining_micros))
+        # What one card-hour of the pack's unit cost (standard card-hours for a standard pack).
+        pack.price_per_card_hour = (pack.price / pack.card_hours).quantize(CENT)
     return {
         "balances": [(balance, names.get(balance.accelerator or "", "")) for balance in balances],
         "packs": packs,
@@ -202,12 +204,28 @@ def _checkout(order: PackOrder, config: StripePublicConfig) -> Checkout:
     return Checkout(STEP_PAY, decline_message=decline, client_secret=intent.client_secret)
 
 
+def order_status_shown(order: PackOrder, checkout: Checkout) -> str:
+    """The status the order's badge shows. Stripe reports a decline on the PaymentIntent at once, and the
+    ``payment_failed`` webhook that marks the order failed follows; a page drawn in between would say
+    "Awaiting payment" above "Your card was not charged", and keep saying it while the packs list (read
+    after the webhook) says "Payment failed". So a decline the checkout shows is the badge's status too;
+    a new card on Stripe's own form moves it on (the polled fragment carries the order's status)."""
+    if order.status == PackOrder.Status.PENDING and (
+        checkout.step == STEP_DECLINED or (checkout.step == STEP_PAY and checkout.decline_message)
+    ):
+        return PackOrder.Status.FAILED
+    return order.status
+
+
 def _order_context(request: HttpRequest, order: PackOrder, **extra: Any) -> dict[str, Any]:
     config = services.payment_public_config()
     checkout = _checkout(order, config)
     pack = getattr(order, "pack", None)
+    status = order_status_shown(order, checkout)
     return {
         "order": order,
+        "status": status,
+        "status_label": PackOrder.Status(status).label,
         "pack": pack,
         "checkout": checkout,
         "payment_config": config,

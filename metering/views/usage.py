@@ -27,11 +27,11 @@ from metering.selectors.usage_dashboard import (
     UsagePeriod,
     UsedCluster,
     local_today,
-    usage_by_cluster,
     usage_by_day_band,
     usage_clusters_for,
     usage_dashboard_for,
     usage_forecast_for,
+    usage_spend_lines,
 )
 from metering.selectors.usage_dashboard import dashboard_zone as _zone
 
@@ -71,9 +71,9 @@ def usage_dashboard(request: HttpRequest) -> HttpResponse:
             (day, [day.card_hours_by_band.get(band, Decimal(0)) for band in dashboard.bands])
             for day in dashboard.days
         ]
-        top = max((c.gross_micros for c in dashboard.clusters), default=0)
+        top = max((c.spend for c in dashboard.clusters), default=Decimal(0))
         cluster_bars = [
-            (c, (Decimal(c.gross_micros * 100) / top).quantize(Decimal("0.1")) if top else Decimal(0))
+            (c, (c.spend * 100 / top).quantize(Decimal("0.1")) if top else Decimal(0))
             for c in dashboard.clusters
         ]
     forecasts = usage_forecast_for(buyer=buyer, now=timezone.now(), chip_names=chip_names)
@@ -120,7 +120,10 @@ def _period_or_error(request: HttpRequest) -> UsagePeriod | HttpResponse:
 @portal_view("buyer")
 def usage_csv(request: HttpRequest) -> HttpResponse:
     """One row per local day × band × pack class: exact card-seconds, card-hours to the micro-card-hour,
-    gross CNY, card-hours drawn from packs and card-hours no pack covered (arrears)."""
+    card-hours drawn from packs (in the unit of ``pack_class``: standard card-hours for ``std``, the chip's
+    otherwise), card-hours no pack covered (arrears, the chip's), and — exact, to 6 places, before the
+    rounding of statement lines — what the buyer pays (``spend_cny_exact``) and the operators' list price
+    (``operator_list_price_cny_exact``). The fen figures are in the per-line CSV."""
     period = _period_or_error(request)
     if isinstance(period, HttpResponse):
         return period
@@ -134,9 +137,10 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
             "pack_class",
             "card_seconds",
             "card_hours",
-            "gross_cny",
             "pack_draw_card_hours",
             "arrears_card_hours",
+            "spend_cny_exact",
+            "operator_list_price_cny_exact",
         ]
     )
     for row in rows:
@@ -147,9 +151,10 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
                 row.pack_class,
                 row.card_seconds,
                 row.card_hours,
-                row.gross,
                 row.pack_draw,
                 row.arrears,
+                row.value,
+                row.gross,
             ]
         )
     return response
@@ -157,16 +162,44 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
 
 @portal_view("buyer")
 def usage_cluster_csv(request: HttpRequest) -> HttpResponse:
-    """One row per cluster used in the period, biggest spend first: card-seconds, card-hours, gross CNY."""
+    """One row per statement line of the period — cluster × band × pack class, covered by a pack or not
+    (``covered_by``: ``pack`` or ``none`` for arrears) — the grouping of an invoice's usage lines:
+    card-seconds, card-hours, the pack draw in the unit of ``pack_class``, and the line's spend and the
+    operators' list price, each rounded once to the fen (core.money). The spend column adds up to the
+    dashboard's spend and, for a calendar month, to the invoice's usage and arrears lines."""
     period = _period_or_error(request)
     if isinstance(period, HttpResponse):
         return period
-    clusters = usage_by_cluster(buyer=_buyer(request), period=period)
+    lines = usage_spend_lines(buyer=_buyer(request), period=period)
     response = _csv_response(f"cardhour-usage-clusters-{period.start_date}-{period.end_date}.csv")
     writer = csv.writer(response)
-    writer.writerow(["cluster", "cluster_name", "hub", "chip", "card_seconds", "card_hours", "gross_cny"])
-    for c in clusters:
-        writer.writerow([c.cpi, c.name, c.hub, c.chip, c.card_seconds, c.card_hours, c.gross])
+    writer.writerow(
+        [
+            "cluster",
+            "band",
+            "pack_class",
+            "covered_by",
+            "card_seconds",
+            "card_hours",
+            "pack_draw_card_hours",
+            "spend_cny",
+            "operator_list_price_cny",
+        ]
+    )
+    for line in lines:
+        writer.writerow(
+            [
+                line.cpi,
+                line.band,
+                line.pack_class,
+                "none" if line.arrears else "pack",
+                line.card_seconds,
+                line.card_hours,
+                line.pack_draw,
+                line.spend,
+                line.list_price,
+            ]
+        )
     return response
 
 

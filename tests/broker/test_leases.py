@@ -122,6 +122,18 @@ def test_a_buyer_who_cannot_pay_is_told_in_the_quote_and_refused_with_402(
     assert body["code"] == "insufficient_balance"
     assert body["extra"]["pack_class"] == A800
     assert Decimal(body["extra"]["expected_draw"]) == Decimal(first["expected_draw"])
+    # Named in the unit of the pack that would pay (the A800 pack), to two places; exact in ``extra``.
+    draw = Decimal(first["expected_draw"])
+    assert (
+        f"expected draw of {draw.quantize(Decimal('0.01'))} {A800} card-hours; your packs have 1.00 of it free"
+        in (body["message"])
+    )
+    plan = body["extra"]["draw_plan"]
+    assert [(p["pack_class"], p["unit"], p["card_hours"]) for p in plan["paid_by"]] == [
+        (A800, "chip_card_hours", "1.000000")
+    ]
+    assert Decimal(plan["uncovered_chip_card_hours"]) == draw - 1
+    assert first["draw_plan"]["paid_by"][0]["card_hours"] == "1.000000"
     assert (
         not Lease.objects.exists()
         and not CapacityHold.objects.exists()
@@ -288,3 +300,26 @@ def test_64_concurrent_acceptances_for_the_last_cards(east_operator: Organisatio
         == 64
     )
     assert Lease.objects.count() == 8 == LeaseTransition.objects.count()
+
+
+def test_a_lease_tells_how_a_standard_pack_pays_it(
+    buyer: Organisation, east_cluster: Cluster, token_client
+) -> None:
+    """A standard pack only: the lease's expected draw is paid in standard card-hours (× 0.78, the A800's
+    factor) and nothing has been drawn or spent yet."""
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=1000, price="12000.00", key="std")
+    client = token_client(buyer)
+    job = submit(client)
+    first = quote(client, job["id"])["quotes"][0]
+    lease = client.post(f"/api/v1/quotes/{first['id']}/accept").json()
+    detail = client.get(f"/api/v1/leases/{lease['id']}").json()
+    draw = Decimal(first["expected_draw"])
+    assert [
+        (p["pack_class"], p["unit"], Decimal(p["card_hours"]), p["standard_card_factor"])
+        for p in detail["draw_plan"]["paid_by"]
+    ] == [("std", "standard_card_hours", (draw * Decimal("0.78")).quantize(Decimal("0.000001")), "0.7800")]
+    assert (detail["draw_plan"]["uncovered_chip_card_hours"], detail["drawn"], detail["spend"]) == (
+        "0.000000",
+        [],
+        "0.00",
+    )

@@ -311,9 +311,11 @@ def test_a_buyer_who_cannot_pay_is_told_before_and_when_accepting(
     response = buyer_client.post(f"/quotes/{quote.pk}/accept/", follow=True)
     error = response.context["quote_error"]
     assert error["code"] == "insufficient_balance" and error["pack_link"] is True
-    assert escape("cannot pay this quote's expected draw of 3.040000 nvidia-a800-sxm4-80gb card-hours") in (
-        response.content.decode()
-    )
+    # In the unit of the pack that pays (the A800 pack: A800 card-hours), to two places.
+    assert escape(
+        "cannot pay this quote's expected draw: 3.04 nvidia-a800-sxm4-80gb card-hours; your packs have "
+        "1.00 of it free."
+    ) in (response.content.decode())
     assert not Lease.objects.exists()
 
 
@@ -452,3 +454,80 @@ def test_a_session_keeps_the_rejection_summaries_of_the_latest_jobs_only() -> No
     )
     assert kept == list(range(6, 26))
     assert request.session["cardhour_organisation"] == "acme"
+
+
+# --- Draws in the unit of the pack that pays ---------------------------------------------------------
+
+
+def test_a_standard_pack_buyer_sees_draws_in_standard_card_hours_and_its_own_price(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster, buyer_client: Client
+) -> None:
+    """Only a standard pack (12 CNY per standard card-hour). The west quote draws 8 valley card-hours ×
+    0.5 = 4 A800 card-hours, paid with 4 × 0.78 = 3.12 standard card-hours worth ¥37.44 (¥9.36 per A800
+    card-hour); the operator's list price is ¥36.00 (9 CNY × 4)."""
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=1000, price="12000.00", key="std")
+    job = _placed(buyer_client)
+    page = buyer_client.get(f"/jobs/{job.pk}/")
+    rows = {row.quote.rank: row for row in page.context["quotes"]}
+    west, east = rows[1].plan, rows[3].plan
+    assert [(p.class_key, p.amount, p.chip_card_hours, p.factor, p.value) for p in west.parts] == [
+        ("std", Decimal("3.120000"), Decimal("4.000000"), Decimal("0.78"), Decimal("37.44"))
+    ]
+    assert (west.uncovered, west.value, west.effective_price_per_card_hour) == (
+        Decimal("0.000000"),
+        Decimal("37.44"),
+        Decimal("9.36"),
+    )
+    assert [(p.class_key, p.amount, p.value) for p in east.parts] == [
+        ("std", Decimal("2.371200"), Decimal("28.45"))
+    ]
+    assert (east.value, east.effective_price_per_card_hour) == (Decimal("28.45"), Decimal("9.36"))
+    html = page.content.decode()
+    assert "<strong>3.12</strong> std card-h" in html and "4.00 chip card-h × 0.78" in html
+    assert "<strong>2.37</strong> std card-h" in html
+    assert (
+        "¥37.44" in html
+        and "¥9.36/card-h yours" in html
+        and "list ¥9.00/card-h" in html
+        and "¥36.00 at list" in html
+    )
+    assert "nvidia-a800-sxm4-80gb card-h" not in html  # no draw in a unit no pack of the buyer has
+
+    # The API answers with the same plan, exact.
+    api = buyer_client.post(f"/api/v1/jobs/{job.pk}/quotes", {}, content_type="application/json")
+    assert api.status_code == 201, api.content
+    first = next(q for q in api.json()["quotes"] if q["rank"] == 1)
+    assert first["draw_plan"]["paid_by"] == [
+        {
+            "pack_class": "std",
+            "unit": "standard_card_hours",
+            "card_hours": "3.120000",
+            "chip_card_hours": "4.000000",
+            "standard_card_factor": "0.7800",
+            "price_per_card_hour": "12.000000",
+            "value": "37.44",
+        }
+    ]
+    assert (first["draw_plan"]["value"], first["draw_plan"]["effective_price_per_card_hour"]) == (
+        "37.44",
+        "9.36",
+    )
+
+
+def test_a_refusal_names_the_draw_in_standard_card_hours(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster, buyer_client: Client
+) -> None:
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=1, price="12.00", key="std-tiny")
+    job = _placed(buyer_client)
+    quote = Quote.objects.get(job=job, rank=1)
+    response = buyer_client.post(f"/quotes/{quote.pk}/accept/", follow=True)
+    error = response.context["quote_error"]
+    assert error["code"] == "insufficient_balance"
+    assert (
+        escape(
+            "expected draw: 3.12 standard card-hours (4.00 nvidia-a800-sxm4-80gb card-hours × factor 0.78); "
+            "your packs have 1.00 of it free."
+        )
+        in response.content.decode()
+    )
+    assert not Lease.objects.exists()

@@ -18,6 +18,8 @@ from federation.models import Cluster
 from metering.services.rating import usage_rate_pending
 from tests.broker.factories import make_job, make_lease
 
+A800 = "nvidia-a800-sxm4-80gb"
+
 
 def yesterday_at(hour: int) -> datetime:
     """Yesterday at ``hour`` o'clock, Asia/Shanghai: 03:00–05:00 lies in Guangdong's valley (×0.38)."""
@@ -92,7 +94,8 @@ def test_a_running_lease_shows_its_history_price_and_usage_by_band(
     funded_buyer: Organisation, east_cluster: Cluster, buyer_client: Client, django_assert_max_num_queries
 ) -> None:
     lease = running_lease(funded_buyer, east_cluster)
-    with django_assert_max_num_queries(12):
+    # 12 for the page and its usage, 4 for how the buyer's packs would pay the expected draw.
+    with django_assert_max_num_queries(16):
         response = buyer_client.get(f"/leases/{lease.pk}/")
     assert response.status_code == 200
     transitions = response.context["transitions"]
@@ -102,15 +105,38 @@ def test_a_running_lease_shows_its_history_price_and_usage_by_band(
     ]
     usage = response.context["usage"]
     assert (usage.records, usage.unrated_records, usage.card_hours) == (3, 1, Decimal("12.000000"))
-    assert [(b.band, b.card_hours, b.cost, b.draw) for b in usage.bands] == [
-        ("valley", Decimal("8.000000"), Decimal("36.480000"), Decimal("3.040000"))
+    # 8 valley card-hours × 0.38 = 3.04 A800 card-hours, yesterday: before the buyer's packs started, so no
+    # pack pays them and the buyer owes them at the operator's list price (12 CNY × 3.04 = ¥36.48).
+    assert [
+        (
+            b.band,
+            b.card_hours,
+            b.spend,
+            b.list_price,
+            [(d.class_key, d.arrears, d.card_hours) for d in b.draws],
+        )
+        for b in usage.bands
+    ] == [
+        (
+            "valley",
+            Decimal("8.000000"),
+            Decimal("36.48"),
+            Decimal("36.48"),
+            [(A800, True, Decimal("3.040000"))],
+        )
     ]
-    assert (usage.cost, usage.last_end_at) == (Decimal("36.480000"), yesterday_at(4) + timedelta(minutes=30))
+    assert (usage.spend, usage.list_price, usage.last_end_at) == (
+        Decimal("36.48"),
+        Decimal("36.48"),
+        yesterday_at(4) + timedelta(minutes=30),
+    )
     assert response.context["progress"] == 75  # 12 of 16 card-hours
     html = response.content.decode()
     assert "Reserved → " in html and "agent" in html
     assert "¥12.00 / card-hour" in html and "cn-gd" in html
-    assert "¥36.48" in html and "1 record not rated yet" in html
+    assert "¥36.48 at the operator's list price" in html
+    assert f"3.04</span> {A800} card-hours with no pack (amount due)" in html
+    assert "1 record not rated yet" in html
     assert f'data-poll-url="/leases/{lease.pk}/usage/"' in html
     assert f'action="/leases/{lease.pk}/cancel/"' in html and "Stop lease" in html
 

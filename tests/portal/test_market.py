@@ -353,3 +353,52 @@ def test_query_count_does_not_grow_with_clusters(
         response = buyer_client.get(URL)
     assert len(response.context["rows"]) == 30
     assert all(row.held_cards == 2 for row in response.context["rows"] if row.cluster.hub.code == "gs")
+
+
+# --- The buyer's own price ------------------------------------------------------------------------------
+
+
+def test_a_buyer_without_a_pack_sees_the_list_price_as_what_it_pays(
+    buyer_client: Client, world: tuple[Cluster, Cluster]
+) -> None:
+    response = buyer_client.get(URL)
+    assert set(response.context["yours"].values()) == {None}
+    page = response.content.decode()
+    assert page.count('data-yours="none"') == 2
+    assert "no pack: billed at this list price" in page
+
+
+def test_a_standard_pack_prices_a_chip_at_its_factor(
+    buyer: Organisation, buyer_client: Client, world: tuple[Cluster, Cluster]
+) -> None:
+    """A standard pack at 12 CNY per standard card-hour pays an A800 card-hour with 0.78 of one: 9.36."""
+    from tests.metering.factories import make_paid_pack
+
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=1000, price="12000.00", key="std")
+    east, west = world
+    response = buyer_client.get(URL)
+    yours = response.context["yours"]
+    assert {
+        cpi: (y.class_key, y.pack_price_per_card_hour, y.factor, y.price_per_card_hour)
+        for cpi, y in ((c.cpi, yours[c.pk]) for c in (east, west))
+    } == {
+        east.cpi: ("std", Decimal("12.00"), Decimal("0.78"), Decimal("9.36")),
+        west.cpi: ("std", Decimal("12.00"), Decimal("0.78"), Decimal("9.36")),
+    }
+    page = response.content.decode()
+    assert page.count('data-yours="9.36"') == 2
+    assert "std pack ¥12.00 × 0.78" in page and "list ¥12.00" in page and "list ¥9.00" in page
+
+
+def test_a_chip_pack_expiring_first_is_the_price(
+    funded_buyer: Organisation, buyer_client: Client, world: tuple[Cluster, Cluster]
+) -> None:
+    """The A800 pack (9 CNY) and the standard one (12 CNY) expire together; the A800 one was bought first,
+    so rating draws it first: an A800 card-hour costs the buyer 9.00."""
+    east, _west = world
+    yours = buyer_client.get(URL).context["yours"][east.pk]
+    assert (yours.class_key, yours.price_per_card_hour, yours.factor) == (
+        "nvidia-a800-sxm4-80gb",
+        Decimal("9.00"),
+        None,
+    )

@@ -314,6 +314,26 @@ def test_checkout_with_stripe_elements_after_a_decline_shows_it_and_takes_anothe
 
     assert '<div id="card-errors" class="alert error" role="alert">Your card was declined.</div>' in page
     assert 'id="card-element"' in page  # the same PaymentIntent takes the next card
+    # The badge says what the page says (and what the packs list says once the webhook has marked the
+    # order failed), not "Awaiting payment".
+    assert '<span id="order-status" class="badge bad" data-status="failed">Payment failed</span>' in page
+    order.status = PackOrder.Status.FAILED
+    order.save(update_fields=["status"])
+    listed = html(buyer_client.get(reverse("pack-list")))
+    assert '<span class="badge bad">Payment failed</span>' in listed
+    assert "Awaiting payment" not in html(buyer_client.get(reverse("pack-order", args=[order.pk])))
+
+
+def test_checkout_before_any_card_says_awaiting_payment(
+    buyer: Organisation,
+    buyer_client: Client,
+    product: PackProduct,
+    stripe_elements: dict[str, PaymentIntentInfo],
+) -> None:
+    order = _pending_order(buyer, product)
+    stripe_elements[order.stripe_payment_intent_id] = _intent(order.stripe_payment_intent_id)
+    page = html(buyer_client.get(reverse("pack-order", args=[order.pk])))
+    assert 'data-status="pending">Awaiting payment</span>' in page
 
 
 def test_checkout_on_live_keys_is_not_test_mode_and_refuses_test_payments(
@@ -432,6 +452,7 @@ def test_a_declined_test_card_shows_stripes_message_and_credits_nothing(
     assert '<div class="alert error" role="alert">' in page
     assert "Stripe says: Your card was declined." in page
     assert "Try another card" in page
+    assert 'data-status="failed">Payment failed</span>' in page  # before the webhook, too
     deliver(stripe_webhooks.wait_for(type=FAILED, payment_intent_id=order.stripe_payment_intent_id))
     order.refresh_from_db()
     assert (order.status, order.failure_message) == (PackOrder.Status.FAILED, "Your card was declined.")

@@ -14,11 +14,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from core.models import Organisation
 from federation.models import Cluster
 from metering.models import LedgerAccount, Pack
 from metering.selectors.usage_dashboard import (
+    Outcome,
     UsagePeriod,
     usage_by_day_band,
     usage_dashboard_for,
@@ -27,6 +29,7 @@ from metering.selectors.usage_dashboard import (
 from metering.services.rating import usage_rate_pending
 from metering.services.usage import usage_record_create_batch
 from metering.types import UsageRecordInput
+from tests.broker.factories import make_job, make_lease
 from tests.metering.conftest import SHANGHAI, local
 from tests.metering.factories import make_paid_pack
 
@@ -129,7 +132,14 @@ def test_the_page_shows_the_totals_and_the_pack_balance_the_ledger_holds(
     page = response.content.decode()
     dashboard = response.context["dashboard"]
     assert dashboard.card_hours == Decimal("14.500000")
-    assert dashboard.gross == Decimal("148.170000")
+    # What the buyer pays: 14.41 A800 card-hours drawn from a pack bought at 10 CNY each; the operators'
+    # gross (their list prices) is shown beside it, labelled.
+    assert (dashboard.spend, dashboard.spend_from_packs, dashboard.amount_due) == (
+        Decimal("144.10"),
+        Decimal("144.10"),
+        Decimal("0.00"),
+    )
+    assert dashboard.list_price == Decimal("148.17")
     assert [(c.class_key, c.card_hours) for c in dashboard.drawn_by_class] == [(A800, Decimal("14.410000"))]
     assert dashboard.arrears_by_class == []
     # The balance shown is the pack's ledger account, down by exactly what rating drew.
@@ -137,7 +147,16 @@ def test_the_page_shows_the_totals_and_the_pack_balance_the_ledger_holds(
     assert balance == 100_000_000 - 14_410_000
     (forecast,) = response.context["forecasts"]
     assert forecast.remaining == Decimal("85.590000")
-    for text in ("14.50", "¥148.17", "14.41", "85.59", "<svg", "valley", "peak"):
+    for text in (
+        "14.50",
+        "¥144.10",
+        "At operators' list prices",
+        "¥148.17",
+        "14.41",
+        "85.59",
+        "<svg",
+        "valley",
+    ):
         assert text in page, text
 
 
@@ -146,12 +165,12 @@ def test_spend_per_cluster_is_exact_and_sorted_by_spend(
 ) -> None:
     response = buyer_client.get(URL)
     clusters = response.context["dashboard"].clusters
-    assert [(c.cpi, c.chip, c.card_seconds, c.card_hours, c.gross) for c in clusters] == [
-        (west_cluster.cpi, A800, 30600, Decimal("8.500000"), Decimal("74.250000")),
-        (east_cluster.cpi, A800, 21600, Decimal("6.000000"), Decimal("73.920000")),
+    assert [(c.cpi, c.chip, c.card_seconds, c.card_hours, c.spend, c.list_price) for c in clusters] == [
+        (west_cluster.cpi, A800, 30600, Decimal("8.500000"), Decimal("82.50"), Decimal("74.25")),
+        (east_cluster.cpi, A800, 21600, Decimal("6.000000"), Decimal("61.60"), Decimal("73.92")),
     ]
     page = response.content.decode()
-    assert page.index("¥74.25") < page.index("¥73.92")
+    assert page.index("¥82.50") < page.index("¥61.60")
 
 
 def test_a_cluster_filter_narrows_every_figure(
@@ -160,7 +179,7 @@ def test_a_cluster_filter_narrows_every_figure(
     response = buyer_client.get(URL, {"cluster": east_cluster.pk})
     dashboard = response.context["dashboard"]
     assert dashboard.card_hours == Decimal("6.000000")
-    assert dashboard.gross == Decimal("73.920000")
+    assert (dashboard.spend, dashboard.list_price) == (Decimal("61.60"), Decimal("73.92"))
     assert [c.cpi for c in dashboard.clusters] == [east_cluster.cpi]
 
 
@@ -169,7 +188,7 @@ def test_a_period_filter_counts_only_its_days(used: Pack, buyer_client: Client) 
     dashboard = response.context["dashboard"]
     assert [bar.day.isoformat() for bar in dashboard.days] == [day(2)]
     assert dashboard.card_hours == Decimal("12.000000")  # 2 valley + 8 flat + 2 peak
-    assert dashboard.gross == Decimal("121.920000")
+    assert (dashboard.spend, dashboard.list_price) == (Decimal("121.60"), Decimal("121.92"))
 
 
 def test_unrated_usage_is_announced(used: Pack, buyer_client: Client, east_cluster: Cluster) -> None:
@@ -199,13 +218,17 @@ def test_the_run_out_date_at_the_trailing_rate_is_exact(
         Decimal("7.000000"),
         Decimal("1.000000"),
     )
-    assert forecast.runs_out_at == now + timedelta(days=93)
-    assert forecast.runs_out_in_days == 93
-    assert forecast.expiring_unused == []
+    assert (forecast.outcome, forecast.outcome_on, forecast.outcome_in_days, forecast.unused) == (
+        Outcome.RUNS_OUT,
+        (now + timedelta(days=93)).date(),
+        93,
+        Decimal("0.000000"),
+    )
 
     page = buyer_client.get(URL).content.decode()
     on = (local(0, 12) + timedelta(days=93)).date().isoformat()
-    assert f"run out on {on} (in 93 days)" in page
+    assert f"Runs out on {on} (in 93 days) at the current rate." in page
+    assert "expire unused" not in page and "go unused" not in page
     assert "last 7 days ÷ 7" in page
 
 
@@ -221,18 +244,81 @@ def test_a_pack_expiring_before_it_is_used_up_is_flagged(buyer: Organisation, ea
     now = local(0, 12)
     (forecast,) = usage_forecast_for(buyer=buyer, now=now)
     assert forecast.remaining == Decimal("143.000000")
-    (flagged,) = forecast.expiring_unused
-    assert flagged.pack == soon
-    assert flagged.unused_at_expiry == Decimal("73.500000")
-    assert forecast.runs_out_at == soon.expires_at + timedelta(days=50)
-    assert forecast.runs_out_on == (local(0, 0) + timedelta(days=70)).date()
+    flagged = [row for row in forecast.pack_rows if row.unused_at_expiry_micros]
+    assert [(row.pack, row.unused_at_expiry) for row in flagged] == [(soon, Decimal("73.500000"))]
+    # One message: the card-hours run out on day 70, and 73.5 of the first pack are lost on the way.
+    assert (forecast.outcome, forecast.outcome_on, forecast.unused) == (
+        Outcome.RUNS_OUT,
+        (local(0, 0) + timedelta(days=70)).date(),
+        Decimal("73.500000"),
+    )
+
+
+def test_a_last_pack_expiring_unused_never_says_it_runs_out(
+    buyer: Organisation, east_cluster: Cluster, buyer_client: Client
+) -> None:
+    """The issue's contradiction ("runs out on D" beside "191 unused at expiry"): a 30-day pack of 100
+    drawn 1 a day keeps 93 − 19.5 = 73.5 at its expiry. The forecast says only that those expire unused,
+    on the pack's expiry date."""
+    pack = make_paid_pack(
+        buyer=buyer, accelerator=A800, card_hours=100, price="1000.00", paid_at=local(10, 0), validity_days=30
+    )
+    report(east_cluster, ("flat", 7, local(2, 12), local(2, 13)))
+    usage_rate_pending()
+    (forecast,) = usage_forecast_for(buyer=buyer, now=local(0, 12))
+    expires_on = pack.expires_at.astimezone(SHANGHAI).date()
+    assert (forecast.outcome, forecast.outcome_on, forecast.unused, forecast.runs_out_on) == (
+        Outcome.EXPIRES_UNUSED,
+        expires_on,
+        Decimal("73.500000"),
+        None,
+    )
+    page = buyer_client.get(URL).content.decode()
+    assert "Runs out" not in page
+    assert f"card-hours will expire unused, the last on {expires_on.isoformat()}." in page
+
+
+def test_reserved_leases_are_set_aside_first(
+    buyer: Organisation, east_cluster: Cluster, buyer_client: Client
+) -> None:
+    """93 left, 20 of them reserved by a lease that has not started: the other 73 at 1 a day last 73 days."""
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000.00", paid_at=local(20, 0))
+    report(east_cluster, ("flat", 7, local(2, 12), local(2, 13)))
+    usage_rate_pending()
+    start = timezone.now().replace(microsecond=0) + timedelta(days=1)
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, start_at=start, expected_draw="20")
+    now = timezone.now()
+    (forecast,) = usage_forecast_for(buyer=buyer, now=now)
+    assert (forecast.remaining, forecast.reserved, forecast.outcome, forecast.outcome_on) == (
+        Decimal("93.000000"),
+        Decimal("20.000000"),
+        Outcome.RUNS_OUT,
+        (now + timedelta(days=73)).astimezone(SHANGHAI).date(),
+    )
+    page = buyer_client.get(URL).content.decode()
+    assert "Reserved leases will draw 20.00." in page
+
+
+def test_reserved_leases_needing_more_than_is_left_say_so(
+    buyer: Organisation, east_cluster: Cluster, buyer_client: Client
+) -> None:
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=10, price="100.00", paid_at=local(20, 0))
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, start_at=start, expected_draw="16")
+    (forecast,) = usage_forecast_for(buyer=buyer)
+    assert (forecast.reserved, forecast.outcome, forecast.outcome_on) == (
+        Decimal("10.000000"),  # what the packs can give it; the rest would be arrears
+        Outcome.RESERVED_EXCEED,
+        None,
+    )
+    assert "Your reserved leases need more than is left" in buyer_client.get(URL).content.decode()
 
 
 def test_no_recent_use_says_so(funded_buyer: Organisation, buyer_client: Client) -> None:
     response = buyer_client.get(URL)
-    assert [(f.class_key, f.recent_use, f.runs_out_on) for f in response.context["forecasts"]] == [
-        ("std", False, None),
-        (A800, False, None),
+    assert [(f.class_key, f.recent_use, f.outcome, f.runs_out_on) for f in response.context["forecasts"]] == [
+        ("std", False, Outcome.IDLE, None),
+        (A800, False, Outcome.IDLE, None),
     ]
     assert "No recent use" in response.content.decode()
 
@@ -251,15 +337,16 @@ def test_the_day_band_csv_has_the_exact_values(used: Pack, buyer_client: Client)
             "pack_class",
             "card_seconds",
             "card_hours",
-            "gross_cny",
             "pack_draw_card_hours",
             "arrears_card_hours",
+            "spend_cny_exact",
+            "operator_list_price_cny_exact",
         ],
-        [day(3), "flat", A800, "7200", "2.000000", "24.000000", "2.000000", "0.000000"],
-        [day(2), "valley", A800, "7200", "2.000000", "9.120000", "0.760000", "0.000000"],
-        [day(2), "flat", A800, "28800", "8.000000", "72.000000", "8.000000", "0.000000"],
-        [day(2), "peak", A800, "7200", "2.000000", "40.800000", "3.400000", "0.000000"],
-        [day(1), "valley", A800, "1800", "0.500000", "2.250000", "0.250000", "0.000000"],
+        [day(3), "flat", A800, "7200", "2.000000", "2.000000", "0.000000", "20.000000", "24.000000"],
+        [day(2), "valley", A800, "7200", "2.000000", "0.760000", "0.000000", "7.600000", "9.120000"],
+        [day(2), "flat", A800, "28800", "8.000000", "8.000000", "0.000000", "80.000000", "72.000000"],
+        [day(2), "peak", A800, "7200", "2.000000", "3.400000", "0.000000", "34.000000", "40.800000"],
+        [day(1), "valley", A800, "1800", "0.500000", "0.250000", "0.000000", "2.500000", "2.250000"],
     ]
 
 
@@ -267,11 +354,28 @@ def test_the_cluster_csv_matches_the_page(
     used: Pack, buyer_client: Client, east_cluster: Cluster, west_cluster: Cluster
 ) -> None:
     response = buyer_client.get(reverse("usage-cluster-csv"), {"from": day(3), "to": day(1)})
-    assert rows_of(response) == [
-        ["cluster", "cluster_name", "hub", "chip", "card_seconds", "card_hours", "gross_cny"],
-        [west_cluster.cpi, "zw-ai01", "nx", A800, "30600", "8.500000", "74.250000"],
-        [east_cluster.cpi, "sh-ai01", "yrd", A800, "21600", "6.000000", "73.920000"],
+    header = [
+        "cluster",
+        "band",
+        "pack_class",
+        "covered_by",
+        "card_seconds",
+        "card_hours",
+        "pack_draw_card_hours",
+        "spend_cny",
+        "operator_list_price_cny",
     ]
+    # One row per statement line (cluster × band × pack class × covered?), in an invoice's order.
+    assert rows_of(response) == [
+        header,
+        [east_cluster.cpi, "peak", A800, "pack", "7200", "2.000000", "3.400000", "34.00", "40.80"],
+        [east_cluster.cpi, "flat", A800, "pack", "7200", "2.000000", "2.000000", "20.00", "24.00"],
+        [east_cluster.cpi, "valley", A800, "pack", "7200", "2.000000", "0.760000", "7.60", "9.12"],
+        [west_cluster.cpi, "flat", A800, "pack", "28800", "8.000000", "8.000000", "80.00", "72.00"],
+        [west_cluster.cpi, "valley", A800, "pack", "1800", "0.500000", "0.250000", "2.50", "2.25"],
+    ]
+    page = buyer_client.get(URL, {"from": day(3), "to": day(1)}).context["dashboard"]
+    assert sum(Decimal(row[7]) for row in rows_of(response)[1:]) == page.spend == Decimal("144.10")
 
 
 def test_a_csv_with_a_bad_filter_is_a_400(buyer_client: Client) -> None:
@@ -329,7 +433,7 @@ def test_another_buyers_usage_never_appears(
     assert theirs.context["forecasts"] == []
     assert "zw-ai01" not in theirs.content.decode()
     assert rows_of(other_buyer_client.get(reverse("usage-csv")))[1:] == [
-        [day(2), "valley", A800, "36000", "10.000000", "45.600000", "0.000000", "3.800000"]
+        [day(2), "valley", A800, "36000", "10.000000", "0.000000", "3.800000", "45.600000", "45.600000"]
     ]
 
 

@@ -1,0 +1,99 @@
+"""Which of a buyer's packs would pay a draw (broker.draws): rating's order (earliest expiry first), each
+part in its pack's unit, live leases set aside first, and what the buyer would pay."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from broker.draws import buyer_packs_after_leases, lease_draw_plan, reserved_draws_for
+from core.models import Organisation
+from federation.models import Cluster
+from tests.broker.factories import make_job, make_lease
+from tests.metering.factories import make_paid_pack
+
+pytestmark = pytest.mark.django_db
+
+A800 = "nvidia-a800-sxm4-80gb"
+FACTOR = Decimal("0.78")  # A800: 312 dense FP16 TFLOPS / 400
+
+
+def test_a_draw_spills_from_the_pack_expiring_first_onto_the_next_in_its_unit(buyer: Organisation) -> None:
+    """4 A800 card-hours (9 CNY each, expiring first) then standard ones (12 CNY) at 0.78: 10 A800
+    card-hours take 4 A800 + 6 × 0.78 = 4.68 standard card-hours, worth 36.00 + 56.16 = 92.16."""
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=4, price="36.00", validity_days=30)
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=90)
+    now = timezone.now()
+    plan = buyer_packs_after_leases(buyer=buyer, at=now).plan(
+        chip=A800, factor=FACTOR, draw=Decimal("10"), rate=Decimal("12.0000"), at=now
+    )
+    assert [(p.class_key, p.amount, p.chip_card_hours, p.factor, p.value) for p in plan.parts] == [
+        (A800, Decimal("4.000000"), Decimal("4.000000"), None, Decimal("36.00")),
+        ("std", Decimal("4.680000"), Decimal("6.000000"), FACTOR, Decimal("56.16")),
+    ]
+    assert (plan.uncovered, plan.value, plan.effective_price_per_card_hour) == (
+        Decimal("0"),
+        Decimal("92.16"),
+        Decimal("9.22"),
+    )
+    assert plan.describe() == (
+        f"4.00 {A800} card-hours + 4.68 standard card-hours (6.00 {A800} card-hours × factor 0.78)"
+    )
+
+
+def test_a_standard_pack_expiring_first_pays_first(buyer: Organisation) -> None:
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="900.00", validity_days=90)
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=30)
+    now = timezone.now()
+    plan = buyer_packs_after_leases(buyer=buyer, at=now).plan(
+        chip=A800, factor=FACTOR, draw=Decimal("6.08"), rate=Decimal("12.0000"), at=now
+    )
+    assert [(p.class_key, p.amount, p.display) for p in plan.parts] == [
+        ("std", Decimal("4.742400"), Decimal("4.74"))
+    ]
+    assert plan.total_in_unit() == ("std", Decimal("4.742400"))
+    assert plan.describe() == f"4.74 standard card-hours (6.08 {A800} card-hours × factor 0.78)"
+
+
+def test_no_pack_means_arrears_at_the_operators_rate(buyer: Organisation) -> None:
+    now = timezone.now()
+    plan = buyer_packs_after_leases(buyer=buyer, at=now).plan(
+        chip=A800, factor=FACTOR, draw=Decimal("3.04"), rate=Decimal("12.0000"), at=now
+    )
+    assert (plan.parts, plan.uncovered, plan.value, plan.effective_price_per_card_hour) == (
+        (),
+        Decimal("3.04"),
+        Decimal("36.48"),
+        Decimal("12.00"),
+    )
+    assert plan.shortfall_text() == f"3.04 {A800} card-hours; none of your packs can pay it"
+
+
+def test_live_leases_are_set_aside_first_and_a_lease_sees_the_others(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=10, price="90.00")
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    first = make_lease(job=make_job(buyer=buyer), cluster=east_cluster, start_at=start, expected_draw="7")
+    second = make_lease(
+        job=make_job(buyer=buyer, name="second"),
+        cluster=east_cluster,
+        start_at=start,
+        island="isl-02",
+        expected_draw="5",
+    )
+    now = timezone.now()
+    after = buyer_packs_after_leases(buyer=buyer, at=now)
+    assert [slot.remaining for slot in after.slots] == [Decimal("0.000000")]
+    plan = lease_draw_plan(lease=second, at=now)  # the first lease takes 7 of the 10
+    assert [(p.class_key, p.amount) for p in plan.parts] == [(A800, Decimal("3.000000"))]
+    assert plan.uncovered == Decimal("2.000000")
+    assert plan.describe() == (
+        f"3.00 {A800} card-hours + 2.00 {A800} card-hours with no pack, at the operator's rate"
+    )
+    reserved = reserved_draws_for(buyer=buyer, now=now)
+    assert [(d.class_key, d.micros) for d in reserved] == [(A800, 7_000_000), (A800, 3_000_000)]
+    assert first.pk < second.pk
