@@ -40,6 +40,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "core.observability.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on HTML pages, and the nonce templates put on their inline blocks.
+    "core.middleware.ContentSecurityPolicyMiddleware",
     "core.middleware.ApiBodyLimitMiddleware",
     "core.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
