@@ -39,6 +39,15 @@ class StandardPagination(PageNumberPagination):
             raise InvalidPagingError(message, extra={"fields": {"page_size": [message]}})
         return int(raw)
 
+    def paging_check(self, request: Request) -> None:
+        """Refuse malformed paging parameters on a view that pages only some of its answers (the resolver
+        pages the clusters of an operator or hub, not a cluster's description): the schema declares them
+        for every answer, so they are checked for every answer."""
+        self.get_page_size(request)
+        raw = request.query_params.get(self.page_query_param)
+        if raw is not None and raw not in self.last_page_strings:
+            self.get_page_number(request, paginator=None)
+
     def get_page_number(self, request: Request, paginator: Any) -> Any:
         """A page number from 1 up; ``?page=`` (empty) or ``?page=0`` is ``invalid_paging`` rather than
         silently the first page. A number past the last page stays a 404 (``not_found``)."""

@@ -214,6 +214,8 @@ class ResolveApi(APIView):
     )
     def get(self, request: Request, identifier: str) -> Response:
         viewer = actor_from_request(request).organisation
+        paginator = StandardPagination()
+        paginator.paging_check(request)
         resolution = selectors.resolve(identifier=identifier, viewer=viewer)
         data: dict[str, Any] = {
             "identifier": resolution.identifier,
@@ -225,7 +227,6 @@ class ResolveApi(APIView):
             "island": None,
         }
         if resolution.clusters is not None:
-            paginator = StandardPagination()
             page = paginator.paginate_queryset(resolution.clusters, request, view=self)
             data["clusters"] = paginator.get_paginated_response(
                 out.ClusterSummaryOutput(page, many=True).data

@@ -155,3 +155,13 @@ def test_the_schema_declares_the_constraints(client: Any) -> None:
         ("application/json",),
         ("multipart/form-data", "text/csv"),
     }
+
+
+def test_the_resolver_checks_paging_on_every_level(api: APIClient, operator: Organisation) -> None:
+    """Only operator and hub levels page their clusters, but the parameters are declared on every answer."""
+    make_cluster(operator=operator, islands=[("isl-01", 8)])
+    island = api.get(f"/api/v1/resolve/{CPI}:isl-01", {"page": "-1"})
+    assert island.status_code == 400
+    assert island.json()["code"] == "invalid_paging"
+    assert api.get(f"/api/v1/resolve/{CPI}:isl-01", {"page_size": "x"}).json()["code"] == "invalid_paging"
+    assert api.get(f"/api/v1/resolve/{CPI}:isl-01", {"page": "1", "page_size": "10"}).status_code == 200
