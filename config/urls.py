@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from core.views import healthz, home
 from core.views.probes import livez, metrics, readyz
@@ -22,7 +22,9 @@ urlpatterns = [
     # Namespaced, so the portal can use the same URL names for its pages (job-list, lease-detail, …).
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # Split: the initialising script is served from ?script, so the page needs no inline script under the
+    # Content-Security-Policy (core.middleware); Swagger UI's files are the sidecar's, served from here.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     # The portal: server-rendered pages for buyers, operators and staff.
     path("", include("core.urls")),
     path("", include("federation.urls")),

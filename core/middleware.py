@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
@@ -98,3 +100,82 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
             return found
         get_response: Callable[[HttpRequest], Awaitable[HttpResponse]] = self.get_response
         return await get_response(request)
+
+
+class ContentSecurityPolicyMiddleware(DualModeMiddleware):
+    """``Content-Security-Policy`` on every HTML page (the portal, the admin, Swagger UI): scripts and
+    ``<style>`` elements only from this origin or carrying the request's nonce (``request.csp_nonce``, for
+    the few inline blocks the templates keep), Stripe.js from the origin ``STRIPE_JS_URL`` names, no
+    plug-ins, no ``<base>``, forms posting only here and no framing by anyone.
+
+    The Stripe origins follow Stripe's documented directives (script-src and frame-src js.stripe.com,
+    frame-src hooks.stripe.com for 3-D Secure, connect-src api.stripe.com) but are derived from the Stripe
+    settings, so ``make run`` and the tests on localstripe allow localstripe's origin and nothing else.
+    They are read per response: the tests point ``STRIPE_API_BASE`` at a localstripe started on a free port.
+
+    ``style`` attributes stay allowed (``style-src-attr 'unsafe-inline'``): the portal colours tariff
+    swatches from data and Swagger UI and the admin set them; a style attribute cannot run script. Browsers
+    without the CSP3 ``-elem``/``-attr`` directives fall back to ``style-src 'self' 'unsafe-inline'``
+    (a nonce there would switch ``'unsafe-inline'`` off for the attributes too)."""
+
+    def __call__(self, request: HttpRequest) -> Any:
+        request.csp_nonce = secrets.token_urlsafe(18)  # type: ignore[attr-defined]
+        if self.is_async:
+            return self._acall(request)
+        return self.with_policy(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        response: HttpResponse = await self.get_response(request)
+        return self.with_policy(request, response)
+
+    def with_policy(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if response.get("Content-Type", "").startswith("text/html") and (
+            "Content-Security-Policy" not in response
+        ):
+            response["Content-Security-Policy"] = content_security_policy(
+                nonce=request.csp_nonce  # type: ignore[attr-defined]
+            )
+        return response
+
+
+STRIPE_HOOKS_ORIGIN = "https://hooks.stripe.com"  # 3-D Secure challenges are framed from here
+STRIPE_API_ORIGIN = "https://api.stripe.com"
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+
+
+def stripe_csp_origins() -> dict[str, list[str]]:
+    """The origins Stripe.js needs, by directive, for the configured Stripe: Stripe's own hosts in
+    production, the localstripe origin when ``STRIPE_API_BASE``/``STRIPE_JS_URL`` point there."""
+    js = _origin(settings.STRIPE_JS_URL)
+    api = _origin(settings.STRIPE_API_BASE) or STRIPE_API_ORIGIN
+    frames = [js, STRIPE_HOOKS_ORIGIN] if js == "https://js.stripe.com" else [js]
+    return {
+        "script-src": [js] if js else [],
+        "frame-src": [origin for origin in frames if origin],
+        "connect-src": [api],
+    }
+
+
+def content_security_policy(*, nonce: str) -> str:
+    """The policy text for one HTML response, with its nonce."""
+    stripe = stripe_csp_origins()
+    directives = {
+        "default-src": ["'self'"],
+        "script-src": ["'self'", f"'nonce-{nonce}'", *stripe["script-src"]],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "style-src-elem": ["'self'", f"'nonce-{nonce}'"],
+        "style-src-attr": ["'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'", *stripe["connect-src"]],
+        "frame-src": stripe["frame-src"] or ["'none'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+    return "; ".join(f"{name} {' '.join(dict.fromkeys(sources))}" for name, sources in directives.items())

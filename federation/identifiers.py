@@ -30,6 +30,12 @@ MAX_LENGTH = len(SCHEME) + 4 * (1 + 32)
 # The eight national computing hubs of East Data West Computing, plus `ext` for anything else.
 HUB_CODES = ("jjj", "yrd", "gba", "cy", "nmg", "gz", "gs", "nx", "ext")
 
+# The grammar as anchored regular expressions (ECMA-262 compatible), for the OpenAPI schema.
+_HUB_PATTERN = "(?:" + "|".join(HUB_CODES) + ")"
+SEGMENT_REGEX = f"^{SEGMENT_PATTERN}$"
+CLUSTER_CPI_REGEX = f"^{SCHEME}:{SEGMENT_PATTERN}:{_HUB_PATTERN}:{SEGMENT_PATTERN}$"
+CPI_REGEX = f"^{SCHEME}:{SEGMENT_PATTERN}(?::{_HUB_PATTERN}(?::{SEGMENT_PATTERN}(?::{SEGMENT_PATTERN})?)?)?$"
+
 
 class Level(IntEnum):
     OPERATOR = 1

@@ -28,6 +28,7 @@ from core.api.fields import AwareDateTimeField
 from core.api.permissions import IsOrganisationMember
 from core.api.schema import ErrorSerializer
 from core.observability import QUOTE_SECONDS
+from federation.api.schema import HubCodeField
 from federation.models import Fabric
 from metering.errors import NotABuyerError
 
@@ -122,7 +123,7 @@ class JobListApi(generics.ListAPIView):
             child=serializers.ChoiceField(choices=Fabric.choices), required=False, default=list, max_length=5
         )
         gang = serializers.ChoiceField(choices=Gang.choices, default=Gang.ISLAND)
-        origin_hub = serializers.CharField(max_length=8, help_text="Where the job's users are (a hub code).")
+        origin_hub = HubCodeField(max_length=8, help_text="Where the job's users are (a hub code).")
         latency_budget_ms = serializers.IntegerField(min_value=-(2**31), max_value=2**31 - 1)
         earliest_start_at = AwareDateTimeField(
             required=False,

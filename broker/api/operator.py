@@ -29,9 +29,11 @@ from broker.services.leases import LEASE_FEED_TOPIC, lease_feed_key
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.longpoll import LongPoll, long_poll_view
-from core.api.pagination import StandardPagination
+from core.api.pagination import PAGE_SCHEMA, PAGE_SIZE_SCHEMA, StandardPagination
 from core.api.permissions import IsOperator
 from core.api.schema import ErrorSerializer
+from federation.api.schema import cluster_cpi_grammar
+from federation.identifiers import MAX_LENGTH
 from metering.errors import UsageBatchTooLargeError, UsageConflictError
 
 TAG_OPERATOR = "operator leases"
@@ -143,7 +145,9 @@ class OperatorLeaseListApi(APIView):
         state = serializers.ListField(
             child=serializers.ChoiceField(choices=LeaseState.choices), required=False
         )
-        cluster = serializers.CharField(max_length=140, required=False)
+        cluster = serializers.CharField(
+            max_length=MAX_LENGTH, required=False, validators=[cluster_cpi_grammar]
+        )
         after = serializers.IntegerField(min_value=0, max_value=_ID_MAX, required=False)
         wait = serializers.IntegerField(min_value=0, required=False, default=0)
 
@@ -173,13 +177,17 @@ class OperatorLeaseListApi(APIView):
             ),
             OpenApiParameter("cluster", str, description="Only leases on this cluster (its CPI)."),
             OpenApiParameter(
-                "after", int, description="A cursor (lease transition id): only leases changed since."
+                "after",
+                {"type": "integer", "minimum": 0, "maximum": _ID_MAX},
+                description="A cursor (lease transition id): only leases changed since.",
             ),
             OpenApiParameter(
-                "wait", int, description="Seconds to wait for a matching lease when none matches yet (0–30)."
+                "wait",
+                {"type": "integer", "minimum": 0, "maximum": settings.CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS},
+                description="Seconds to wait for a matching lease when none matches yet (0–30).",
             ),
-            OpenApiParameter("page", int, description="A page number within the result set."),
-            OpenApiParameter("page_size", int, description="Leases per page (max 500)."),
+            OpenApiParameter("page", PAGE_SCHEMA, description="A page number within the result set."),
+            OpenApiParameter("page_size", PAGE_SIZE_SCHEMA, description="Leases per page (max 500)."),
         ],
         responses={200: Output},
         tags=[TAG_OPERATOR],

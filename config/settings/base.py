@@ -40,6 +40,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "core.observability.RequestContextMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Content-Security-Policy on HTML pages, and the nonce templates put on their inline blocks.
+    "core.middleware.ContentSecurityPolicyMiddleware",
     "core.middleware.ApiBodyLimitMiddleware",
     "core.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -124,7 +126,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["core.api.filters.StrictDjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "core.api.schema.CardhourAutoSchema",
     "EXCEPTION_HANDLER": "core.api.exceptions.exception_handler",
     # Budgets per credential and per purpose, as atomic counters in the shared cache (core.api.throttling).
@@ -190,11 +192,14 @@ SPECTACULAR_SETTINGS = {
         "ClusterStatusEnum": "federation.models.ClusterStatus",
         "ReportedHealthEnum": "federation.models.REPORTABLE_HEALTH",
         "HealthEnum": "federation.models.Health",
+        "HubCodeEnum": "federation.identifiers.HUB_CODES",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.api.schema.postprocess_error_responses",
         "core.api.schema.one_of_to_any_of",
+        "federation.api.schema.declare_identifier_grammar",
+        "core.api.schema.text_without_nul",
     ],
     # Swagger UI is served from drf-spectacular-sidecar's static files: no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -22,6 +22,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
+from core.api.strict import JsonBody
 from core.errors import InvalidInputError
 
 _SUSPECT_ESCAPE = re.compile(rb"\\u(?:[dD][89a-fA-F][0-9a-fA-F]{2}|0000)")
@@ -100,4 +101,5 @@ class JSONParser(BaseParser):
         # Deep nesting needs at least max_depth opening brackets; text trouble needs an escape.
         if raw.count(b"[") + raw.count(b"{") > max_depth or _SUSPECT_ESCAPE.search(raw):
             text_check(document, max_depth=max_depth)
-        return document
+        # The top-level object is marked so its serializer checks every value's JSON type (core.api.strict).
+        return JsonBody(document) if type(document) is dict else document

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.contrib.django_filters import DjangoFilterExtension
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 
@@ -71,7 +72,24 @@ def postprocess_error_responses(
 
 class CardhourAutoSchema(AutoSchema):
     """Names components after the view that nests them (``ClusterListApi.Input`` → ``ClusterListInput``),
-    so the one-view-per-operation style with nested Input/Output serializers gives unique names."""
+    so the one-view-per-operation style with nested Input/Output serializers gives unique names.
+
+    Declares what the server accepts where drf-spectacular leaves it out: a nested list
+    (``Item(many=True, allow_empty=False, max_length=…)``) gets ``minItems``/``maxItems``, and a decimal string
+    a pattern that needs a digit and has no sign when the field takes nothing below zero (decimal_pattern)."""
+
+    def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> Any:
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if isinstance(field, serializers.DecimalField) and "pattern" in schema:
+            schema["pattern"] = decimal_pattern(field)
+        if isinstance(field, serializers.ListSerializer) and schema.get("type") == "array":
+            min_items = getattr(field, "min_length", None) or (0 if field.allow_empty else 1)
+            if min_items:
+                schema["minItems"] = min_items
+            max_items = getattr(field, "max_length", None)  # DRF ≥ 3.15; the stubs lag
+            if max_items is not None:
+                schema["maxItems"] = max_items
+        return schema
 
     def get_serializer_name(self, serializer: Any, direction: Any) -> str:
         qualname = type(serializer).__qualname__
@@ -103,3 +121,73 @@ def one_of_to_any_of(result: dict[str, Any], generator: Any, request: Any, publi
 
     walk(result)
     return result
+
+
+# Text the server stores cannot hold NUL (PostgreSQL text refuses it): the JSON parser answers
+# ``invalid_text`` and form fields "Null characters are not allowed." (core.api.parsers). Say so.
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+_FORMATS_WITHOUT_NUL = {"date-time", "date", "time", "binary", "uuid", "decimal"}
+
+
+def text_without_nul(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Postprocessing hook: every free-text string (no enum, pattern or a format that already excludes it)
+    gets the pattern ``^[^\\u0000]*$``, so the schema declares the NUL refusal the server makes."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if (
+                node.get("type") == "string"
+                and "enum" not in node
+                and "pattern" not in node
+                and node.get("format") not in _FORMATS_WITHOUT_NUL
+            ):
+                node["pattern"] = NO_NUL_PATTERN
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        return node
+
+    walk(result)
+    return result
+
+
+class CardhourDjangoFilterExtension(DjangoFilterExtension):
+    """django-filter parameters as the server reads them (core.api.filters.StrictDjangoFilterBackend): a
+    number filter's ``min_value``/``max_value`` as ``minimum``/``maximum``, and no empty values."""
+
+    target_class = "core.api.filters.StrictDjangoFilterBackend"
+    priority = 1
+
+    def resolve_filter_field(
+        self, auto_schema: Any, model: Any, filterset_class: Any, field_name: str, filter_field: Any
+    ) -> list[dict[str, Any]]:
+        parameters: list[dict[str, Any]] = super().resolve_filter_field(
+            auto_schema, model, filterset_class, field_name, filter_field
+        )
+        for parameter in parameters:
+            schema = parameter.get("schema", {})
+            if schema.get("type") in ("integer", "number"):
+                for bound, key in (("min_value", "minimum"), ("max_value", "maximum")):
+                    if filter_field.extra.get(bound) is not None:
+                        schema[key] = filter_field.extra[bound]
+            elif schema.get("type") == "string" and "enum" not in schema:
+                schema.setdefault("minLength", 1)
+        return parameters
+
+
+def decimal_pattern(field: serializers.DecimalField) -> str:
+    """The strings ``field`` accepts, as a pattern. drf-spectacular writes ``^-?\\d{0,N}(?:\\.\\d{0,M})?$``,
+    which matches "" and "-" (the server answers "A valid number is required.") and a sign on a field whose
+    ``min_value`` is zero or more. At least one digit, before or after the point; a sign only if it can
+    be negative."""
+    places = field.decimal_places
+    whole = None if field.max_digits is None or places is None else field.max_digits - places
+    sign = "" if field.min_value is not None and field.min_value >= 0 else "-?"
+    digits = r"\d+" if whole is None else rf"\d{{1,{whole}}}" if whole > 0 else "0"
+    if places is None:
+        return rf"^{sign}(?:{digits}(?:\.\d*)?|\.\d+)$"
+    if places == 0:
+        return rf"^{sign}{digits}$"
+    return rf"^{sign}(?:{digits}(?:\.\d{{0,{places}}})?|\.\d{{1,{places}}})$"

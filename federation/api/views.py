@@ -7,6 +7,7 @@ operator's cluster answers 404 exactly like a missing one.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_filters
@@ -21,10 +22,11 @@ from rest_framework.views import APIView
 
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
-from core.api.pagination import StandardPagination
+from core.api.pagination import PAGE_SCHEMA, PAGE_SIZE_SCHEMA, StandardPagination
 from core.api.permissions import IsOperator, IsOrganisationMember, IsPlatform
 from federation import selectors, services
 from federation.api import serializers as out
+from federation.api.schema import ClusterIdentifierField, HubCodeField, SegmentField, segment_grammar
 from federation.models import (
     REPORTABLE_HEALTH,
     Accelerator,
@@ -43,7 +45,7 @@ TAG_CLUSTERS = "clusters"
 
 
 class IslandInput(serializers.Serializer):
-    name = serializers.CharField(max_length=32, help_text="Island segment: 1–32 of a–z, 0–9, inner hyphens.")
+    name = SegmentField(max_length=32, help_text="Island segment: 1–32 of a–z, 0–9, inner hyphens.")
     cards = serializers.IntegerField(min_value=1, max_value=1_000_000)
     fabric = serializers.ChoiceField(choices=Fabric.choices)
 
@@ -84,6 +86,10 @@ class HubLatencyListApi(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
+MEASUREMENT_CLOCK_SKEW = timedelta(minutes=5)
+MEASUREMENT_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 class HubLatencyMeasureApi(APIView):
     """Record measured latencies (platform only). Older measurements than the stored one are ignored."""
 
@@ -91,10 +97,20 @@ class HubLatencyMeasureApi(APIView):
 
     class Input(serializers.Serializer):
         class Measurement(serializers.Serializer):
-            source = serializers.CharField(max_length=8)  # type: ignore[assignment]  # the field is named `source`
-            target = serializers.CharField(max_length=8)
+            source = HubCodeField(max_length=8)  # type: ignore[assignment]  # the field is named `source`
+            target = HubCodeField(max_length=8)
             latency_ms = serializers.DecimalField(max_digits=8, decimal_places=3, min_value=0)
-            measured_at = AwareDateTimeField()
+            measured_at = AwareDateTimeField(help_text="From 2000 on, and not ahead of the server's clock.")
+
+            def validate_measured_at(self, value: datetime) -> datetime:
+                # A measurement from the future would stay the newest one and freeze the pair's latency
+                # (older ones are ignored); one before 2000 is a broken clock (and, in the platform's
+                # zone, a pre-1901 instant renders with a local-mean-time offset no client parses).
+                if value > timezone.now() + MEASUREMENT_CLOCK_SKEW:
+                    raise serializers.ValidationError("Is ahead of the server's clock.", code="in_future")
+                if value < MEASUREMENT_EARLIEST:
+                    raise serializers.ValidationError("Is before 2000.", code="too_old")
+                return value
 
         measurements = Measurement(many=True, allow_empty=False, max_length=1000)  # type: ignore[call-arg]
         symmetric = serializers.BooleanField(default=True)
@@ -190,14 +206,16 @@ class ResolveApi(APIView):
             OpenApiParameter(
                 "identifier", str, OpenApiParameter.PATH, description="e.g. cpi:cucc:nx:zw-ai01"
             ),
-            OpenApiParameter("page", int, description="Page of clusters (operator and hub levels)."),
-            OpenApiParameter("page_size", int, description="Clusters per page (max 500)."),
+            OpenApiParameter("page", PAGE_SCHEMA, description="Page of clusters (operator and hub levels)."),
+            OpenApiParameter("page_size", PAGE_SIZE_SCHEMA, description="Clusters per page (max 500)."),
         ],
         responses={200: out.ResolutionOutput},
         tags=[TAG_CATALOG],
     )
     def get(self, request: Request, identifier: str) -> Response:
         viewer = actor_from_request(request).organisation
+        paginator = StandardPagination()
+        paginator.paging_check(request)
         resolution = selectors.resolve(identifier=identifier, viewer=viewer)
         data: dict[str, Any] = {
             "identifier": resolution.identifier,
@@ -209,7 +227,6 @@ class ResolveApi(APIView):
             "island": None,
         }
         if resolution.clusters is not None:
-            paginator = StandardPagination()
             page = paginator.paginate_queryset(resolution.clusters, request, view=self)
             data["clusters"] = paginator.get_paginated_response(
                 out.ClusterSummaryOutput(page, many=True).data
@@ -251,7 +268,7 @@ class ClusterListApi(generics.ListAPIView):
     filterset_class = ClusterFilter
 
     class Input(serializers.Serializer):
-        cpi = serializers.CharField(max_length=140, help_text="cpi:<your operator>:<hub>:<cluster>")
+        cpi = ClusterIdentifierField(max_length=140, help_text="cpi:<your operator>:<hub>:<cluster>")
         site = serializers.CharField(max_length=100)
         accelerator = serializers.SlugField(
             max_length=64, help_text="Catalog slug, e.g. nvidia-h800-sxm5-80gb."
@@ -387,7 +404,8 @@ class HeartbeatApi(APIView):
 
     class Input(serializers.Serializer):
         class IslandLine(serializers.Serializer):
-            name = serializers.CharField(max_length=32)
+            # Checked here, before a stale beat is acknowledged without reading its islands.
+            name = SegmentField(max_length=32, validators=[segment_grammar])
             available_cards = serializers.IntegerField(min_value=0)
             unhealthy_cards = serializers.IntegerField(min_value=0, default=0)
 

@@ -17,7 +17,6 @@ from zoneinfo import ZoneInfo
 from django.db.models import QuerySet
 from django.urls import path
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.permissions import BasePermission
@@ -369,7 +368,19 @@ class TariffStripApi(APIView):
 
     @extend_schema(
         operation_id="tariffs_strip",
-        parameters=[OpenApiParameter("date", OpenApiTypes.DATE, required=True, description="YYYY-MM-DD")],
+        parameters=[
+            OpenApiParameter(
+                "date",
+                # The server's range (1971-01-01 to 2199-12-31) as a pattern on the year.
+                {
+                    "type": "string",
+                    "format": "date",
+                    "pattern": r"^(?:197[1-9]|19[89][0-9]|2[01][0-9]{2})-[0-9]{2}-[0-9]{2}$",
+                },
+                required=True,
+                description="YYYY-MM-DD, from 1971-01-01 to 2199-12-31.",
+            )
+        ],
         responses={200: Output},
         tags=[TAG_TARIFFS],
     )

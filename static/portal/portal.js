@@ -19,6 +19,11 @@
       event.preventDefault();
     }
   });
+  // A select marked data-submit-on-change submits its form when changed (the organisation switch); an
+  // inline onchange attribute would be refused by the Content-Security-Policy.
+  document.querySelectorAll("select[data-submit-on-change]").forEach(function (select) {
+    select.addEventListener("change", function () { select.form.submit(); });
+  });
   // Elements with data-poll-url reload their content from that URL every data-poll-seconds (default 3)
   // until the response carries data-poll-done; used for pending payments and live usage.
   document.querySelectorAll("[data-poll-url]").forEach(function (el) {

@@ -195,12 +195,23 @@ class Portal:
         self.page.wait_for_load_state()
 
 
+CSP_VIOLATIONS_TO_CONSOLE = """
+document.addEventListener("securitypolicyviolation", function (event) {
+  console.error("CSP violation: " + event.violatedDirective + " blocked " + (event.blockedURI || "inline")
+    + " at " + event.sourceFile + ":" + event.lineNumber);
+});
+"""
+
+
 @pytest.fixture
 def portal(browser: Any, live_server: Any) -> Iterator[Portal]:
     """A fresh browser context (no cookies) at desktop size on the live server."""
     base_url = live_server.url.replace("localhost", "127.0.0.1")
     context = browser.new_context(viewport=DESKTOP, base_url=base_url, locale="en-GB")
     context.set_default_timeout(15_000)
+    # A Content-Security-Policy violation (core.middleware) is a console error, whatever Chromium itself
+    # logs: the init script runs before the page's own and is not subject to the policy.
+    context.add_init_script(CSP_VIOLATIONS_TO_CONSOLE)
     page = context.new_page()
     problems = PageProblems(origin=base_url)
     problems.watch(page)

@@ -99,3 +99,19 @@ def test_public_pages_render_cleanly(portal: Portal, world: PortalWorld) -> None
             _visit(portal, "public-invite-accept", reverse("invite-accept", kwargs={"token": token}))
         )
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_admin_and_swagger_ui_work_under_the_content_security_policy(
+    portal: Portal, world: PortalWorld
+) -> None:
+    """Swagger UI (drf-spectacular's sidecar files, served from here) draws the API and the admin its
+    index, with no policy violation or other console error."""
+    wrong = _visit(portal, "public-api-docs", "/api/docs/")
+    portal.page.locator(".swagger-ui .info .title").wait_for()
+    assert portal.page.locator(".swagger-ui .info .title").inner_text().startswith("Cardhour API")
+    assert portal.page.locator(".opblock").count() > 50
+    wrong.extend(f"api-docs after drawing: {problem}" for problem in portal.problems.all())
+    portal.login_as(world.users["sam"])
+    wrong.extend(_visit(portal, "staff-admin-index", "/admin/"))
+    assert portal.page.locator("#site-name").inner_text() != ""
+    assert not wrong, "\n".join(wrong)

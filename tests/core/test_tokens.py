@@ -308,9 +308,20 @@ def test_revoking_an_out_of_range_id_is_404_not_500(api: APIClient, token_id: st
     assert response.json()["code"] == "token_not_found"
 
 
-@pytest.mark.parametrize("query", ["page=abc", "page=0", "page=2", "page=-1"])
-def test_list_bad_page_is_404_not_found(api: APIClient, query: str) -> None:
+@pytest.mark.parametrize("query", ["page=abc", "page=0", "page=-1", "page=", "page=1.5"])
+def test_list_malformed_page_is_400_invalid_paging(api: APIClient, query: str) -> None:
     response = api.get(f"/api/v1/tokens?{query}")
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "code": "invalid_paging",
+        "message": "page must be a whole number from 1.",
+        "extra": {"fields": {"page": ["page must be a whole number from 1."]}},
+    }
+
+
+def test_list_page_past_the_last_is_404_not_found(api: APIClient) -> None:
+    response = api.get("/api/v1/tokens?page=2")
 
     assert response.status_code == 404
     assert response.json() == {"code": "not_found", "message": "Invalid page.", "extra": {}}
