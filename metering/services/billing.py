@@ -342,6 +342,7 @@ def _invoice_lines(
     attach it now."""
     lines: list[InvoiceLine] = []
     owed: set[int] = set()
+    owed_micros = cleared_micros = 0  # exact money owed and cleared on this invoice
 
     def add(**fields: object) -> None:
         lines.append(_with_vat(InvoiceLine(invoice=invoice, seq=len(lines) + 1, **fields)))
@@ -381,6 +382,7 @@ def _invoice_lines(
         if group.arrears:
             description = f"Card-hours used with no pack (owed): {where}"
             amount = micros_to_fen(group.gross)
+            owed_micros += group.gross
         else:
             description = f"Card-hours used from {group.pack_class} packs: {where}"
             amount = micros_to_fen(group.buyer_value)
@@ -408,6 +410,7 @@ def _invoice_lines(
     else:
         settled = settled.filter(invoice__isnull=True)
     for settlement in settled.select_related("pack", "pack__accelerator").order_by("settled_at", "pk"):
+        cleared_micros += settlement.money_cleared
         add(
             kind=InvoiceLine.Kind.ARREARS_PAID,
             description=arrears_settlement_description(settlement)[:300],
@@ -428,7 +431,59 @@ def _invoice_lines(
             card_hours_drawn=from_micros(refund.card_hours_debited),
             amount=-refund.amount,
         )
+    _absorb_settlement_rounding(
+        lines=lines,
+        owed=owed,
+        buyer=buyer,
+        period_start=invoice.period_start,
+        owed_micros=owed_micros,
+        cleared_micros=cleared_micros,
+    )
     return lines, owed
+
+
+def _absorb_settlement_rounding(
+    *,
+    lines: list[InvoiceLine],
+    owed: set[int],
+    buyer: Organisation,
+    period_start: date,
+    owed_micros: int,
+    cleared_micros: int,
+) -> None:
+    """Make an invoice that states an arrears settlement end on the money still owed, rounded once.
+
+    Each owed line and each settlement line is rounded to the fen on its own, so after a settlement the
+    stated amount due could be a fen or two off the exact money still owed — and a buyer who has paid every
+    owed card-hour would be left owing ¥0.01 that no later pack could ever clear (the ledger owes nothing).
+    The rule: on an invoice with arrears-paid lines, the last one absorbs that rounding, so the amount due
+    is the exact money owed at the end of the period (every owed segment stated so far less every
+    settlement stated so far, in micro-units) rounded once to the fen. Invoices without a settlement keep
+    the plain rule (the sum of their rounded lines)."""
+    paid = [line for line in lines if line.kind == InvoiceLine.Kind.ARREARS_PAID]
+    if not paid:
+        return
+    earlier_owed = (
+        RatedSegment.objects.filter(
+            invoice__buyer=buyer, invoice__period_start__lt=period_start, pack__isnull=True
+        ).aggregate(total=Sum("gross"))["total"]
+        or 0
+    )
+    earlier_cleared = (
+        ArrearsSettlement.objects.filter(buyer=buyer, invoice__period_start__lt=period_start).aggregate(
+            total=Sum("money_cleared")
+        )["total"]
+        or 0
+    )
+    exact_due = micros_to_fen(earlier_owed + owed_micros - earlier_cleared - cleared_micros)
+    stated_due = _brought_forward(buyer=buyer, period_start=period_start) + sum(
+        (line.amount for line in lines if line.seq in owed or line.kind == InvoiceLine.Kind.ARREARS_PAID),
+        ZERO,
+    )
+    if exact_due != stated_due:
+        last = paid[-1]
+        last.amount += exact_due - stated_due
+        _with_vat(last)
 
 
 def arrears_settlement_description(settlement: ArrearsSettlement) -> str:

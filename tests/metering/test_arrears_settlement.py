@@ -268,3 +268,40 @@ def test_a_replayed_webhook_settles_the_arrears_once(localstripe, stripe_webhook
     assert balance(f"arrears:{buyer.pk}:{A800}") == 0
     assert balance(f"buyer_money:{buyer.pk}") == -120 * MICROS  # the prepaid value of 8 of 10 card-hours
     assert_every_transfer_balances()
+
+
+def test_a_settlement_that_pays_every_owed_line_leaves_nothing_due_whatever_the_lines_rounding(db) -> None:
+    # At ¥1.0050 per card-hour, an hour in each band is owed as peak 1.7085 → 1.71, flat 1.0050 → 1.00
+    # (half to even) and valley 0.3819 → 0.38: the lines say 3.09 while the ledger clears exactly 3.0954,
+    # which on its own rounds to 3.10. The arrears-paid line absorbs the difference: nothing is left due.
+    operator = OperatorFactory(slug="cucc", name="China Unicom")
+    cluster = make_cluster(operator=operator, islands=[("isl-01", 64)])
+    price_card_for(cluster, rate="1.0050")
+    buyer = BuyerFactory(slug="gamma", name="Gamma Labs")
+    report_and_rate(
+        operator,
+        ("peak", "gamma", 1, sh(2026, 3, 20, 10), sh(2026, 3, 20, 11)),
+        ("flat", "gamma", 1, sh(2026, 3, 20, 8), sh(2026, 3, 20, 9)),
+        ("valley", "gamma", 1, sh(2026, 3, 20, 2), sh(2026, 3, 20, 3)),
+        now=sh(2026, 3, 21),
+    )
+    assert balance(f"buyer_money:{buyer.pk}") == 3_095_400
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=10, price="100.00", paid_at=sh(2026, 3, 25))
+    assert ArrearsSettlement.objects.get().money_cleared == 3_095_400
+
+    billing_close_period(period_start=date(2026, 3, 1), now=sh(2026, 4, 1, 0, 30))
+    invoice = Invoice.objects.get(buyer=buyer)
+    assert [(line.kind, line.band, line.amount) for line in invoice.lines.order_by("seq")] == [
+        ("pack_purchase", "", Decimal("100.00")),
+        ("arrears", "peak", Decimal("1.71")),
+        ("arrears", "flat", Decimal("1.00")),
+        ("arrears", "valley", Decimal("0.38")),
+        ("arrears_paid", "", Decimal("-3.09")),
+    ]
+    assert (invoice.arrears_amount, invoice.arrears_settled, invoice.amount_due) == (
+        Decimal("3.09"),
+        Decimal("-3.09"),
+        Decimal("0.00"),
+    )
+    paid = invoice.lines.get(kind="arrears_paid")
+    assert paid.net_amount + paid.tax_amount == paid.amount
