@@ -9,6 +9,7 @@ organisation that is not an operator gets 403 ``not_an_operator``.
 
 from __future__ import annotations
 
+import random
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,7 @@ from metering.errors import UsageBatchTooLargeError, UsageConflictError
 TAG_OPERATOR = "operator leases"
 
 _ID_MAX = 2**63 - 1
+_WAIT_JITTER = 0.1  # a long-poll with nothing new answers after 90–100 % of its wait
 _LEASE_STATES = f"One of: {', '.join(LeaseState.values)}."
 
 
@@ -184,7 +186,10 @@ class OperatorLeaseListApi(APIView):
             OpenApiParameter(
                 "wait",
                 {"type": "integer", "minimum": 0, "maximum": settings.CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS},
-                description="Seconds to wait for a matching lease when none matches yet (0–30).",
+                description=(
+                    "Seconds to wait for a matching lease when none matches yet (0–30). With nothing new, "
+                    "the answer comes after 90–100 % of the wait, so agents started together drift apart."
+                ),
             ),
             OpenApiParameter("page", PAGE_SCHEMA, description="A page number within the result set."),
             OpenApiParameter("page_size", PAGE_SIZE_SCHEMA, description="Leases per page (max 500)."),
@@ -234,14 +239,17 @@ class OperatorLeaseListApi(APIView):
         # Nothing to wait for, or inside a transaction (a caller's atomic block, or a test's) where nothing
         # can commit meanwhile: answer at once.
         waits = bool(wait) and not connection.in_atomic_block
-        data = page_data(empty_ok=not waits)
-        if data is not None:
+        data = page_data(empty_ok=True)
+        assert data is not None
+        if data["results"] or not waits:
             return Response(data)
-        response = Response(page_data(empty_ok=True))
+        response = Response(data)
         response.long_poll = LongPoll(  # type: ignore[attr-defined]
             topic=LEASE_FEED_TOPIC,
             keys=[lease_feed_key(operator=operator, cluster=cluster_cpi)],
-            deadline=time.monotonic() + wait,
+            # A wait ends at a random point of its last tenth: agents that started together (after a
+            # server restart, say) drift apart instead of re-polling in one herd every ``wait`` seconds.
+            deadline=time.monotonic() + wait * (1 - _WAIT_JITTER * random.random()),  # noqa: S311
             recheck=lambda: page_data(empty_ok=False),
         )
         return response
