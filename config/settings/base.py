@@ -326,6 +326,10 @@ CARDHOUR_WAKEUP_FALLBACK_POLL_SECONDS = env.float("CARDHOUR_WAKEUP_FALLBACK_POLL
 CARDHOUR_WAKEUP_DATABASE_URL = ""
 CARDHOUR_ASYNC_PATHS = ["/api/v1/operator/leases"]
 CARDHOUR_WSGI_THREADS = env.int("CARDHOUR_WSGI_THREADS", default=8)
+# The long-polls' own database work (the first look and each re-check) runs on this many threads per server
+# process, however many agents wait: a herd of re-polls queues on the event loop instead of starting a thread
+# each and fighting the WSGI threads for the GIL and the connection pool.
+CARDHOUR_LONG_POLL_THREADS = env.int("CARDHOUR_LONG_POLL_THREADS", default=2)
 
 # Stripe. With no secret key, `make run` starts localstripe on loopback and every page says "test mode";
 # with real keys (sk_live_/sk_test_) the platform talks to Stripe itself.

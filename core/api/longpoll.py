@@ -16,12 +16,16 @@ thread while it waits — correct, only not cheap.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.views import APIView
@@ -39,6 +43,37 @@ class LongPoll:
     keys: list[str]
     deadline: float
     recheck: Callable[[], Any | None]
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _long_poll_executor() -> ThreadPoolExecutor:
+    """The process's few threads for long-polls' database work (``CARDHOUR_LONG_POLL_THREADS``).
+
+    Not one thread per request, as Django's thread-sensitive default would start: 400 agents re-polling
+    together (their waits run out at about the same time) would be 400 threads contending with the WSGI
+    threads for the GIL and the connection pool, and heartbeats and quotes would wait behind them. Here they
+    queue as futures on the event loop and run a few at a time; an agent's answer may come a little later,
+    nobody else's does."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                max_workers=settings.CARDHOUR_LONG_POLL_THREADS, thread_name_prefix="cardhour-long-poll"
+            )
+        return _executor
+
+
+def _runner(request: HttpRequest) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """How the view's synchronous parts run: on the long-poll threads under the ASGI server; elsewhere
+    (``runserver``, the test client: the view under ``async_to_sync``) back on the request's own thread,
+    Django's thread-sensitive default, so they see that thread's connection and open transaction."""
+    if isinstance(request, ASGIRequest):
+        executor = _long_poll_executor()
+        return lambda func: sync_to_async(func, thread_sensitive=False, executor=executor)
+    return sync_to_async
 
 
 def _release_connection() -> None:
@@ -71,17 +106,18 @@ def long_poll_view(api_cls: type[APIView]) -> Callable[..., Any]:
         return response
 
     async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        response = await sync_to_async(run_sync)(request, *args, **kwargs)
+        in_thread = _runner(request)
+        response: HttpResponseBase = await in_thread(run_sync)(request, *args, **kwargs)
         poll: LongPoll | None = getattr(response, "long_poll", None)
         if poll is None:
             return response
         async with wakeups.subscribe(topic=poll.topic, keys=poll.keys) as subscription:
-            data = await sync_to_async(_recheck)(poll)
+            data = await in_thread(_recheck)(poll)
             while data is None:
                 remaining = poll.deadline - time.monotonic()
                 if remaining <= 0 or not await subscription.wait(remaining):
                     break
-                data = await sync_to_async(_recheck)(poll)
+                data = await in_thread(_recheck)(poll)
         if data is not None:
             response.data = data  # type: ignore[attr-defined]  # a DRF Response, rendered after this
         return response
