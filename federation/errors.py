@@ -19,6 +19,12 @@ class UnknownAcceleratorError(InvalidInputError):
     code = "unknown_accelerator"
 
 
+class AcceleratorAmbiguousError(InvalidInputError):
+    """A model name that is an alias of several catalog models; ``extra["candidates"]`` lists their slugs."""
+
+    code = "accelerator_ambiguous"
+
+
 class UnknownHubError(InvalidInputError):
     code = "unknown_hub"
 

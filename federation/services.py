@@ -27,7 +27,6 @@ from federation.errors import (
     InvalidHeartbeatError,
     InvalidIdentifierError,
     InvalidStatusTransitionError,
-    UnknownAcceleratorError,
     UnknownHubError,
     UnknownIslandError,
 )
@@ -43,6 +42,7 @@ from federation.models import (
     Island,
     IssuedIdentifier,
 )
+from federation.selectors import accelerator_resolve
 from federation.types import HeartbeatResult, IslandReport, IslandSpec, LatencyMeasurement
 
 # A heartbeat stamped further ahead than this is a broken agent clock, not a beat from the future.
@@ -221,7 +221,8 @@ def cluster_register_idempotent(
     """Register a cluster and its islands under ``cpi`` for ``operator``; returns (cluster, created).
 
     Rules: the identifier parses and names a cluster; its operator segment is ``operator``'s slug; the
-    hub exists; the accelerator is in the catalog; islands are 1..N with unique valid names, cards ≥ 1
+    hub exists; ``accelerator_slug`` is a catalog slug or an alias of exactly one model
+    (federation.selectors.accelerator_resolve, as fleet import); islands are 1..N with unique valid names, cards ≥ 1
     and a known fabric; neither the cluster's nor any island's identifier was ever issued. Islands start
     with every card available (K2 = K1) until the first heartbeat says otherwise.
 
@@ -230,7 +231,8 @@ def cluster_register_idempotent(
     IdentifierTakenError.
 
     Raises InvalidIdentifierError, IdentifierOperatorMismatchError, UnknownHubError,
-    UnknownAcceleratorError, IdentifierTakenError, InvalidInputError. Writes nothing on any error.
+    UnknownAcceleratorError, AcceleratorAmbiguousError, IdentifierTakenError, InvalidInputError. Writes
+    nothing on any error.
     """
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
@@ -238,11 +240,7 @@ def cluster_register_idempotent(
     hub = Hub.objects.filter(code=identifier.hub).first()
     if hub is None:
         raise UnknownHubError(f"Unknown hub {identifier.hub!r}.", extra={"hub": identifier.hub})
-    accelerator = Accelerator.objects.filter(slug=accelerator_slug).first()
-    if accelerator is None:
-        raise UnknownAcceleratorError(
-            f"No accelerator {accelerator_slug!r} in the catalog.", extra={"accelerator": accelerator_slug}
-        )
+    accelerator = accelerator_resolve(name=accelerator_slug)
     existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
     if existing is not None and _same_registration(
         existing, site=site, accelerator=accelerator, islands=islands, endpoint_url=endpoint_url

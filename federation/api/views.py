@@ -253,8 +253,11 @@ class ClusterListApi(generics.ListAPIView):
     class Input(serializers.Serializer):
         cpi = serializers.CharField(max_length=140, help_text="cpi:<your operator>:<hub>:<cluster>")
         site = serializers.CharField(max_length=100)
-        accelerator = serializers.SlugField(
-            max_length=64, help_text="Catalog slug, e.g. nvidia-h800-sxm5-80gb."
+        accelerator = serializers.CharField(
+            max_length=100,
+            help_text="Catalog slug (e.g. nvidia-h800-sxm5-80gb) or an alias of exactly one model (e.g. H20). "
+            "An alias of several models (bare H100: SXM5 or PCIe) is 400 accelerator_ambiguous, listing "
+            "the candidates.",
         )
         endpoint_url = serializers.URLField(max_length=500, required=False, allow_blank=True, default="")
         islands = IslandInput(  # type: ignore[call-arg]  # DRF ≥ 3.15 accepts max_length; the stubs lag

@@ -52,10 +52,9 @@ def test_demo_fleet_is_deterministic_and_covers_every_hub() -> None:
     assert first == second
     assert {plan.hub for plan in first} == EIGHT_HUBS
     assert len({plan.cpi for plan in first}) == len(first)
-    published = {
-        spec["slug"] for spec in catalog.ACCELERATORS if spec.get("status", "published") == "published"
-    }
-    assert sum(plan.accelerator in published for plan in first) >= 0.9 * len(first)
+    # Chips with figures (the vendor's own, or reported by server vendors like the Ascend 910B bins).
+    with_figures = {spec["slug"] for spec in catalog.ACCELERATORS if spec["tflops"] is not None}
+    assert sum(plan.accelerator in with_figures for plan in first) >= 0.9 * len(first)
 
 
 @pytest.mark.django_db
