@@ -27,6 +27,7 @@ from federation.errors import (
     InvalidHeartbeatError,
     InvalidIdentifierError,
     InvalidStatusTransitionError,
+    LatencySourceNotOperatedError,
     UnknownHubError,
     UnknownIslandError,
 )
@@ -543,15 +544,37 @@ def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]
 
 @transaction.atomic
 def hub_latency_record(
-    *, measurements: Sequence[LatencyMeasurement], symmetric: bool = True
+    *,
+    measurements: Sequence[LatencyMeasurement],
+    symmetric: bool = True,
+    reporter: Organisation | None = None,
 ) -> list[HubLatency]:
-    """Store measured hub→hub latencies (and the reverse pair when ``symmetric``). A measurement older
-    than the one stored is ignored. Raises UnknownHubError."""
+    """Store measured hub→hub latencies (and the reverse pair when ``symmetric``), replacing the seeded
+    policy tiers and distance estimates. A measurement older than the one stored is ignored.
+
+    ``reporter`` None or the platform may report any pair. An operator's agent measures from its own
+    sites, so an operator may report only pairs whose ``source`` is a hub where it runs a cluster that is
+    not retired (otherwise LatencySourceNotOperatedError, naming those hubs).
+
+    Raises UnknownHubError, LatencySourceNotOperatedError. Writes nothing on error.
+    """
     codes = {m.source for m in measurements} | {m.target for m in measurements}
     hubs = {hub.code: hub for hub in Hub.objects.filter(code__in=codes)}
     missing = sorted(codes - hubs.keys())
     if missing:
         raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
+    if reporter is not None and not reporter.is_platform:
+        operated = set(
+            Cluster.objects.filter(operator=reporter)
+            .exclude(status=ClusterStatus.RETIRED)
+            .values_list("hub__code", flat=True)
+        )
+        foreign = sorted({m.source for m in measurements} - operated)
+        if foreign:
+            raise LatencySourceNotOperatedError(
+                f"You run no cluster in {', '.join(foreign)}: report latencies measured from your own hubs.",
+                extra={"hubs": foreign, "operated_hubs": sorted(operated)},
+            )
     touched: dict[tuple[str, str], int] = {}
     for m in measurements:
         pairs = [(m.source, m.target)] + (

@@ -22,7 +22,8 @@ from rest_framework.views import APIView
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.pagination import StandardPagination
-from core.api.permissions import IsOperator, IsOrganisationMember, IsPlatform
+from core.api.permissions import IsOperator, IsOrganisationMember
+from core.errors import PermissionDeniedError
 from federation import selectors, services
 from federation.api import serializers as out
 from federation.models import (
@@ -84,10 +85,27 @@ class HubLatencyListApi(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
-class HubLatencyMeasureApi(APIView):
-    """Record measured latencies (platform only). Older measurements than the stored one are ignored."""
+class IsOperatorOrPlatform(IsOrganisationMember):
+    """An operator (its agents report what they measure) or the platform."""
 
-    permission_classes = [IsPlatform]
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        organisation = actor_from_request(request).organisation
+        if not (organisation.is_operator or organisation.is_platform):
+            raise PermissionDeniedError(
+                "Only operators and the platform can report latencies.", code="not_an_operator"
+            )
+        return True
+
+
+class HubLatencyMeasureApi(APIView):
+    """Record measured round-trip latencies; they replace the seeded policy tiers and distance estimates.
+    The platform may report any pair; an operator's agent only pairs measured from a hub where the
+    operator runs a cluster (otherwise 403 latency_source_not_operated). Older measurements than the
+    stored one are ignored."""
+
+    permission_classes = [IsOperatorOrPlatform]
 
     class Input(serializers.Serializer):
         class Measurement(serializers.Serializer):
@@ -111,6 +129,7 @@ class HubLatencyMeasureApi(APIView):
         rows = services.hub_latency_record(
             measurements=[LatencyMeasurement(**m) for m in data.validated_data["measurements"]],
             symmetric=data.validated_data["symmetric"],
+            reporter=actor_from_request(request).organisation,
         )
         return Response(out.HubLatencyOutput(rows, many=True).data)
 
