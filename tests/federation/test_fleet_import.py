@@ -474,7 +474,10 @@ def test_dry_run_reports_and_writes_nothing(operator):
     before = counts()
 
     result = run(
-        operator, HEADER + "GPU-series-2,8,1,a\nH800-SXM5-80GB,8,1,b\n", allow_unknown_models=True, dry_run=True
+        operator,
+        HEADER + "GPU-series-2,8,1,a\nH800-SXM5-80GB,8,1,b\n",
+        allow_unknown_models=True,
+        dry_run=True,
     )
 
     assert result.dry_run
