@@ -706,6 +706,9 @@ PRESETS: dict[str, Preset] = {
             "critical peak on other months' days of 35 °C or more (announced the evening before)."
         ),
         versions=(
+            # Checked against a reprint of the Guangdong DRC's release of 2021-09-06: windows, ratios, the
+            # critical-peak months, hours and +25 %. The effective date (2021-10-01) and the customer class
+            # are as the metering issue and this preset's earlier reading of the notice give them.
             # The earlier schedule (ratios 1.65 : 1 : 0.5, as the 2021 notice says) was not found with its
             # windows and document number, so no edition before 2021-10-01 is modelled.
             PresetVersion(
