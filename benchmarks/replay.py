@@ -157,6 +157,9 @@ BASE_RATE = {
     "GPU-series-1": Decimal("4.00"),
     "GPU-series-2": Decimal("8.00"),
 }
+# How the replay's operators spell a trace model in their inventories: the spot trace says bare "H800",
+# which the catalog refuses as ambiguous (SXM5 or PCIe); these 8-card nodes are uploaded as SXM5 parts.
+INVENTORY_SPELLING = {"H800": "H800-SXM5-80GB"}
 BUYER_HUBS = ("yrd", "gba", "jjj", "cy")
 BUYERS = 8
 
@@ -466,7 +469,8 @@ def fleet_csvs() -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str, 
     for index, row in enumerate(rows):
         slug = OPERATORS[index % len(OPERATORS)][0]
         hub, site, _, _ = where[(slug, row["gpu_model"])]
-        lines[slug].append(f"{row['gpu_model']},{row['gpu_capacity_num']},{row['node_name']},{hub},{site}")
+        model = INVENTORY_SPELLING.get(row["gpu_model"], row["gpu_model"])
+        lines[slug].append(f"{model},{row['gpu_capacity_num']},{row['node_name']},{hub},{site}")
     return {slug: "\n".join(text) + "\n" for slug, text in lines.items()}, where
 
 
@@ -788,11 +792,13 @@ def federate(client: JsonClient, *, operator_tokens: dict[str, str], any_token: 
         imported.extend((slug, cluster) for cluster in result["clusters"])
 
     status, body = client.call("GET", "/api/v1/accelerators?page_size=500", token=any_token)
-    catalog: dict[str, str] = {}
+    named: dict[str, set[str]] = {}
     for accelerator in results_of(expect(status, body, 200, "accelerators")):
         for name in [accelerator["slug"], *(accelerator.get("aliases") or [])]:
-            catalog[name.lower()] = accelerator["slug"]
-    model_of = {catalog[model.lower()]: model for (_, model) in where}
+            named.setdefault(name.lower(), set()).add(accelerator["slug"])
+    # An alias of several models (bare "H100": SXM5 or PCIe) names none of them, as in the API.
+    catalog = {name: next(iter(slugs)) for name, slugs in named.items() if len(slugs) == 1}
+    model_of = {catalog[INVENTORY_SPELLING.get(model, model).lower()]: model for (_, model) in where}
 
     status, body = client.call("GET", "/api/v1/tariffs?page_size=100", token=any_token)
     presets = {

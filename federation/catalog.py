@@ -4,12 +4,16 @@ here, importable, so tests and the demo can refer to the same figures.
 
 Accelerator figures are *dense* FP16 tensor TFLOPS (no structured sparsity, FP32 accumulate), memory in
 GB and memory bandwidth in GB/s, from the vendors' published datasheets unless ``source`` says otherwise.
-Where a vendor has not published a dense FP16 figure the model is ``unknown`` and its FP16 figure is NULL:
-we do not invent numbers.
+``spec_status`` says how far to trust them: ``published`` (the chip vendor's own datasheet), ``reported``
+(published by others, e.g. the server vendors that ship the chip, not by the chip vendor) or ``unknown``
+(no public figure: the FP16 figure is NULL; we do not invent numbers). An alias may belong to several
+models (bare "H100" is an SXM or a PCIe part): federation.selectors.accelerator_resolve refuses it as
+ambiguous and lists the candidates.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -32,10 +36,55 @@ HUBS: list[dict[str, object]] = [
 ]
 
 # Policy tiers of the national computing network: 1 ms inside a city, 5 ms from a cluster to nearby
-# cities, 20 ms between hubs. A hub spans several cities, so the seed for hub→same hub is the 5 ms tier
-# and every hub→other hub pair is the 20 ms tier. Measurements posted through the API replace these.
+# cities, 20 ms between hubs. A hub spans several cities, so hub→same hub is seeded with the 5 ms policy
+# tier (origin "policy"); ``ext`` has no location, so its pairs keep the 20 ms between-hubs tier.
 LATENCY_SAME_HUB_MS = Decimal("5")
 LATENCY_BETWEEN_HUBS_MS = Decimal("20")
+
+# No published hub-to-hub round-trip measurements were found, so every pair between two located hubs is
+# seeded with an *estimate* (origin "estimated"), replaced by measurements posted through the API:
+#   round trip = 2 × great-circle distance × ROUTE_FACTOR × FIBRE_US_PER_KM
+# Light in fibre covers ~1 km in 5 µs (refractive index ~1.47); fibre routes are longer than the great
+# circle, taken here as 1.5× (a common rule of thumb for long-haul terrestrial routes, not a measurement);
+# switching and queueing are not counted, so real round trips will be somewhat higher. An estimate is never
+# below the same-hub tier (two neighbouring hubs, e.g. Zhangjiakou and Horinger, are not taken to be nearer
+# than a hub is to itself), so a buyer's home hub is never ranked behind its neighbour.
+FIBRE_US_PER_KM = Decimal("5")
+ROUTE_FACTOR = Decimal("1.5")
+EARTH_RADIUS_KM = 6371.0
+# Where each hub's distance is measured from: the national hub's designated data-centre cluster (the
+# 2022 East Data West Computing plan), approximate city coordinates (latitude, longitude) in degrees.
+# Chengdu-Chongqing has two clusters (Tianfu, Chongqing); Tianfu (Chengdu) stands for the hub.
+HUB_SITES: dict[str, tuple[str, float, float]] = {
+    "jjj": ("Zhangjiakou cluster", 40.77, 114.88),
+    "yrd": ("Yangtze River Delta demonstration zone cluster (Qingpu, Shanghai)", 31.15, 121.12),
+    "gba": ("Shaoguan cluster", 24.81, 113.60),
+    "cy": ("Tianfu cluster (Chengdu)", 30.57, 104.07),
+    "nmg": ("Horinger cluster (Hohhot)", 40.38, 111.82),
+    "gz": ("Gui'an cluster", 26.43, 106.40),
+    "gs": ("Qingyang cluster", 35.71, 107.64),
+    "nx": ("Zhongwei cluster", 37.50, 105.19),
+}
+
+
+def great_circle_km(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Haversine distance in km between two (latitude, longitude) points in degrees."""
+    lat1, lon1, lat2, lon2 = map(math.radians, (*a, *b))
+    h = math.sin((lat2 - lat1) / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * math.asin(math.sqrt(h))
+
+
+def hub_latency_seed(source: str, target: str) -> tuple[Decimal, str]:
+    """The seeded round-trip latency (ms) of ``source``→``target`` and its origin ("policy" or
+    "estimated"); see the comments above for the method."""
+    if source == target:
+        return LATENCY_SAME_HUB_MS, "policy"
+    if source not in HUB_SITES or target not in HUB_SITES:
+        return LATENCY_BETWEEN_HUBS_MS, "policy"
+    km = Decimal(str(round(great_circle_km(HUB_SITES[source][1:], HUB_SITES[target][1:]), 1)))
+    round_trip_us = 2 * km * ROUTE_FACTOR * FIBRE_US_PER_KM
+    return max((round_trip_us / 1000).quantize(Decimal("0.1")), LATENCY_SAME_HUB_MS), "estimated"
+
 
 STANDARD_CARD_V1_TFLOPS = Decimal("400")
 
@@ -46,49 +95,104 @@ ACCELERATORS: list[dict[str, object]] = [
         "slug": "nvidia-a100-sxm4-80gb",
         "vendor": "NVIDIA",
         "model": "A100 SXM4 80GB",
-        "aliases": ["A100", "A100-SXM4-80GB", "A100-80G"],
+        # Bare "A100" and "A100-80G" name both form factors: the resolver refuses them as ambiguous.
+        "aliases": ["A100", "A100-SXM4-80GB", "A100-80G", "A100 SXM4 80GB"],
         "tflops": "312",
         "memory_gb": "80",
         "bandwidth": "2039",
         "interconnect": "NVLink 3, 600 GB/s",
         "fabric": "nvlink",
-        "source": _NV,
+        "source": "NVIDIA A100 Tensor Core GPU datasheet: FP16 Tensor Core 624 TFLOPS with sparsity (312 dense), A100 80GB SXM column",
     },
     {
         "slug": "nvidia-a800-sxm4-80gb",
         "vendor": "NVIDIA",
         "model": "A800 SXM4 80GB",
-        "aliases": ["A800", "A800-SXM4-80GB", "A800-80G"],
+        "aliases": ["A800", "A800-SXM4-80GB", "A800-80G", "A800 SXM4 80GB"],
         "tflops": "312",
         "memory_gb": "80",
         "bandwidth": "2039",
         "interconnect": "NVLink 3, 400 GB/s",
         "fabric": "nvlink",
-        "source": _NV,
+        "source": "NVIDIA A800 SXM4 80GB datasheet: FP16 Tensor Core 624 TFLOPS with sparsity (312 dense)",
     },
     {
         "slug": "nvidia-h100-sxm5-80gb",
         "vendor": "NVIDIA",
         "model": "H100 SXM5 80GB",
-        "aliases": ["H100", "H100-SXM5-80GB", "H100-80G"],
+        "aliases": ["H100", "H100-SXM5-80GB", "H100-80G", "H100 SXM5 80GB"],
         "tflops": "989.4",
         "memory_gb": "80",
         "bandwidth": "3350",
         "interconnect": "NVLink 4, 900 GB/s",
         "fabric": "nvlink",
-        "source": _NV,
+        "source": "NVIDIA H100 Tensor Core GPU datasheet: FP16 Tensor Core 1,979 TFLOPS with sparsity (989.4 dense), H100 SXM column",
     },
     {
         "slug": "nvidia-h800-sxm5-80gb",
         "vendor": "NVIDIA",
         "model": "H800 SXM5 80GB",
-        "aliases": ["H800", "H800-SXM5-80GB", "H800-80G"],
+        "aliases": ["H800", "H800-SXM5-80GB", "H800-80G", "H800 SXM5 80GB"],
         "tflops": "989.4",
         "memory_gb": "80",
         "bandwidth": "3350",
         "interconnect": "NVLink 4, 400 GB/s",
         "fabric": "nvlink",
-        "source": _NV,
+        "source": "NVIDIA H800 SXM5 80GB datasheet: FP16 Tensor Core 1,979 TFLOPS with sparsity (989.4 dense)",
+    },
+    # PCIe cards of the same chips. NVIDIA's datasheets quote FP16 Tensor throughput *with sparsity*; the
+    # dense figure used here is half of it, the same convention as the SXM entries above.
+    {
+        "slug": "nvidia-a100-pcie-80gb",
+        "vendor": "NVIDIA",
+        "model": "A100 PCIe 80GB",
+        "aliases": ["A100", "A100-80G", "A100-PCIE-80GB", "A100 PCIe 80GB"],
+        "tflops": "312",
+        "memory_gb": "80",
+        "bandwidth": "1935",
+        "interconnect": "NVLink bridge (2 GPUs), 600 GB/s; PCIe Gen4 x16",
+        "fabric": "pcie",
+        "source": "NVIDIA A100 Tensor Core GPU datasheet: FP16 Tensor Core 624 TFLOPS with sparsity "
+        "(312 dense), A100 80GB PCIe column, 1,935 GB/s",
+    },
+    {
+        "slug": "nvidia-a800-pcie-80gb",
+        "vendor": "NVIDIA",
+        "model": "A800 PCIe 80GB",
+        "aliases": ["A800", "A800-80G", "A800-PCIE-80GB", "A800 PCIe 80GB"],
+        "tflops": "312",
+        "memory_gb": "80",
+        "bandwidth": "1935",
+        "interconnect": "NVLink bridge (2 GPUs), 400 GB/s; PCIe Gen4 x16",
+        "fabric": "pcie",
+        "source": "NVIDIA A800 PCIe 80GB datasheet: FP16 Tensor Core 624 TFLOPS with sparsity (312 dense), "
+        "1,935 GB/s",
+    },
+    {
+        "slug": "nvidia-h100-pcie-80gb",
+        "vendor": "NVIDIA",
+        "model": "H100 PCIe 80GB",
+        "aliases": ["H100", "H100-80G", "H100-PCIE-80GB", "H100 PCIe 80GB"],
+        "tflops": "756.5",
+        "memory_gb": "80",
+        "bandwidth": "2000",
+        "interconnect": "NVLink bridge (2 GPUs), 600 GB/s; PCIe Gen5 x16",
+        "fabric": "pcie",
+        "source": "NVIDIA H100 Tensor Core GPU datasheet: FP16 Tensor Core 1,513 TFLOPS with sparsity "
+        "(756.5 dense), H100 PCIe column, 2 TB/s",
+    },
+    {
+        "slug": "nvidia-h800-pcie-80gb",
+        "vendor": "NVIDIA",
+        "model": "H800 PCIe 80GB",
+        "aliases": ["H800", "H800-80G", "H800-PCIE-80GB", "H800 PCIe 80GB"],
+        "tflops": "756.5",
+        "memory_gb": "80",
+        "bandwidth": "2000",
+        "interconnect": "NVLink bridge (2 GPUs), 400 GB/s; PCIe Gen5 x16",
+        "fabric": "pcie",
+        "source": "NVIDIA H800 PCIe 80GB datasheet: FP16 Tensor Core 1,513 TFLOPS with sparsity "
+        "(756.5 dense), 2 TB/s",
     },
     {
         "slug": "nvidia-h20",
@@ -211,13 +315,16 @@ ACCELERATORS: list[dict[str, object]] = [
         "fabric": "pcie",
         "source": "NVIDIA Tesla P100 datasheet (PCIe; FP16 without tensor cores)",
     },
-    # Huawei Ascend: Huawei publishes the Atlas 800T A2 per-chip figure; the 910B bins are as reported
-    # by the server vendors that ship them.
+    # Huawei Ascend: Huawei publishes the Atlas 800T A2 per-NPU figure (313 TFLOPS FP16), which server
+    # vendors attribute to the 910B3 bin; Huawei publishes no per-bin figures, so the other bins' figures are
+    # as reported by the server vendors that ship them: spec_status "reported", not "published". A bare
+    # "910B" names any of the four bins, so it is an alias of each (the resolver refuses it as ambiguous).
     {
         "slug": "huawei-ascend-910b1",
         "vendor": "Huawei",
         "model": "Ascend 910B1",
-        "aliases": ["910B1", "Ascend910B1"],
+        "aliases": ["910B1", "Ascend910B1", "910B"],
+        "status": "reported",
         "tflops": "414",
         "memory_gb": "64",
         "bandwidth": "1600",
@@ -229,7 +336,8 @@ ACCELERATORS: list[dict[str, object]] = [
         "slug": "huawei-ascend-910b2",
         "vendor": "Huawei",
         "model": "Ascend 910B2",
-        "aliases": ["910B2", "Ascend910B2"],
+        "aliases": ["910B2", "Ascend910B2", "910B"],
+        "status": "reported",
         "tflops": "376",
         "memory_gb": "64",
         "bandwidth": "1600",
@@ -242,18 +350,21 @@ ACCELERATORS: list[dict[str, object]] = [
         "vendor": "Huawei",
         "model": "Ascend 910B3",
         "aliases": ["910B3", "Ascend910B3", "910B"],
+        "status": "reported",
         "tflops": "313",
         "memory_gb": "64",
         "bandwidth": "1600",
         "interconnect": "HCCS, 392 GB/s",
         "fabric": "hccs",
-        "source": "Huawei Atlas 800T A2 datasheet (313 TFLOPS FP16 per NPU)",
+        "source": "Huawei Atlas 800T A2 datasheet (313 TFLOPS FP16 per NPU), attributed to the 910B3 bin by "
+        "server vendors (Huawei does not publish per-bin figures)",
     },
     {
         "slug": "huawei-ascend-910b4",
         "vendor": "Huawei",
         "model": "Ascend 910B4",
-        "aliases": ["910B4", "Ascend910B4"],
+        "aliases": ["910B4", "Ascend910B4", "910B"],
+        "status": "reported",
         "tflops": "280",
         "memory_gb": "32",
         "bandwidth": "800",
@@ -286,6 +397,19 @@ ACCELERATORS: list[dict[str, object]] = [
         "interconnect": "MLU-Link, 200 GB/s",
         "fabric": "pcie",
         "source": "Cambricon MLU370-X8 product page",
+    },
+    {
+        "slug": "cambricon-mlu590",
+        "vendor": "Cambricon",
+        "model": "MLU590",
+        "aliases": ["MLU590", "MLU590-M9"],
+        "status": "unknown",
+        "tflops": None,
+        "memory_gb": None,
+        "bandwidth": None,
+        "interconnect": "MLU-Link",
+        "fabric": "pcie",
+        "source": "Cambricon publishes no datasheet for the MLU590 (press figures only), so none are recorded",
     },
     {
         "slug": "hygon-dcu-k100",
@@ -324,6 +448,20 @@ ACCELERATORS: list[dict[str, object]] = [
         "interconnect": "PCIe Gen5 x16",
         "fabric": "pcie",
         "source": "Biren publishes BF16 but not dense FP16 throughput for the BR104",
+    },
+    {
+        "slug": "biren-br100",
+        "vendor": "Biren",
+        "model": "BR100",
+        "aliases": ["BR100"],
+        "status": "unknown",
+        "tflops": None,
+        "memory_gb": None,
+        "bandwidth": None,
+        "interconnect": "BLink",
+        "fabric": "pcie",
+        "source": "Biren's BR100 announcement (Hot Chips 34, 2022) gives BF16 peak throughput, not dense FP16; "
+        "no datasheet figures are recorded",
     },
     {
         "slug": "kunlunxin-p800",
@@ -380,12 +518,21 @@ def load_reference_data(apps: Any) -> None:
     for order, spec in enumerate(HUBS):
         hub, _ = Hub.objects.update_or_create(code=spec["code"], defaults={**spec, "sort_order": order})
         hubs.append(hub)
+    # Migration 0002 runs this with its historical models, before 0005 knew the "estimated" origin: there
+    # the between-hubs pairs get the 20 ms policy tier, and 0005 (running this again) replaces them.
+    origins = {value for value, _ in HubLatency._meta.get_field("origin").choices}
     for source in hubs:
         for target in hubs:
-            latency = LATENCY_SAME_HUB_MS if source == target else LATENCY_BETWEEN_HUBS_MS
-            HubLatency.objects.get_or_create(
-                source=source, target=target, defaults={"latency_ms": latency, "origin": "policy"}
+            latency, origin = hub_latency_seed(source.code, target.code)
+            if origin not in origins:
+                latency, origin = LATENCY_BETWEEN_HUBS_MS, "policy"
+            row, created = HubLatency.objects.get_or_create(
+                source=source, target=target, defaults={"latency_ms": latency, "origin": origin}
             )
+            # A seed row never measured follows the seed; a measurement is never overwritten.
+            if not created and row.measured_at is None and (row.latency_ms, row.origin) != (latency, origin):
+                row.latency_ms, row.origin = latency, origin
+                row.save(update_fields=["latency_ms", "origin", "updated_at"])
     StandardCard.objects.get_or_create(
         version=1,
         defaults={

@@ -19,6 +19,12 @@ class UnknownAcceleratorError(InvalidInputError):
     code = "unknown_accelerator"
 
 
+class AcceleratorAmbiguousError(InvalidInputError):
+    """A model name that is an alias of several catalog models; ``extra["candidates"]`` lists their slugs."""
+
+    code = "accelerator_ambiguous"
+
+
 class UnknownHubError(InvalidInputError):
     code = "unknown_hub"
 
@@ -55,3 +61,9 @@ class FleetImportError(InvalidInputError):
     """A fleet inventory with bad rows; ``extra["errors"]`` lists them by line number."""
 
     code = "fleet_import_invalid"
+
+
+class LatencySourceNotOperatedError(PermissionDeniedError):
+    """An operator's agent reported a latency from a hub where the operator runs no cluster."""
+
+    code = "latency_source_not_operated"

@@ -61,7 +61,7 @@ Rules:
   registration: they go offline after missed heartbeats until the operator's agent beats.
 
 Row error codes (stable, public): bad_encoding, bad_csv, empty_file, missing_column, ambiguous_column,
-too_many_rows, bad_field_count, missing_value, value_too_long, unknown_model, ambiguous_model,
+too_many_rows, bad_field_count, missing_value, value_too_long, unknown_model, accelerator_ambiguous,
 bad_card_count, unknown_hub, invalid_segment, bad_fabric, duplicate_node, cluster_conflict, island_conflict,
 too_many_islands, identifier_taken, cluster_differs. Warning codes: zero_cards, cluster_retired, no_nodes.
 """
@@ -86,7 +86,13 @@ from core.errors import ConflictError, InvalidInputError, PermissionDeniedError
 from core.models import Organisation
 from core.types import Actor
 from federation import identifiers
-from federation.errors import FleetImportError, IdentifierOperatorMismatchError, IdentifierTakenError
+from federation.errors import (
+    AcceleratorAmbiguousError,
+    FleetImportError,
+    IdentifierOperatorMismatchError,
+    IdentifierTakenError,
+    UnknownAcceleratorError,
+)
 from federation.models import (
     Accelerator,
     Cluster,
@@ -97,6 +103,7 @@ from federation.models import (
     Island,
     IssuedIdentifier,
 )
+from federation.selectors import accelerator_resolve, accelerator_spelling_index
 
 DEFAULT_NODES_PER_ISLAND = 32
 MAX_NODES_PER_ISLAND = 4096
@@ -149,9 +156,18 @@ class FleetImportIssue:
     code: str
     message: str
     field: str | None = None
+    candidates: tuple[str, ...] = ()  # accelerator_ambiguous: the slugs the model could be
 
     def as_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "code": self.code, "message": self.message, "field": self.field}
+        row: dict[str, Any] = {
+            "line": self.line,
+            "code": self.code,
+            "message": self.message,
+            "field": self.field,
+        }
+        if self.candidates:
+            row["candidates"] = list(self.candidates)
+        return row
 
 
 @dataclass(frozen=True)
@@ -259,8 +275,17 @@ class _Issues:
     def __init__(self) -> None:
         self.items: list[FleetImportIssue] = []
 
-    def add(self, line: int | None, code: str, message: str, field: str | None = None) -> None:
-        self.items.append(FleetImportIssue(line=line, code=code, message=message, field=field))
+    def add(
+        self,
+        line: int | None,
+        code: str,
+        message: str,
+        field: str | None = None,
+        candidates: Sequence[str] = (),
+    ) -> None:
+        self.items.append(
+            FleetImportIssue(line=line, code=code, message=message, field=field, candidates=tuple(candidates))
+        )
 
     def __bool__(self) -> bool:
         return bool(self.items)
@@ -442,18 +467,14 @@ class _Catalog:
     """Model spellings → accelerators, plus the entries this import would add."""
 
     def __init__(self, *, operator: Organisation, source_name: str) -> None:
-        self.by_spelling: dict[str, list[Accelerator]] = defaultdict(list)
-        self.slugs: set[str] = set()
+        accelerators = list(
+            Accelerator.objects.only("pk", "slug", "vendor", "model", "aliases", "default_fabric")
+        )
+        # The same spelling rules as REST registration (federation.selectors.accelerator_resolve).
+        self.by_spelling = accelerator_spelling_index(accelerators)
+        self.slugs: set[str] = {accelerator.slug for accelerator in accelerators}
         self.chips: dict[int, _Chip] = {}
         self.new_chips: dict[str, _Chip] = {}
-        for accelerator in Accelerator.objects.only(
-            "pk", "slug", "vendor", "model", "aliases", "default_fabric"
-        ):
-            self.slugs.add(accelerator.slug)
-            spellings = {accelerator.slug.lower()}
-            spellings.update(str(alias).strip().lower() for alias in accelerator.aliases or [])
-            for spelling in spellings:
-                self.by_spelling[spelling].append(accelerator)
         self.operator = operator
         self.source_name = source_name
 
@@ -590,22 +611,22 @@ def _parse_rows(
         elif len(raw_model) > 100:
             issues.add(line, "value_too_long", "The model is longer than 100 characters.", "model")
         else:
-            matches = catalog.by_spelling.get(raw_model.lower(), [])
-            if len(matches) > 1:
-                slugs = ", ".join(sorted(a.slug for a in matches))
-                issues.add(line, "ambiguous_model", f"Model {raw_model!r} could be {slugs}.", "model")
-            elif matches:
-                chip = catalog.chip_for(matches[0])
-            elif options.allow_unknown_models:
-                chip = catalog.new_chip(raw_model)
-            else:
-                issues.add(
-                    line,
-                    "unknown_model",
-                    f"Model {raw_model!r} is not in the accelerator catalog (slug or alias); "
-                    "ask for it to be added, or import with allow_unknown_models.",
-                    "model",
-                )
+            try:
+                chip = catalog.chip_for(accelerator_resolve(name=raw_model, index=catalog.by_spelling))
+            except AcceleratorAmbiguousError as exc:
+                # Never guessed: an SXM5 and a PCIe H100 differ by 31 % in throughput.
+                issues.add(line, exc.code, exc.message, "model", candidates=exc.extra["candidates"])
+            except UnknownAcceleratorError:
+                if options.allow_unknown_models:
+                    chip = catalog.new_chip(raw_model)
+                else:
+                    issues.add(
+                        line,
+                        "unknown_model",
+                        f"Model {raw_model!r} is not in the accelerator catalog (slug or alias); "
+                        "ask for it to be added, or import with allow_unknown_models.",
+                        "model",
+                    )
 
         hub = cell("hub").lower() or options.hub
         if not hub:

@@ -34,17 +34,19 @@ class Hub(models.Model):
 class HubLatency(models.Model):
     """Round-trip latency between two hubs, one row per ordered pair (the matrix need not be symmetric).
 
-    Seeded from the policy tiers; replaced by measurements posted through the API.
+    Seeded from the policy tiers (a hub to itself) and from documented estimates (between hubs; see
+    federation.catalog.hub_latency_seed); replaced by measurements posted through the API.
     """
 
     class Origin(models.TextChoices):
         POLICY = "policy", _("Policy tier (seed)")
+        ESTIMATED = "estimated", _("Estimated from distance (seed)")
         MEASURED = "measured", _("Measured")
 
     source = models.ForeignKey(Hub, on_delete=models.CASCADE, related_name="latencies_out")
     target = models.ForeignKey(Hub, on_delete=models.CASCADE, related_name="latencies_in")
     latency_ms = models.DecimalField(max_digits=8, decimal_places=3)
-    origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.POLICY)
+    origin = models.CharField(max_length=12, choices=Origin.choices, default=Origin.POLICY)
     measured_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -94,6 +96,7 @@ class Accelerator(models.Model):
 
     class SpecStatus(models.TextChoices):
         PUBLISHED = "published", _("Published specification")
+        REPORTED = "reported", _("Reported by others, not the chip vendor")
         UNKNOWN = "unknown", _("Not public (unknown)")
 
     slug = models.SlugField(max_length=64, unique=True)

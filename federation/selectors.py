@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -12,10 +14,12 @@ from django.utils import timezone
 from core.models import Organisation
 from federation import identifiers
 from federation.errors import (
+    AcceleratorAmbiguousError,
     ClusterNotFoundError,
     IdentifierNotFoundError,
     InvalidIdentifierError,
     IslandNotFoundError,
+    UnknownAcceleratorError,
 )
 from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
 from federation.types import ChipSpec, ClusterDescription, IslandDescription
@@ -55,6 +59,57 @@ def chip_spec(*, accelerator: Accelerator, standard: StandardCard) -> ChipSpec:
 
 def accelerator_list() -> QuerySet[Accelerator]:
     return Accelerator.objects.all()
+
+
+def accelerator_spellings(accelerator: Accelerator) -> set[str]:
+    """The names that resolve to ``accelerator``: its slug and aliases, trimmed and lower-cased."""
+    names = {accelerator.slug.lower()}
+    names.update(str(alias).strip().lower() for alias in accelerator.aliases or [])
+    return names
+
+
+def accelerator_spelling_index(
+    accelerators: Iterable[Accelerator] | None = None,
+) -> dict[str, list[Accelerator]]:
+    """Spelling → the catalog models it names (default: the whole catalog). Built once per fleet import,
+    so a thousand rows cost one query."""
+    index: dict[str, list[Accelerator]] = defaultdict(list)
+    for accelerator in Accelerator.objects.all() if accelerators is None else accelerators:
+        for spelling in accelerator_spellings(accelerator):
+            index[spelling].append(accelerator)
+    return dict(index)
+
+
+def accelerator_resolve(
+    *, name: str, index: Mapping[str, Sequence[Accelerator]] | None = None
+) -> Accelerator:
+    """The catalog model ``name`` means: its slug or one of its aliases, case-insensitively. REST
+    registration and fleet import both resolve through here, so they accept the same names.
+
+    A slug names its model even if another model lists it as an alias. A name that is an alias of several
+    models (bare "H100": SXM5 or PCIe) is refused rather than guessed, because the parts differ (an H100
+    PCIe does 756.5 dense FP16 TFLOPS, the SXM5 989.4).
+
+    Raises UnknownAcceleratorError, AcceleratorAmbiguousError (``extra["candidates"]``: the slugs).
+    """
+    key = name.strip().lower()
+    if index is None:
+        index = accelerator_spelling_index()  # the catalog is a few dozen rows
+    matches = list(index.get(key, []))
+    exact = [accelerator for accelerator in matches if accelerator.slug.lower() == key]
+    if exact:
+        return exact[0]
+    if not matches:
+        raise UnknownAcceleratorError(
+            f"No accelerator {name!r} in the catalog (slug or alias).", extra={"accelerator": name}
+        )
+    if len(matches) > 1:
+        candidates = sorted(accelerator.slug for accelerator in matches)
+        raise AcceleratorAmbiguousError(
+            f"{name!r} could be any of {', '.join(candidates)}; give the slug or a specific alias.",
+            extra={"accelerator": name, "candidates": candidates},
+        )
+    return matches[0]
 
 
 def hub_list() -> QuerySet[Hub]:

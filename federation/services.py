@@ -27,7 +27,7 @@ from federation.errors import (
     InvalidHeartbeatError,
     InvalidIdentifierError,
     InvalidStatusTransitionError,
-    UnknownAcceleratorError,
+    LatencySourceNotOperatedError,
     UnknownHubError,
     UnknownIslandError,
 )
@@ -43,6 +43,7 @@ from federation.models import (
     Island,
     IssuedIdentifier,
 )
+from federation.selectors import accelerator_resolve
 from federation.types import HeartbeatResult, IslandReport, IslandSpec, LatencyMeasurement
 
 # A heartbeat stamped further ahead than this is a broken agent clock, not a beat from the future.
@@ -221,7 +222,8 @@ def cluster_register_idempotent(
     """Register a cluster and its islands under ``cpi`` for ``operator``; returns (cluster, created).
 
     Rules: the identifier parses and names a cluster; its operator segment is ``operator``'s slug; the
-    hub exists; the accelerator is in the catalog; islands are 1..N with unique valid names, cards ≥ 1
+    hub exists; ``accelerator_slug`` is a catalog slug or an alias of exactly one model
+    (federation.selectors.accelerator_resolve, as fleet import); islands are 1..N with unique valid names, cards ≥ 1
     and a known fabric; neither the cluster's nor any island's identifier was ever issued. Islands start
     with every card available (K2 = K1) until the first heartbeat says otherwise.
 
@@ -230,7 +232,8 @@ def cluster_register_idempotent(
     IdentifierTakenError.
 
     Raises InvalidIdentifierError, IdentifierOperatorMismatchError, UnknownHubError,
-    UnknownAcceleratorError, IdentifierTakenError, InvalidInputError. Writes nothing on any error.
+    UnknownAcceleratorError, AcceleratorAmbiguousError, IdentifierTakenError, InvalidInputError. Writes
+    nothing on any error.
     """
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
@@ -238,11 +241,7 @@ def cluster_register_idempotent(
     hub = Hub.objects.filter(code=identifier.hub).first()
     if hub is None:
         raise UnknownHubError(f"Unknown hub {identifier.hub!r}.", extra={"hub": identifier.hub})
-    accelerator = Accelerator.objects.filter(slug=accelerator_slug).first()
-    if accelerator is None:
-        raise UnknownAcceleratorError(
-            f"No accelerator {accelerator_slug!r} in the catalog.", extra={"accelerator": accelerator_slug}
-        )
+    accelerator = accelerator_resolve(name=accelerator_slug)
     existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
     if existing is not None and _same_registration(
         existing, site=site, accelerator=accelerator, islands=islands, endpoint_url=endpoint_url
@@ -545,15 +544,37 @@ def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]
 
 @transaction.atomic
 def hub_latency_record(
-    *, measurements: Sequence[LatencyMeasurement], symmetric: bool = True
+    *,
+    measurements: Sequence[LatencyMeasurement],
+    symmetric: bool = True,
+    reporter: Organisation | None = None,
 ) -> list[HubLatency]:
-    """Store measured hub→hub latencies (and the reverse pair when ``symmetric``). A measurement older
-    than the one stored is ignored. Raises UnknownHubError."""
+    """Store measured hub→hub latencies (and the reverse pair when ``symmetric``), replacing the seeded
+    policy tiers and distance estimates. A measurement older than the one stored is ignored.
+
+    ``reporter`` None or the platform may report any pair. An operator's agent measures from its own
+    sites, so an operator may report only pairs whose ``source`` is a hub where it runs a cluster that is
+    not retired (otherwise LatencySourceNotOperatedError, naming those hubs).
+
+    Raises UnknownHubError, LatencySourceNotOperatedError. Writes nothing on error.
+    """
     codes = {m.source for m in measurements} | {m.target for m in measurements}
     hubs = {hub.code: hub for hub in Hub.objects.filter(code__in=codes)}
     missing = sorted(codes - hubs.keys())
     if missing:
         raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
+    if reporter is not None and not reporter.is_platform:
+        operated = set(
+            Cluster.objects.filter(operator=reporter)
+            .exclude(status=ClusterStatus.RETIRED)
+            .values_list("hub__code", flat=True)
+        )
+        foreign = sorted({m.source for m in measurements} - operated)
+        if foreign:
+            raise LatencySourceNotOperatedError(
+                f"You run no cluster in {', '.join(foreign)}: report latencies measured from your own hubs.",
+                extra={"hubs": foreign, "operated_hubs": sorted(operated)},
+            )
     touched: dict[tuple[str, str], int] = {}
     for m in measurements:
         pairs = [(m.source, m.target)] + (

@@ -85,14 +85,6 @@ class TariffSpec:
     windows: tuple[WindowSpec, ...]
 
 
-@dataclass(frozen=True)
-class Preset:
-    code: str
-    name: str
-    source: str
-    spec: TariffSpec
-
-
 # --- Formatting -------------------------------------------------------------------------------------
 
 
@@ -596,9 +588,55 @@ def tariff_compile(spec: TariffSpec) -> CompiledTariff:
 
 
 # --- Presets ----------------------------------------------------------------------------------------
+#
+# Every preset comes from an official provincial notice, cited by document number and date exactly as
+# found, with the customer class it states. A figure the notice was not found to state is marked in
+# ``unconfirmed``; such a preset, or one for a class other than industrial and commercial users (the class
+# a data centre is billed in), is never chosen by default (preset_default_code). Where no notice was found
+# for a hub's province, there is no preset (PROVINCES_WITHOUT_PRESET says what was looked for).
+
+PRESET_OFFICIAL = "official"  # windows and ratios from the notice, for industrial and commercial users
+PRESET_OTHER_CLASS = "other_class"  # from the notice, but the notice states them for another class
+PRESET_UNCONFIRMED = "unconfirmed"  # some figure not confirmed from the notice (see ``unconfirmed``)
+PRESET_PLATFORM = "platform"  # the platform's own flat default, no notice behind it
+PRESET_STATUSES = (PRESET_OFFICIAL, PRESET_OTHER_CLASS, PRESET_UNCONFIRMED, PRESET_PLATFORM)
+
+
+@dataclass(frozen=True)
+class PresetVersion:
+    """One edition of a preset, in force from ``effective_from`` (the notice's effective date)."""
+
+    effective_from: datetime
+    document: str  # the notice's document number, as found
+    document_date: str  # as found; "" when not found
+    spec: TariffSpec
+
+
+@dataclass(frozen=True)
+class Preset:
+    code: str
+    name: str
+    province: str
+    hubs: tuple[str, ...]  # the national computing hubs in this province
+    customer_class: str  # the class the notice states these windows and ratios for
+    status: str  # one of PRESET_STATUSES
+    unconfirmed: tuple[str, ...]  # the figures not confirmed from the notice
+    source: str  # stored on the Tariff row (at most 500 characters)
+    versions: tuple[PresetVersion, ...]
+
+    @property
+    def spec(self) -> TariffSpec:
+        """The newest edition's schedule."""
+        return self.versions[-1].spec
+
+    @property
+    def selectable_by_default(self) -> bool:
+        return self.status == PRESET_OFFICIAL and not self.unconfirmed
+
 
 _SUMMER = months_mask([7, 8, 9])
 _NOT_SUMMER = ALL_MONTHS & ~_SUMMER
+_SHANGHAI = ZoneInfo(DEFAULT_TIME_ZONE)
 
 
 def _hm(text: str) -> int:
@@ -610,70 +648,156 @@ def _w(band: str, start: str, end: str, months: int = ALL_MONTHS) -> WindowSpec:
     return WindowSpec(band=band, start_minute=_hm(start), end_minute=_hm(end), months=months)
 
 
+def _local(year: int, month: int, day: int) -> datetime:
+    return datetime(year, month, day, tzinfo=_SHANGHAI)
+
+
+_GD_2021 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={
+        "critical_peak": Decimal("2.125"),  # peak × 1.25
+        "peak": Decimal("1.7"),
+        "flat": Decimal("1"),
+        "valley": Decimal("0.38"),
+    },
+    windows=(
+        _w("valley", "00:00", "08:00"),
+        _w("flat", "08:00", "10:00"),
+        _w("peak", "10:00", "12:00", _NOT_SUMMER),
+        _w("peak", "10:00", "11:00", _SUMMER),
+        _w("critical_peak", "11:00", "12:00", _SUMMER),
+        _w("flat", "12:00", "14:00"),
+        _w("peak", "14:00", "19:00", _NOT_SUMMER),
+        _w("peak", "14:00", "15:00", _SUMMER),
+        _w("critical_peak", "15:00", "17:00", _SUMMER),
+        _w("peak", "17:00", "19:00", _SUMMER),
+        _w("flat", "19:00", "24:00"),
+    ),
+)
+
+# Ningxia: the windows of 宁发改价格(管理)〔2023〕7号. The notice's ratios were not found; 1.5 : 1 : 0.5 is
+# an ESTIMATE, the 3 : 1 minimum peak-valley spread that the national notice 发改价格〔2021〕1093号 sets for
+# provinces, not a Ningxia figure.
+_NX_2023 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={"peak": Decimal("1.5"), "flat": Decimal("1"), "valley": Decimal("0.5")},
+    windows=(
+        _w("flat", "23:00", "07:00"),
+        _w("peak", "07:00", "09:00"),
+        _w("valley", "09:00", "17:00"),
+        _w("peak", "17:00", "23:00"),
+    ),
+)
+
 PRESETS: dict[str, Preset] = {
     "cn-gd": Preset(
         code="cn-gd",
         name="Guangdong time-of-use (industrial and commercial)",
+        province="Guangdong",
+        hubs=("gba",),
+        customer_class="industrial and commercial users (工商业用户)",
+        status=PRESET_OFFICIAL,
+        unconfirmed=(),
         source=(
-            "Guangdong Provincial Development and Reform Commission, notice on further improving the "
-            "province's peak-valley time-of-use electricity prices (粤发改价格〔2021〕331号). Taken from it: "
-            "peak 10:00–12:00 and 14:00–19:00, valley 00:00–08:00, flat otherwise, peak : flat : valley "
-            "= 1.7 : 1 : 0.38, critical peak at peak × 1.25 in July–September 11:00–12:00 and "
-            "15:00–17:00. Not modelled: the notice's critical-peak days triggered by temperature outside "
-            "those months, and which customer classes it applies to."
+            "Official: 粤发改价格〔2021〕331号, Guangdong DRC notice on further improving peak-valley "
+            "time-of-use prices (published 2021-09-06), in force 2021-10-01, industrial and commercial "
+            "users. Peak 10–12 and 14–19, valley 0–8, flat otherwise; peak : flat : valley = "
+            "1.7 : 1 : 0.38; critical peak = peak × 1.25 in Jul–Sep 11–12 and 15–17. Not modelled: "
+            "critical peak on other months' days of 35 °C or more (announced the evening before)."
         ),
-        spec=TariffSpec(
-            time_zone=DEFAULT_TIME_ZONE,
-            multipliers={
-                "critical_peak": Decimal("2.125"),
-                "peak": Decimal("1.7"),
-                "flat": Decimal("1"),
-                "valley": Decimal("0.38"),
-            },
-            windows=(
-                _w("valley", "00:00", "08:00"),
-                _w("flat", "08:00", "10:00"),
-                _w("peak", "10:00", "12:00", _NOT_SUMMER),
-                _w("peak", "10:00", "11:00", _SUMMER),
-                _w("critical_peak", "11:00", "12:00", _SUMMER),
-                _w("flat", "12:00", "14:00"),
-                _w("peak", "14:00", "19:00", _NOT_SUMMER),
-                _w("peak", "14:00", "15:00", _SUMMER),
-                _w("critical_peak", "15:00", "17:00", _SUMMER),
-                _w("peak", "17:00", "19:00", _SUMMER),
-                _w("flat", "19:00", "24:00"),
+        versions=(
+            # Checked against a reprint of the Guangdong DRC's release of 2021-09-06: windows, ratios, the
+            # critical-peak months, hours and +25 %. The effective date (2021-10-01) and the customer class
+            # are as the metering issue and this preset's earlier reading of the notice give them.
+            # The earlier schedule (ratios 1.65 : 1 : 0.5, as the 2021 notice says) was not found with its
+            # windows and document number, so no edition before 2021-10-01 is modelled.
+            PresetVersion(
+                effective_from=_local(2021, 10, 1),
+                document="粤发改价格〔2021〕331号",
+                document_date="2021-09-06 (published)",
+                spec=_GD_2021,
             ),
         ),
     ),
     "cn-nx": Preset(
         code="cn-nx",
-        name="Ningxia time-of-use",
-        source=(
-            "Ningxia Hui Autonomous Region Development and Reform Commission time-of-use tariff, as "
-            "summarised in the metering issue: peak 08:00–12:00 and 18:30–22:30, valley 22:30–06:30, "
-            "flat otherwise, peak : flat : valley = 1.5 : 1 : 0.5. The document number is not cited "
-            "because it could not be confirmed; check the current notice before relying on it."
+        name="Ningxia time-of-use (agricultural; ratios estimated)",
+        province="Ningxia",
+        hubs=("nx",),
+        customer_class=(
+            "agricultural production users; industrial and commercial users are priced by market-trading "
+            "rules, not by these windows"
         ),
-        spec=TariffSpec(
-            time_zone=DEFAULT_TIME_ZONE,
-            multipliers={"peak": Decimal("1.5"), "flat": Decimal("1"), "valley": Decimal("0.5")},
-            windows=(
-                _w("valley", "22:30", "06:30"),
-                _w("flat", "06:30", "08:00"),
-                _w("peak", "08:00", "12:00"),
-                _w("flat", "12:00", "18:30"),
-                _w("peak", "18:30", "22:30"),
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("ratios", "effective date"),
+        source=(
+            "Unconfirmed: windows from 宁发改价格(管理)〔2023〕7号 (Ningxia DRC, 2023), stated there for "
+            "agricultural use; industrial and commercial users are on market-trading rules. Peak 7–9 and "
+            "17–23, valley 9–17, flat 23–7. The ratios 1.5 : 1 : 0.5 are an ESTIMATE (the 3 : 1 national "
+            "minimum of 发改价格〔2021〕1093号), not from the notice; its effective date was not found. "
+            "Not for a data centre's price card without checking its own supply contract."
+        ),
+        versions=(
+            # In force by 2024-01-01 at the latest (a 2023 notice); the notice's own date was not found.
+            PresetVersion(
+                effective_from=_local(2024, 1, 1),
+                document="宁发改价格(管理)〔2023〕7号",
+                document_date="",
+                spec=_NX_2023,
             ),
         ),
     ),
     "flat": Preset(
         code="flat",
         name="Flat (no time of use)",
+        province="",
+        hubs=(),
+        customer_class="any",
+        status=PRESET_PLATFORM,
+        unconfirmed=(),
         source="Cardhour platform default: every hour at 1.0, for operators that do not pass on time of use.",
-        spec=TariffSpec(
-            time_zone=DEFAULT_TIME_ZONE,
-            multipliers={"flat": Decimal("1")},
-            windows=(_w("flat", "00:00", "24:00"),),
+        versions=(
+            PresetVersion(
+                effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+                document="",
+                document_date="",
+                spec=TariffSpec(
+                    time_zone=DEFAULT_TIME_ZONE,
+                    multipliers={"flat": Decimal("1")},
+                    windows=(_w("flat", "00:00", "24:00"),),
+                ),
+            ),
         ),
     ),
 }
+
+# Hub provinces without a preset: no official notice was found with both its windows and its ratios, so
+# none is invented. What was found is recorded, so the next person starts from it.
+PROVINCES_WITHOUT_PRESET: dict[str, str] = {
+    "Beijing": (
+        "京发改规〔2023〕11号 (Beijing DRC, published 2023-08-18) found: industrial and commercial users, "
+        "peak, flat and valley 8 h each, single-part ≥ 1 kV ratios 1.8 : 1 : 0.3, critical peak = peak × 1.2 "
+        "for 3 h a day in Jul–Aug and Dec–Jan; the exact hours were not found."
+    ),
+    "Tianjin": "no notice found",
+    "Hebei": "no notice found",
+    "Shanghai": "no notice found",
+    "Jiangsu": "no notice found",
+    "Zhejiang": "no notice found",
+    "Anhui": "no notice found",
+    "Sichuan": "a press report of a time-of-use scheme from 2022-01-01 found; no document number or hours",
+    "Chongqing": "no notice found",
+    "Inner Mongolia": "no notice found",
+    "Guizhou": "no notice found",
+    "Gansu": "no notice found",
+}
+
+
+def preset_default_code(*, hub: str) -> str:
+    """The preset to offer by default for a cluster in ``hub``: its province's preset when that is
+    official for industrial and commercial users with every figure confirmed, otherwise ``flat``. An
+    unconfirmed preset (or one for another customer class) stays available, never the default."""
+    for preset in PRESETS.values():
+        if hub in preset.hubs and preset.selectable_by_default:
+            return preset.code
+    return "flat"

@@ -612,7 +612,7 @@ def _order(**changes: Any) -> dict[str, Any]:
     return {"product": PackProduct.objects.get().code, "quantity": 1, "idempotency_key": "order-1", **changes}
 
 
-_FLEET_CSV = "node_name,gpu_model,gpu_capacity_num\nn1,A800,8\nn2,A800,8\nn3,H20,8\n"
+_FLEET_CSV = "node_name,gpu_model,gpu_capacity_num\nn1,A800-SXM4-80GB,8\nn2,A800-SXM4-80GB,8\nn3,H20,8\n"
 _OWN = {"cpi": CPI}
 _OTHERS = {"cpi": OTHER_CPI}
 
@@ -629,7 +629,16 @@ SCENARIOS = [
         as_platform=True,
     ),
     Scenario(
-        "hub_latencies_measure", 403, "operator", body=lambda w: {"measurements": [_latency("nx", "gz")]}
+        "hub_latencies_measure",
+        200,
+        "operator-from-its-hub",
+        body=lambda w: {"measurements": [_latency("nx", "gz")]},
+    ),
+    Scenario(
+        "hub_latencies_measure",
+        403,
+        "operator-from-another-hub",
+        body=lambda w: {"measurements": [_latency("gba", "gz")]},
     ),
     Scenario("accelerators_list", 200, "filtered", query={"vendor": "nvidia", "spec_status": "published"}),
     Scenario("accelerators_get", 200, "published", lambda w: {"slug": ACCELERATOR}),
@@ -754,7 +763,7 @@ SCENARIOS = [
         400,
         "bad-rows",
         query={"hub": "nx"},
-        body=lambda w: "node_name,gpu_model,gpu_capacity_num\nn1,X9,8\nn2,A800,eight\n",
+        body=lambda w: "node_name,gpu_model,gpu_capacity_num\nn1,X9,8\nn2,A800-SXM4-80GB,eight\n",
         media_type="text/csv",
     ),
     Scenario("tokens_list", 200),

@@ -23,7 +23,8 @@ from rest_framework.views import APIView
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.pagination import PAGE_SCHEMA, PAGE_SIZE_SCHEMA, StandardPagination
-from core.api.permissions import IsOperator, IsOrganisationMember, IsPlatform
+from core.api.permissions import IsOperator, IsOrganisationMember
+from core.errors import PermissionDeniedError
 from federation import selectors, services
 from federation.api import serializers as out
 from federation.api.schema import ClusterIdentifierField, HubCodeField, SegmentField, segment_grammar
@@ -90,10 +91,27 @@ MEASUREMENT_CLOCK_SKEW = timedelta(minutes=5)
 MEASUREMENT_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-class HubLatencyMeasureApi(APIView):
-    """Record measured latencies (platform only). Older measurements than the stored one are ignored."""
+class IsOperatorOrPlatform(IsOrganisationMember):
+    """An operator (its agents report what they measure) or the platform."""
 
-    permission_classes = [IsPlatform]
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not super().has_permission(request, view):
+            return False
+        organisation = actor_from_request(request).organisation
+        if not (organisation.is_operator or organisation.is_platform):
+            raise PermissionDeniedError(
+                "Only operators and the platform can report latencies.", code="not_an_operator"
+            )
+        return True
+
+
+class HubLatencyMeasureApi(APIView):
+    """Record measured round-trip latencies; they replace the seeded policy tiers and distance estimates.
+    The platform may report any pair; an operator's agent only pairs measured from a hub where the
+    operator runs a cluster (otherwise 403 latency_source_not_operated). Older measurements than the
+    stored one are ignored."""
+
+    permission_classes = [IsOperatorOrPlatform]
 
     class Input(serializers.Serializer):
         class Measurement(serializers.Serializer):
@@ -127,6 +145,7 @@ class HubLatencyMeasureApi(APIView):
         rows = services.hub_latency_record(
             measurements=[LatencyMeasurement(**m) for m in data.validated_data["measurements"]],
             symmetric=data.validated_data["symmetric"],
+            reporter=actor_from_request(request).organisation,
         )
         return Response(out.HubLatencyOutput(rows, many=True).data)
 
@@ -270,8 +289,11 @@ class ClusterListApi(generics.ListAPIView):
     class Input(serializers.Serializer):
         cpi = ClusterIdentifierField(max_length=140, help_text="cpi:<your operator>:<hub>:<cluster>")
         site = serializers.CharField(max_length=100)
-        accelerator = serializers.SlugField(
-            max_length=64, help_text="Catalog slug, e.g. nvidia-h800-sxm5-80gb."
+        accelerator = serializers.CharField(
+            max_length=100,
+            help_text="Catalog slug (e.g. nvidia-h800-sxm5-80gb) or an alias of exactly one model (e.g. H20). "
+            "An alias of several models (bare H100: SXM5 or PCIe) is 400 accelerator_ambiguous, listing "
+            "the candidates.",
         )
         endpoint_url = serializers.URLField(max_length=500, required=False, allow_blank=True, default="")
         islands = IslandInput(  # type: ignore[call-arg]  # DRF ≥ 3.15 accepts max_length; the stubs lag

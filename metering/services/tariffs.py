@@ -8,7 +8,7 @@ a new one takes effect now or later.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -35,8 +35,6 @@ from metering.tariffs import PRESETS, TariffSpec, tariff_spec_validate
 CLOCK_SKEW_GRACE = timedelta(minutes=1)
 RATE_PLACES = 4
 RATE_MAX = Decimal("99999999.9999")  # DecimalField(max_digits=12, decimal_places=4)
-# Presets' first edition is in force from before the platform existed, so every price card can lock it.
-PRESET_V1_EFFECTIVE_FROM = datetime(2020, 1, 1, tzinfo=UTC)
 _CODE_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
@@ -341,38 +339,71 @@ def price_card_set(
     )
 
 
-def tariff_presets_load(apps: Any) -> None:
+def tariff_presets_load(apps: Any, *, now: datetime | None = None) -> None:
     """Create or refresh the platform's preset tariffs from metering.tariffs.PRESETS. ``apps`` is a
-    migration's app registry or django.apps.apps. Idempotent: a preset whose newest version already has
-    the schedule in code is left alone; a changed schedule becomes a new version in force from now (never
-    a rewrite of a version that may have priced usage)."""
+    migration's app registry or django.apps.apps. Idempotent.
+
+    Each preset's editions in code (each in force from its notice's effective date) become its versions:
+
+    - a version no price card uses and that matches no edition in code (its date or schedule) was never
+      priced with, so it is withdrawn (a preset corrected before anyone used it leaves no trace);
+    - a version a price card uses is never touched, whatever the code says now;
+    - an edition missing from the database is written at its own effective date when that is after every
+      remaining version; otherwise, if it is the newest edition and the schedule in force differs, at
+      ``now`` (never retroactively before a version that may have priced usage); an older edition that an
+      in-use version already follows is left out.
+    """
+    now = now or timezone.now()
     tariff_model = apps.get_model("metering", "Tariff")
     version_model = apps.get_model("metering", "TariffVersion")
+    price_card_model = apps.get_model("metering", "PriceCard")
     for preset in PRESETS.values():
         tariff, _ = tariff_model.objects.update_or_create(
             owner=None,
             code=preset.code,
-            defaults={"name": preset.name, "source": preset.source, "time_zone": preset.spec.time_zone},
+            defaults={"name": preset.name, "source": preset.source[:500], "time_zone": preset.spec.time_zone},
         )
-        latest = version_model.objects.filter(tariff=tariff).order_by("-version").first()
-        if latest is None:
-            _write_version(
+        in_use = set(
+            price_card_model.objects.filter(tariff_version__tariff=tariff).values_list(
+                "tariff_version_id", flat=True
+            )
+        )
+        rows = list(version_model.objects.filter(tariff=tariff).order_by("effective_from", "version"))
+        specs = {row.pk: _spec_of(apps=apps, version=row) for row in rows}
+
+        def matches(row: Any, edition: Any, specs: dict[int, TariffSpec] = specs) -> bool:
+            return bool(
+                row.effective_from == edition.effective_from and _same_schedule(specs[row.pk], edition.spec)
+            )
+
+        kept = []
+        for row in rows:
+            if row.pk in in_use or any(matches(row, edition) for edition in preset.versions):
+                kept.append(row)
+            else:
+                row.delete()  # its bands and windows cascade
+        number = max((row.version for row in kept), default=0)
+        for edition in preset.versions:
+            if any(matches(row, edition) for row in kept):
+                continue
+            latest = max(kept, key=lambda row: row.effective_from, default=None)
+            if latest is None or edition.effective_from > latest.effective_from:
+                effective_from = edition.effective_from
+            elif edition is preset.versions[-1] and not _same_schedule(specs[latest.pk], edition.spec):
+                effective_from = max(now, latest.effective_from + timedelta(seconds=1))
+            else:
+                continue
+            number += 1
+            row = _write_version(
                 apps=apps,
                 tariff=tariff,
-                version=1,
-                spec=preset.spec,
-                effective_from=PRESET_V1_EFFECTIVE_FROM,
-                created_by="platform presets",
+                version=number,
+                spec=edition.spec,
+                effective_from=effective_from,
+                created_by=f"platform presets: {edition.document or preset.code}",
             )
-        elif not _same_schedule(_spec_of(apps=apps, version=latest), preset.spec):
-            _write_version(
-                apps=apps,
-                tariff=tariff,
-                version=latest.version + 1,
-                spec=preset.spec,
-                effective_from=max(timezone.now(), latest.effective_from + timedelta(seconds=1)),
-                created_by="platform presets",
-            )
+            specs[row.pk] = edition.spec
+            kept.append(row)
 
 
 @transaction.atomic

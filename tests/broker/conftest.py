@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 
 from core.models import Organisation
+from core.types import Actor
 from federation.models import Cluster
+from metering.tariffs import TariffSpec, WindowSpec
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
 from tests.metering.factories import make_paid_pack, make_price_card
 
@@ -45,13 +49,42 @@ def east_cluster(east_operator: Organisation, presets: None) -> Cluster:
     return cluster
 
 
+# The west operator's own time-of-use tariff, which the broker and portal figures are computed against:
+# peak 08:00–12:00 and 18:30–22:30, valley 22:30–06:30 (wrapping midnight), flat otherwise, 1.5 : 1 : 0.5.
+# An operator's own schedule, not a provincial preset (the cn-nx preset follows its notice instead).
+WEST_TARIFF = TariffSpec(
+    time_zone="Asia/Shanghai",
+    multipliers={"peak": Decimal("1.5"), "flat": Decimal("1"), "valley": Decimal("0.5")},
+    windows=(
+        WindowSpec("valley", 22 * 60 + 30, 6 * 60 + 30),
+        WindowSpec("flat", 6 * 60 + 30, 8 * 60),
+        WindowSpec("peak", 8 * 60, 12 * 60),
+        WindowSpec("flat", 12 * 60, 18 * 60 + 30),
+        WindowSpec("peak", 18 * 60 + 30, 22 * 60 + 30),
+    ),
+)
+
+
 @pytest.fixture
 def west_cluster(west_operator: Organisation, presets: None) -> Cluster:
-    """64 A800 cards in Zhongwei (nx), islands of 32, 9 CNY/card-hour on Ningxia's tariff."""
+    """64 A800 cards in Zhongwei (nx), islands of 32, 9 CNY/card-hour on the operator's WEST_TARIFF."""
+    from metering.services.tariffs import price_card_set, tariff_create
+
     cluster = make_cluster(
         operator=west_operator, hub="nx", name="zw-ai01", islands=[("isl-01", 32), ("isl-02", 32)]
     )
-    make_price_card(cluster=cluster, rate="9.0000", tariff_code="cn-nx")
+    actor = Actor(organisation=west_operator, system_label="test")
+    tariff = tariff_create(
+        owner=west_operator,
+        code="cucc-west",
+        name="China Unicom west",
+        time_zone="Asia/Shanghai",
+        source="the operator's own schedule (test fixture)",
+        spec=WEST_TARIFF,
+        effective_from=None,
+        actor=actor,
+    )
+    price_card_set(cluster=cluster, rate_per_card_hour=Decimal("9.0000"), tariff=tariff, actor=actor)
     return cluster
 
 

@@ -251,7 +251,7 @@ def test_lease_list_and_page_show_what_staff_need(admin_client: Client, world: W
     assert [(t.from_state, t.to_state) for t in history] == [("", "reserved"), ("reserved", "running")]
     text = page.content.decode()
     assert f"lease:{running.pk}" in text
-    assert "9.0000 CNY per card-hour, tariff cn-nx v1" in text
+    assert "9.0000 CNY per card-hour, tariff cucc-west v1" in text
     job_page = admin_client.get(_url(Job, "change", running.job_id)).content.decode()
     assert _url(Lease, "change", running.pk) in job_page
 

@@ -122,7 +122,7 @@ def place_job(portal: Portal, *, name: str, hours: int, deadline: datetime) -> J
     portal.goto("/jobs/new/")
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Cards", exact=True).fill("8")
-    page.get_by_role("checkbox", name=re.compile("A800")).check()
+    page.get_by_role("checkbox", name=re.compile("A800 SXM4")).check()
     page.get_by_label("Latency budget (ms)").fill("200")
     page.get_by_label("Deadline").fill(
         deadline.astimezone(timezone.get_default_timezone()).strftime("%Y-%m-%dT%H:%M")

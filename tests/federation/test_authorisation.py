@@ -117,7 +117,7 @@ def test_other_operator_cannot_revoke_my_token(api, other_api, other_operator):
     assert api.get("/api/v1/me").status_code == 200
 
 
-def test_latency_measurements_are_platform_only(api):
+def test_latency_measurements_come_only_from_hubs_the_operator_runs(api):
     response = api.post(
         "/api/v1/hub-latencies/measurements",
         {
@@ -128,7 +128,7 @@ def test_latency_measurements_are_platform_only(api):
         format="json",
     )
     assert response.status_code == 403
-    assert response.json()["code"] == "not_platform"
+    assert response.json()["code"] == "latency_source_not_operated"
 
 
 def test_anonymous_gets_401_everywhere(client, operator):

@@ -33,7 +33,7 @@ GOOD = HEADER + (
     "A800-SXM4-80GB,8,128,n4\n"
     "A10,1,64,n5\n"
     "nvidia-a800-sxm4-80gb,8,128,n6\n"  # so does the slug
-    "A800,8,128,n7\n"
+    "A800 SXM4 80GB,8,128,n7\n"  # the model name as the datasheet spells it
     "A10,1,64,n8\n"
 )
 A800_CPI = "cpi:cucc:nx:zhongwei-a800-sxm4-80gb"
@@ -111,7 +111,7 @@ def test_good_import_creates_exact_clusters_islands_and_history(operator):
 
 
 def test_default_island_is_32_nodes_in_file_order(operator):
-    rows = "".join(f"H800,8,128,node-{i}\n" for i in range(70))
+    rows = "".join(f"H800-SXM5-80GB,8,128,node-{i}\n" for i in range(70))
     run(operator, HEADER + rows)
 
     assert islands_of("cpi:cucc:nx:zhongwei-h800-sxm5-80gb") == [
@@ -124,9 +124,9 @@ def test_default_island_is_32_nodes_in_file_order(operator):
 def test_columns_override_options_per_row(operator):
     content = (
         "Node,Model,GPUs,Hub,Site,Fabric,cluster\n"  # other header names and case
-        "a,H800,8,gba,Shaoguan,,\n"
-        "b,H800,8,gba,Shaoguan,,\n"
-        "c,H800,8,,,roce,\n"  # falls back to the options (nx, Zhongwei), own fabric
+        "a,H800-SXM5-80GB,8,gba,Shaoguan,,\n"
+        "b,H800-SXM5-80GB,8,gba,Shaoguan,,\n"
+        "c,H800-SXM5-80GB,8,,,roce,\n"  # falls back to the options (nx, Zhongwei), own fabric
         "d,910B3,8,gz,Gui'an,,ga-ascend\n"
         "e,910B3,8,gz,Gui'an,,ga-ascend\n"
     )
@@ -144,7 +144,7 @@ def test_columns_override_options_per_row(operator):
 
 
 def test_island_column_names_islands_and_fabric_option_applies(operator):
-    content = "model,cards,hostname,island\nH800,8,a,pod-a\nH800,8,b,pod-b\nH800,8,c,pod-a\n"
+    content = "model,cards,hostname,island\nH800-SXM5-80GB,8,a,pod-a\nH800-SXM5-80GB,8,b,pod-b\nH800-SXM5-80GB,8,c,pod-a\n"
     run(operator, content, fabric="roce", nodes_per_island=1)
 
     assert islands_of("cpi:cucc:nx:zhongwei-h800-sxm5-80gb") == [
@@ -236,7 +236,7 @@ BAD_ROWS = [
         "model,gpu,sn,site\nA10,1,n1," + "x" * 101 + "\n", {}, [(2, "value_too_long")], id="site-too-long"
     ),
     pytest.param(
-        "model,gpu,sn,cluster\nA10,1,n1,zw\nH800,8,n2,zw\n",
+        "model,gpu,sn,cluster\nA10,1,n1,zw\nH800-SXM5-80GB,8,n2,zw\n",
         {},
         [(3, "cluster_conflict")],
         id="cluster-two-models",
@@ -248,7 +248,7 @@ BAD_ROWS = [
         id="cluster-two-sites-one-name",
     ),
     pytest.param(
-        "model,gpu,sn,island,fabric\nH800,8,n1,pod,infiniband\nH800,8,n2,pod,roce\n",
+        "model,gpu,sn,island,fabric\nH800-SXM5-80GB,8,n1,pod,infiniband\nH800-SXM5-80GB,8,n2,pod,roce\n",
         {},
         [(3, "island_conflict")],
         id="island-two-fabrics",
@@ -360,7 +360,7 @@ def test_reimport_of_the_same_file_is_unchanged_and_writes_nothing(operator):
 def test_reimport_adds_new_clusters_and_keeps_existing_ones(operator):
     run(operator, HEADER + "A10,1,64,n1\n")
 
-    result = run(operator, HEADER + "A10,1,64,n1\nH800,8,128,n2\n")
+    result = run(operator, HEADER + "A10,1,64,n1\nH800-SXM5-80GB,8,128,n2\n")
 
     assert sorted((c.cpi, c.outcome) for c in result.clusters) == [
         (A10_CPI, "unchanged"),
@@ -372,7 +372,7 @@ def test_reimport_adds_new_clusters_and_keeps_existing_ones(operator):
 @pytest.mark.parametrize(
     ("content", "options"),
     [
-        pytest.param(GOOD + "A800,8,128,n9\n", {"nodes_per_island": 2}, id="more-nodes"),
+        pytest.param(GOOD + "A800-SXM4-80GB,8,128,n9\n", {"nodes_per_island": 2}, id="more-nodes"),
         pytest.param(GOOD, {"nodes_per_island": 3}, id="other-grouping"),
         pytest.param(GOOD, {"nodes_per_island": 2, "fabric": "roce"}, id="other-fabric"),
     ],
@@ -382,7 +382,7 @@ def test_reimport_that_differs_is_rejected_and_writes_nothing(operator, content,
     before = counts()
 
     with pytest.raises(FleetImportError) as excinfo:
-        run(operator, content + "H800,8,128,n50\n", **options)
+        run(operator, content + "H800-SXM5-80GB,8,128,n50\n", **options)
 
     assert "cluster_differs" in {code for _, code in errors_of(excinfo)}
     assert (2, "cluster_differs") in errors_of(excinfo)  # the first A800 row
@@ -474,7 +474,10 @@ def test_dry_run_reports_and_writes_nothing(operator):
     before = counts()
 
     result = run(
-        operator, HEADER + "GPU-series-2,8,1,a\nH800,8,1,b\n", allow_unknown_models=True, dry_run=True
+        operator,
+        HEADER + "GPU-series-2,8,1,a\nH800-SXM5-80GB,8,1,b\n",
+        allow_unknown_models=True,
+        dry_run=True,
     )
 
     assert result.dry_run

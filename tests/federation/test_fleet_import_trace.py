@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
 
 from core.types import Actor
+from federation.errors import FleetImportError
 from federation.fleet_import import fleet_import
 from federation.models import Accelerator, Cluster, Island, IssuedIdentifier
 
@@ -24,8 +26,34 @@ SPOT = TRACES / "alibaba-spot-gpu-nodes.csv"
 OPENB = TRACES / "alibaba-openb-gpu-nodes.csv"
 
 
-def test_import_the_real_spot_fleet(operator, capsys):
+def spot_inventory() -> bytes:
+    """The spot fleet as its operator would upload it: the trace says bare "H800", which the catalog
+    refuses as ambiguous (SXM5 or PCIe), so the 8-card H800 nodes are spelled out as SXM5 parts, the
+    reading the import used to guess. The trace itself does not say which."""
     content = SPOT.read_bytes()
+    assert content.count(b"\nH800,") == 219
+    return content.replace(b"\nH800,", b"\nH800-SXM5-80GB,")
+
+
+def test_the_real_spot_fleet_with_bare_h800_is_refused_as_ambiguous(operator):
+    with pytest.raises(FleetImportError) as excinfo:
+        fleet_import(
+            actor=Actor(organisation=operator, system_label="trace test"),
+            operator=operator,
+            content=SPOT.read_bytes(),
+            hub="nmg",
+            site="Alibaba spot",
+            allow_unknown_models=True,
+        )
+    errors = excinfo.value.extra["errors"]
+    assert excinfo.value.extra["error_count"] == 219
+    assert {(e["code"], tuple(e["candidates"])) for e in errors} == {
+        ("accelerator_ambiguous", ("nvidia-h800-pcie-80gb", "nvidia-h800-sxm5-80gb"))
+    }
+
+
+def test_import_the_real_spot_fleet(operator, capsys):
+    content = spot_inventory()
     actor = Actor(organisation=operator, system_label="trace test")
 
     started = time.perf_counter()
@@ -100,12 +128,12 @@ def test_import_the_real_openb_fleet(operator):
 
 def test_upload_the_real_spot_fleet_through_the_api(api, capsys):
     started = time.perf_counter()
-    with SPOT.open("rb") as inventory:
-        response = api.post(
-            "/api/v1/fleet-imports",
-            {"file": inventory, "hub": "nmg", "site": "Alibaba spot", "allow_unknown_models": "true"},
-            format="multipart",
-        )
+    inventory = SimpleUploadedFile("alibaba-spot-gpu-nodes.csv", spot_inventory(), content_type="text/csv")
+    response = api.post(
+        "/api/v1/fleet-imports",
+        {"file": inventory, "hub": "nmg", "site": "Alibaba spot", "allow_unknown_models": "true"},
+        format="multipart",
+    )
     seconds = time.perf_counter() - started
     with capsys.disabled():
         print(f"\nspot fleet over the API: {seconds:.3f} s")

@@ -87,10 +87,10 @@ def test_split_at_local_midnight_even_within_one_band():
         (midnight - 3600, midnight, "flat"),
         (midnight, midnight + 3600, "flat"),
     ]
-    # Ningxia's valley wraps midnight: still two slices, one per local day.
+    # Ningxia's flat band (23:00–07:00) wraps midnight: still two slices, one per local day.
     assert named(NX, NX.slices(midnight - 3600, midnight + 3600)) == [
-        (midnight - 3600, midnight, "valley"),
-        (midnight, midnight + 3600, "valley"),
+        (midnight - 3600, midnight, "flat"),
+        (midnight, midnight + 3600, "flat"),
     ]
 
 

@@ -138,18 +138,20 @@ def test_guangdong_strip_in_july_and_january():
 @pytest.mark.parametrize(
     ("parts", "band"),
     [
-        ((2026, 3, 2, 22, 29), "peak"),
-        ((2026, 3, 2, 22, 30), "valley"),
-        ((2026, 3, 2, 23, 59), "valley"),
-        ((2026, 3, 3, 0, 0), "valley"),
-        ((2026, 3, 3, 6, 29), "valley"),
-        ((2026, 3, 3, 6, 30), "flat"),
-        ((2026, 3, 3, 8, 0), "peak"),
-        ((2026, 3, 3, 12, 0), "flat"),
-        ((2026, 3, 3, 18, 30), "peak"),
+        # 宁发改价格(管理)〔2023〕7号: peak 7–9 and 17–23, valley 9–17, flat 23–7 (wrapping midnight).
+        ((2026, 3, 2, 22, 59), "peak"),
+        ((2026, 3, 2, 23, 0), "flat"),
+        ((2026, 3, 2, 23, 59), "flat"),
+        ((2026, 3, 3, 0, 0), "flat"),
+        ((2026, 3, 3, 6, 59), "flat"),
+        ((2026, 3, 3, 7, 0), "peak"),
+        ((2026, 3, 3, 8, 59), "peak"),
+        ((2026, 3, 3, 9, 0), "valley"),
+        ((2026, 3, 3, 16, 59), "valley"),
+        ((2026, 3, 3, 17, 0), "peak"),
     ],
 )
-def test_ningxia_bands_and_valley_wrapping_midnight(parts, band):
+def test_ningxia_bands_follow_the_2023_notice_with_flat_wrapping_midnight(parts, band):
     assert band_at_local("cn-nx", *parts) == band
 
 

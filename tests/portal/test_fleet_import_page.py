@@ -24,10 +24,10 @@ URL = "/operator/fleet-import/"
 
 BAD_CSV = (
     "node_name,gpu_model,gpu_capacity_num,hub,site\n"
-    "n1,A800,8,nx,Zhongwei\n"
+    "n1,A800-SXM4-80GB,8,nx,Zhongwei\n"
     "n2,X9000,8,nx,Zhongwei\n"
-    "n3,A800,eight,nx,Zhongwei\n"
-    "n1,A800,8,mars,Zhongwei\n"
+    "n3,A800-SXM4-80GB,eight,nx,Zhongwei\n"
+    "n1,A800-SXM4-80GB,8,mars,Zhongwei\n"
 )
 
 
@@ -172,7 +172,7 @@ def test_unknown_models_can_be_added_on_request(operator_client: Client, east_op
 def test_missing_hub_is_reported_on_the_header_line(
     operator_client: Client, east_operator: Organisation
 ) -> None:
-    response = _post(operator_client, "hostname,model,gpus\nh1,A800,8\n", site="Wuhu")
+    response = _post(operator_client, "hostname,model,gpus\nh1,A800-SXM4-80GB,8\n", site="Wuhu")
     assert response.status_code == 200
     assert [(e["line"], e["code"], e["field"]) for e in response.context["errors"]] == [
         (1, "missing_column", "hub")
@@ -182,7 +182,7 @@ def test_missing_hub_is_reported_on_the_header_line(
 def test_an_oversize_file_is_refused_beside_the_field(
     operator_client: Client, east_operator: Organisation
 ) -> None:
-    row = "n{},A800,8,nx,Zhongwei\n"
+    row = "n{},A800-SXM4-80GB,8,nx,Zhongwei\n"
     lines = ["node_name,gpu_model,gpu_capacity_num,hub,site\n"]
     size = len(lines[0])
     i = 0
@@ -211,7 +211,7 @@ def test_bad_options_are_errors_beside_their_fields(
 def test_a_file_that_is_not_utf8_is_a_line_error(
     operator_client: Client, east_operator: Organisation
 ) -> None:
-    content = "node_name,gpu_model,gpu_capacity_num,hub,site\nn1,A800,8,nx,中卫\n".encode("gbk")
+    content = "node_name,gpu_model,gpu_capacity_num,hub,site\nn1,A800-SXM4-80GB,8,nx,中卫\n".encode("gbk")
     response = _post(operator_client, content)
     assert response.status_code == 200
     assert [(e["line"], e["code"]) for e in response.context["errors"]] == [(2, "bad_encoding")]
@@ -220,7 +220,7 @@ def test_a_file_that_is_not_utf8_is_a_line_error(
 def test_the_page_costs_a_fixed_number_of_queries(
     operator_client: Client, east_operator: Organisation, django_assert_max_num_queries: Callable[..., Any]
 ) -> None:
-    rows = "".join(f"n{i},A800,8,nx,Site{i % 20}\n" for i in range(400))
+    rows = "".join(f"n{i},A800-SXM4-80GB,8,nx,Site{i % 20}\n" for i in range(400))
     with django_assert_max_num_queries(40):
         response = _post(operator_client, "node_name,gpu_model,gpu_capacity_num,hub,site\n" + rows)
     assert response.status_code == 302

@@ -108,8 +108,8 @@ def test_a_double_submit_places_one_job_and_shows_its_ranked_quotes(
     assert job.earliest_start_at == tomorrow_at(3)
     quotes = list(Quote.objects.filter(job=job).order_by("rank"))
     assert [(q.rank, q.cluster.cpi, q.cost, q.latency_ms, q.balance_sufficient) for q in quotes] == [
-        (1, "cpi:cucc:nx:zw-ai01", Decimal("36.00"), Decimal("20.000"), True),
-        (2, "cpi:cucc:nx:zw-ai01", Decimal("36.00"), Decimal("20.000"), True),
+        (1, "cpi:cucc:nx:zw-ai01", Decimal("36.00"), Decimal("24.300"), True),
+        (2, "cpi:cucc:nx:zw-ai01", Decimal("36.00"), Decimal("24.300"), True),
         (3, "cpi:ctyun:yrd:sh-ai01", Decimal("36.48"), Decimal("5.000"), True),
         (4, "cpi:ctyun:yrd:sh-ai01", Decimal("36.48"), Decimal("5.000"), True),
     ]
@@ -129,7 +129,7 @@ def test_a_double_submit_places_one_job_and_shows_its_ranked_quotes(
     assert [(b.band, b.multiplier, b.cost) for b in east] == [("valley", "0.38", Decimal("36.48"))]
     html = page.content.decode()
     assert html.count('class="cheapest"') == 1
-    assert "¥36.00" in html and "¥36.48" in html and "20.0 ms" in html and "5.0 ms" in html
+    assert "¥36.00" in html and "¥36.48" in html and "24.3 ms" in html and "5.0 ms" in html
     assert {(row.quote.start_at, row.quote.end_at) for row in rows} == {(tomorrow_at(3), tomorrow_at(4))}
     assert f"{tomorrow_at(3):%m-%d} 03:00 →" in html
     assert "4 islands examined; none was rejected." in html

@@ -208,7 +208,7 @@ def test_tariff_detail_lists_versions_with_a_strip_each(
     assert html.count('class="chart band-strip"') == 2
     assert "in force" in html
     assert "Wed 2026-07-01" in html
-    assert "22:30" in html  # the cn-nx windows of version 1
+    assert "23:00" in html  # the cn-nx windows of version 1 (flat from 23:00)
 
 
 def test_a_preset_cannot_get_a_new_version_from_an_operator(operator_client: Client, presets: None) -> None:

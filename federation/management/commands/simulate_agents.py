@@ -5,6 +5,13 @@ Every heartbeat interval each demo cluster reports its islands' free (K2) and un
 does — so the demo's clusters stay online and their capacity moves. The figures are a deterministic
 random walk per island (a fixed seed, and the island's identifier), so two runs tell the same story.
 
+Every ``--latency-every`` rounds (and on the first) each demo operator's agent also reports round-trip
+latencies from each hub it runs clusters in to every hub, through ``POST /api/v1/hub-latencies/measurements``,
+so measured rows replace the seeded estimates as they would with real agents. These figures are
+*simulated*, not measured: the seeded distance estimate (federation.catalog.hub_latency_seed) plus a
+deterministic 5–25 % for switching and queueing, which the estimate leaves out; a real agent would probe
+its peers. They exist only in a demo database.
+
 It uses only the standard library's urllib on purpose: it must talk HTTP like an outside agent, not call
 the services in-process. It waits for the web server to come up, survives a server that goes away (logs,
 retries on the next tick), and stops cleanly on SIGINT/SIGTERM. The token secrets come from the file
@@ -27,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -36,12 +44,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
+from federation.catalog import HUB_SITES, hub_latency_seed
 from federation.management.commands.seed_demo import default_tokens_file, read_tokens_file
 from federation.models import Cluster, ClusterStatus, Health
 
 logger = logging.getLogger("cardhour.simulate_agents")
 
 DEFAULT_SEED = 2026
+DEFAULT_LATENCY_EVERY = 30  # rounds; at the default 10 s heartbeat interval, every five minutes
 REQUEST_TIMEOUT_SECONDS = 10
 USER_AGENT = "cardhour-demo-agent/1.0 (urllib)"
 # Share of a cluster's cards out of service at which its agent reports degraded / critical health.
@@ -176,7 +186,44 @@ def _request(req: urllib.request.Request) -> tuple[int, bytes]:
 def post_heartbeat(*, base_url: str, token: str, cpi: str, body: dict[str, Any]) -> PostResult:
     """POST one heartbeat. HTTP errors are results (the server answered); no answer raises
     ServerUnreachableError."""
-    url = f"{base_url}/api/v1/clusters/{urllib.parse.quote(cpi, safe=':')}/heartbeats"
+    return _post_json(
+        url=f"{base_url}/api/v1/clusters/{urllib.parse.quote(cpi, safe=':')}/heartbeats",
+        token=token,
+        body=body,
+    )
+
+
+def post_latencies(*, base_url: str, token: str, body: dict[str, Any]) -> PostResult:
+    """POST one batch of latency measurements (see latency_report)."""
+    return _post_json(url=f"{base_url}/api/v1/hub-latencies/measurements", token=token, body=body)
+
+
+def latency_report(
+    *, hubs: Sequence[str], seed: int, round_number: int, measured_at: datetime
+) -> dict[str, Any]:
+    """The simulated measurements of one operator's agents: from each hub in ``hubs`` to every located
+    hub, the seeded estimate × a deterministic 1.05–1.25 (switching and queueing the estimate leaves out;
+    see the module docstring). One direction per pair: the other hub's agents report theirs."""
+    measurements = []
+    for source in sorted(hubs):
+        if source not in HUB_SITES:
+            continue
+        for target in HUB_SITES:
+            estimate, _ = hub_latency_seed(source, target)
+            rng = random.Random(f"{seed}:{source}:{target}:{round_number}")
+            latency = (estimate * Decimal(str(rng.uniform(1.05, 1.25)))).quantize(Decimal("0.001"))
+            measurements.append(
+                {
+                    "source": source,
+                    "target": target,
+                    "latency_ms": str(latency),
+                    "measured_at": measured_at.isoformat(),
+                }
+            )
+    return {"measurements": measurements, "symmetric": False}
+
+
+def _post_json(*, url: str, token: str, body: dict[str, Any]) -> PostResult:
     req = urllib.request.Request(  # noqa: S310 (scheme checked in handle())
         url,
         data=json.dumps(body).encode(),
@@ -251,6 +298,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="Seed of the random walk.")
         parser.add_argument(
+            "--latency-every",
+            type=int,
+            default=DEFAULT_LATENCY_EVERY,
+            help=f"Report hub latencies every N rounds and on the first (default {DEFAULT_LATENCY_EVERY}; 0 never).",
+        )
+        parser.add_argument(
             "--startup-timeout",
             type=float,
             default=None,
@@ -278,7 +331,11 @@ class Command(BaseCommand):
             startup_timeout = 60.0
         silent = set(options["silent"])
         fleet = AgentFleet(seed=options["seed"])
+        latency_every: int = options["latency_every"]
+        if latency_every < 0:
+            raise CommandError("--latency-every must be 0 or more.")
         stop = threading.Event()
+        round_number = 0
 
         with stop_on_signals(stop):
             if not self._wait_for_server(base_url, stop=stop, timeout=startup_timeout):
@@ -289,8 +346,15 @@ class Command(BaseCommand):
             deadline = time.monotonic()
             while not stop.is_set():
                 failed = self._round(
-                    fleet, base_url=base_url, tokens_path=tokens_path, silent=silent, stop=stop
+                    fleet,
+                    base_url=base_url,
+                    tokens_path=tokens_path,
+                    silent=silent,
+                    stop=stop,
+                    latencies=bool(latency_every) and round_number % latency_every == 0,
+                    round_number=round_number,
                 )
+                round_number += 1
                 if once:
                     if failed:
                         raise CommandError(f"{failed} heartbeat(s) failed.")
@@ -315,9 +379,18 @@ class Command(BaseCommand):
         return False
 
     def _round(
-        self, fleet: AgentFleet, *, base_url: str, tokens_path: Path, silent: set[str], stop: threading.Event
+        self,
+        fleet: AgentFleet,
+        *,
+        base_url: str,
+        tokens_path: Path,
+        silent: set[str],
+        stop: threading.Event,
+        latencies: bool = False,
+        round_number: int = 0,
     ) -> int:
-        """Beat every demo cluster once. Returns the number of failed heartbeats."""
+        """Beat every demo cluster once (and report latencies when ``latencies``). Returns the number of
+        failed posts."""
         # The token file is re-read every round: re-running seed_demo may have issued new tokens.
         tokens = read_tokens_file(tokens_path)
         if not tokens:
@@ -348,6 +421,16 @@ class Command(BaseCommand):
                 applied += 1
             else:
                 failures.append(f"{agent.cpi}: HTTP {result.status} {result.detail}")
+        if latencies and not stop.is_set():
+            try:
+                failures.extend(
+                    self._report_latencies(
+                        agents, base_url=base_url, tokens=tokens, seed=fleet.seed, round_number=round_number
+                    )
+                )
+            except ServerUnreachableError as exc:
+                logger.warning("web server unreachable (%s); retrying next tick", exc)
+                return len(failures) + 1
         if failures:
             logger.warning(
                 "heartbeats: %d applied, %d failed; first: %s", applied, len(failures), failures[0]
@@ -355,3 +438,31 @@ class Command(BaseCommand):
         else:
             logger.info("heartbeats: %d clusters reported", applied)
         return len(failures)
+
+    def _report_latencies(
+        self,
+        agents: Sequence[ClusterAgent],
+        *,
+        base_url: str,
+        tokens: dict[str, str],
+        seed: int,
+        round_number: int,
+    ) -> list[str]:
+        """Each operator reports from the hubs it runs clusters in. Returns the failures."""
+        hubs_by_operator: dict[str, set[str]] = {}
+        for agent in agents:
+            hubs_by_operator.setdefault(agent.operator, set()).add(agent.cpi.split(":")[2])
+        failures = []
+        measured_at = timezone.now()
+        for operator, hubs in sorted(hubs_by_operator.items()):
+            body = latency_report(
+                hubs=sorted(hubs), seed=seed, round_number=round_number, measured_at=measured_at
+            )
+            if not body["measurements"]:
+                continue
+            result = post_latencies(base_url=base_url, token=tokens[operator], body=body)
+            if result.ok:
+                logger.info("latencies: %s reported %d pairs", operator, len(body["measurements"]))
+            else:
+                failures.append(f"latencies of {operator}: HTTP {result.status} {result.detail}")
+        return failures
