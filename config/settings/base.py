@@ -26,15 +26,18 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # The project's apps before the third-party ones: Django merges the apps' catalogues with the earlier app
+    # winning, and django_celery_beat's zh_Hans "Name" (任务名, a task's name) would otherwise label every
+    # name field of the portal (tests/core/test_translations.py checks what is served).
+    "core",
+    "federation",
+    "metering",
+    "broker",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
-    "core",
-    "federation",
-    "metering",
-    "broker",
 ]
 
 MIDDLEWARE = [

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils.translation import to_language
+from django.utils.translation import trans_real as translation_trans_real
 
 ROOT = Path(settings.BASE_DIR)
 MSGFMT = shutil.which("msgfmt")
@@ -205,11 +207,33 @@ def test_one_msgid_is_translated_one_way_across_catalogues() -> None:
     assert clashes == []
 
 
+def test_every_entry_is_served_as_translated() -> None:
+    """What a reader gets is the merged catalogue: LOCALE_PATHS, then the apps in INSTALLED_APPS order (the
+    first wins), then Django's own. A third-party app listed earlier with the same msgid (django_celery_beat's
+    "Name" is 任务名) would silently replace ours."""
+    wrong = []
+    for po in catalogues():
+        language = to_language(po.parts[-3])
+        served = translation_trans_real.translation(language)._catalog  # type: ignore[attr-defined]
+        for key, strs in po_entries(po).items():
+            if not key:
+                continue
+            got = (
+                tuple(served.get((key, i)) for i in range(len(strs)))
+                if (key, 0) in served
+                else (served.get(key),)
+            )
+            if got != strs:
+                wrong.append(f"{po.relative_to(ROOT)}: {key!r} is served as {got!r}, not {strs!r}")
+    assert wrong == []
+
+
 def test_the_check_sees_a_newly_marked_string(tmp_path: Path) -> None:
     """The makemessages comparison is not vacuous: a string marked in a copy shows up as new, and the real
     tree is left alone."""
     if MSGFMT is None:
         pytest.skip("msgfmt (GNU gettext) is not installed")
+    project_locale_before = sorted(ROOT.glob("locale/**/*"))
     copy = tmp_path / "src"
     _copy_sources(copy)
     marked = copy / "core" / "i18n_probe.py"
@@ -221,4 +245,4 @@ def test_the_check_sees_a_newly_marked_string(tmp_path: Path) -> None:
     committed_core = po_entries(ROOT / "core/locale/zh_Hans/LC_MESSAGES/django.po")
     assert set(regenerated_core) - set(committed_core) == {"A string nobody translated"}
     assert not (ROOT / "core" / "i18n_probe.py").exists()
-    assert (ROOT / "locale").exists() == bool(list(ROOT.glob("locale/*/LC_MESSAGES/django.po")))
+    assert sorted(ROOT.glob("locale/**/*")) == project_locale_before
