@@ -86,8 +86,15 @@ def zoned(value: datetime | None, fmt: str = "Y-m-d H:i") -> str:
 @register.simple_tag
 def zone_label() -> str:
     """The current zone as a person should read it: ``"Asia/Shanghai (UTC+08:00)"``."""
-    now = timezone.localtime()
-    return f"{timezone.get_current_timezone_name()} ({utc_offset_label(now)})"
+    return zone_name(timezone.now())
+
+
+@register.filter
+def zone_name(value: datetime | None) -> str:
+    """The current zone's IANA name and its offset at ``value``: ``"Asia/Shanghai (UTC+08:00)"``; the
+    ``e`` and ``T`` date formats print the zone's abbreviation ("CST"), which names three zones."""
+    local = timezone.localtime(value if isinstance(value, datetime) else timezone.now())
+    return f"{timezone.get_current_timezone_name()} ({utc_offset_label(local)})"
 
 
 @register.filter

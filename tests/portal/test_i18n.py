@@ -188,6 +188,17 @@ def test_zoned_prints_the_utc_offset_never_cst() -> None:
         assert render("{{ t|zoned }}", t=instant) == "2026-11-26 01:50 (UTC+08:00)"
     assert render("{{ t|zoned }}", t=None) == "—"
     assert render("{% zone_label %}") == "Asia/Shanghai (UTC+08:00)"
+    assert render("{{ t|zone_name }}", t=instant) == "Asia/Shanghai (UTC+08:00)"
+    with timezone.override("America/Chicago"):
+        assert (
+            render("{{ t|zone_name }}", t=datetime(2026, 7, 1, tzinfo=UTC)) == "America/Chicago (UTC-05:00)"
+        )
+
+
+def test_the_market_states_its_zone_without_cst(buyer_client: Client, east_cluster: Cluster) -> None:
+    html = buyer_client.get("/market/").content.decode()
+    assert re.search(r"Capacity at \d\d:\d\d \(Asia/Shanghai \(UTC\+08:00\)\)", html)
+    assert "CST" not in html
 
 
 def test_a_page_states_its_times_with_an_offset(operator_client: Client, east_cluster: Cluster) -> None:
