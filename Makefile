@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 8000
 
-.PHONY: install lock run test lint typecheck layers check clean
+.PHONY: install lock run test lint typecheck layers check clean messages
 
 # Every package at the version and hash requirements.lock pins (the dev and prod extras included), then the
 # project itself without resolving anything again. `make lock` rewrites the lock after pyproject.toml changes.
@@ -33,6 +33,14 @@ run: $(STAMP)
 	$(BIN)/python manage.py seed_billing_demo
 	$(BIN)/python manage.py seed_broker_demo
 	CARDHOUR_PORT=$(PORT) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/honcho --procfile Procfile.dev start
+
+# Translations: extract every marked string (templates into locale/, each app's Python strings into
+# <app>/locale/), then compile. Translate the new entries in between; tests/core/test_translations.py fails on
+# an untranslated, fuzzy or stale entry. The .mo files are committed: `make run` and installs need no gettext.
+messages: export DJANGO_SETTINGS_MODULE = config.settings.local
+messages: $(STAMP)
+	$(BIN)/python manage.py makemessages -l zh_Hans --no-obsolete
+	$(BIN)/python manage.py compilemessages -l zh_Hans --ignore=.venv
 
 # SQLite unless DATABASE_URL is set; PostgreSQL-only tests are skipped with their reason on SQLite.
 # Extra pytest options go in PYTEST_ARGS, e.g. `make test PYTEST_ARGS="-x -k heartbeat"`.

@@ -19,6 +19,8 @@ urlpatterns = [
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    # set_language: the header's language switch POSTs here (a plain form, no script needed).
+    path("i18n/", include("django.conf.urls.i18n")),
     # Namespaced, so the portal can use the same URL names for its pages (job-list, lease-detail, …).
     path("api/v1/", include((api_v1, "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from html import escape
 
+from django.utils.functional import Promise
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy as _
 
 # Band colours. The common bands have fixed colours everywhere (strips, bars, legends) so a person learns
 # them once; any other band name gets the next colour of the fallback palette. All pass 3:1 against white.
@@ -29,6 +31,23 @@ BAND_COLOURS: dict[str, str] = {
 }
 _FALLBACK = ("#4455aa", "#7a4fa8", "#2f7f9f", "#8a6d3b", "#5f6b7a")
 BAND_ORDER = ("deep_valley", "valley", "flat", "shoulder", "peak", "critical_peak", "critical", "sharp")
+
+# What a person reads for a band, in their language; the stored names (``critical_peak``) stay in the
+# database, the API and CSV files. metering.models.Band carries the same labels for its choices (core cannot
+# import metering); a band name outside this table is an operator's own and is shown as written.
+BAND_LABELS: dict[str, Promise] = {
+    "critical_peak": _("Critical peak"),
+    "peak": _("Peak"),
+    "flat": _("Flat"),
+    "valley": _("Valley"),
+    "deep_valley": _("Deep valley"),
+}
+
+
+def band_label(band: str) -> str:
+    """The human name of ``band`` in the active language: "Critical peak" / "尖峰" for ``critical_peak``."""
+    label = BAND_LABELS.get(band)
+    return str(label) if label is not None else band
 
 
 def band_colour(band: str, *, _seen: dict[str, str] = {}) -> str:  # noqa: B006 (a deliberate memo)
@@ -73,7 +92,7 @@ def band_strip_svg(
     for start, end, band in runs:
         x = start / 1440 * width
         w = (end - start) / 1440 * width
-        label = f"{start // 60:02d}:{start % 60:02d}–{end // 60:02d}:{end % 60:02d} {band}"
+        label = f"{start // 60:02d}:{start % 60:02d}–{end // 60:02d}:{end % 60:02d} {band_label(band)}"
         if multipliers and band in multipliers:
             label += f" ×{multipliers[band]}"
         body.append(
@@ -142,7 +161,7 @@ def stacked_bars_svg(
             colour = (colours or {}).get(name) or band_colour(name)
             parts.append(
                 f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(bar_w)}" height="{_n(h)}" fill="{colour}">'
-                f"<title>{escape(f'{bar.label} {name}: {value} {unit}'.strip())}</title></rect>"
+                f"<title>{escape(f'{bar.label} {band_label(name)}: {value} {unit}'.strip())}</title></rect>"
             )
         body.append(f"<g><title>{escape(f'{bar.label}: {total} {unit}'.strip())}</title>{''.join(parts)}</g>")
         if i % label_every == 0:

@@ -53,7 +53,9 @@ def organisation_create(
             organisation.save()
     except IntegrityError as exc:
         raise ConflictError(
-            f"The organisation slug {slug!r} is taken.", code="slug_taken", extra={"slug": slug}
+            _("The organisation slug %(slug)r is taken.") % {"slug": slug},
+            code="slug_taken",
+            extra={"slug": slug},
         ) from exc
     if owner is not None:
         Membership.objects.create(organisation=organisation, user=owner, role=Membership.Role.OWNER)
@@ -64,8 +66,10 @@ def organisation_create(
 def membership_set(*, organisation: Organisation, user: User, role: str) -> Membership:
     """Add ``user`` to ``organisation`` with ``role``, or change the role of an existing member."""
     if role not in Membership.Role.values:
-        raise InvalidInputError(f"Unknown role {role!r}.", code="invalid_role", extra={"role": role})
-    membership, _ = Membership.objects.update_or_create(
+        raise InvalidInputError(
+            _("Unknown role %(role)r.") % {"role": role}, code="invalid_role", extra={"role": role}
+        )
+    membership, _created = Membership.objects.update_or_create(
         organisation=organisation, user=user, defaults={"role": role}
     )
     return membership
@@ -145,15 +149,17 @@ def api_token_create(
     name = name.strip()
     if not name:
         raise InvalidInputError(
-            "A token needs a name.", code="invalid", extra={"fields": {"name": ["required"]}}
+            _("A token needs a name."), code="invalid", extra={"fields": {"name": [_("required")]}}
         )
     if scope not in ApiToken.Scope.values:
-        raise InvalidInputError(f"Unknown scope {scope!r}.", code="invalid_scope", extra={"scope": scope})
+        raise InvalidInputError(
+            _("Unknown scope %(scope)r.") % {"scope": scope}, code="invalid_scope", extra={"scope": scope}
+        )
     if can_manage_tokens and scope != ApiToken.Scope.READ_WRITE:
         raise InvalidInputError(
-            "A read-only token cannot manage tokens.",
+            _("A read-only token cannot manage tokens."),
             code="invalid_scope",
-            extra={"fields": {"can_manage_tokens": ["A read-only token cannot manage tokens."]}},
+            extra={"fields": {"can_manage_tokens": [_("A read-only token cannot manage tokens.")]}},
         )
     prefix = secrets.token_hex(4)
     raw = f"{TOKEN_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
@@ -180,7 +186,7 @@ def api_token_revoke(*, organisation: Organisation, token_id: int, actor: Actor 
     try:
         token = ApiToken.objects.select_for_update().get(pk=token_id, organisation=organisation)
     except ApiToken.DoesNotExist as exc:
-        raise NotFoundError("No such token.", code="token_not_found") from exc
+        raise NotFoundError(_("No such token."), code="token_not_found") from exc
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])

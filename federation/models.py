@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from core.models import ApiToken, Organisation
 
@@ -143,7 +144,9 @@ class Accelerator(models.Model):
 
 
 class ClusterStatus(models.TextChoices):
-    ACTIVE = "active", _("Active")
+    # A context: Django merges every catalogue into one table, and "Active" for a token or a pack (有效) is
+    # not what an operator calls a cluster in service (在用).
+    ACTIVE = "active", pgettext_lazy("cluster status", "Active")
     DRAINING = "draining", _("Draining")
     OFFLINE = "offline", _("Offline")
     RETIRED = "retired", _("Retired")

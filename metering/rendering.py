@@ -12,6 +12,12 @@ package (metering/fonts, Apache-2.0), so Chinese names, the minus sign and ¥ re
 on every host — no font is merely referenced. ReportLab embeds only the glyphs used (a subset), so a
 statement stays a few tens of kB.
 
+Every label of a PDF is printed in English and Simplified Chinese ("Amount due 应付金额"): a statement is
+rendered once, at issue, often by a task with no reader's language, and is then frozen, so it cannot follow
+whoever downloads it; both languages make it readable by every buyer and operator and keep the bytes
+independent of the issuing context. The labels are marked with gettext_noop and translated here, under a
+fixed language, from the metering catalogue. CSV files stay English and machine-readable.
+
 The parties shown come from the statement's ``parties`` snapshot (metering.services.statements freezes it at
 issue), never from the organisation as it is today: renaming a buyer does not change an issued invoice.
 """
@@ -29,7 +35,9 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.functional import Promise
+from django.utils.translation import gettext_noop
 from reportlab.lib import colors
 from reportlab.lib.enums import TA_RIGHT
 from reportlab.lib.pagesizes import A4
@@ -66,7 +74,19 @@ def csv_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
 
 
 def _band(value: str) -> str:
-    return str(Band(value).label) if value else ""
+    return _both(Band(value).label) if value else ""
+
+
+def _in(language: str, text: str | Promise) -> str:
+    with translation.override(language):
+        return translation.gettext(str(text)) if not isinstance(text, Promise) else str(text)
+
+
+def _both(text: str | Promise) -> str:
+    """A PDF label in English then Simplified Chinese ("Amount due 应付金额"), whatever language is active
+    (see the module docstring); a label the catalogue leaves as it is (a code, "#") is printed once."""
+    english, chinese = _in("en", text), _in("zh-hans", text)
+    return english if chinese == english else f"{english} {chinese}"
 
 
 def invoice_csv(*, invoice: Invoice) -> bytes:
@@ -175,28 +195,32 @@ def _with_vat(invoice: Invoice) -> bool:
 
 def _invoice_totals(invoice: Invoice) -> list[tuple[str, str, Decimal]]:
     paid: list[tuple[str, str, Decimal]] = [
-        ("packs_amount", "Packs bought", invoice.packs_amount),
-        ("refunds_amount", "Refunds (credit)", invoice.refunds_amount),
-        ("total_paid", "Paid through Stripe, net of refunds", invoice.total_paid),
+        ("packs_amount", gettext_noop("Packs bought"), invoice.packs_amount),
+        ("refunds_amount", gettext_noop("Refunds (credit)"), invoice.refunds_amount),
+        ("total_paid", gettext_noop("Paid through Stripe, net of refunds"), invoice.total_paid),
     ]
     if _with_vat(invoice):
         paid += [
-            ("net_amount", "of which net of VAT", invoice.net_amount or Decimal("0.00")),
-            ("tax_amount", "of which VAT", invoice.tax_amount or Decimal("0.00")),
+            ("net_amount", gettext_noop("of which net of VAT"), invoice.net_amount or Decimal("0.00")),
+            ("tax_amount", gettext_noop("of which VAT"), invoice.tax_amount or Decimal("0.00")),
         ]
-    paid.append(("usage_value", "Prepaid value used (informational)", invoice.usage_value))
+    paid.append(("usage_value", gettext_noop("Prepaid value used (informational)"), invoice.usage_value))
     if _with_vat(invoice):
         return [
             *paid,
-            ("arrears_brought_forward", "Owed from the previous invoice", invoice.arrears_brought_forward),
-            ("arrears_amount", "Card-hours used with no pack", invoice.arrears_amount),
-            ("arrears_settled", "Arrears paid from new packs", invoice.arrears_settled),
-            ("amount_due", "Amount due", invoice.amount_due),
+            (
+                "arrears_brought_forward",
+                gettext_noop("Owed from the previous invoice"),
+                invoice.arrears_brought_forward,
+            ),
+            ("arrears_amount", gettext_noop("Card-hours used with no pack"), invoice.arrears_amount),
+            ("arrears_settled", gettext_noop("Arrears paid from new packs"), invoice.arrears_settled),
+            ("amount_due", gettext_noop("Amount due"), invoice.amount_due),
         ]
     return [
         *paid,
-        ("arrears_amount", "Card-hours used with no pack", invoice.arrears_amount),
-        ("amount_due", "Amount due", invoice.amount_due),
+        ("arrears_amount", gettext_noop("Card-hours used with no pack"), invoice.arrears_amount),
+        ("amount_due", gettext_noop("Amount due"), invoice.amount_due),
     ]
 
 
@@ -242,6 +266,20 @@ class _Styles:
         )
 
 
+# PDF labels used inside f-strings (xgettext does not look into f-strings, so they are marked here).
+_TAX_ID = gettext_noop("Tax id")
+_USCC = gettext_noop("USCC")
+_INVOICE_TITLE = gettext_noop("Invoice title")
+_FAPIAO_EMAIL = gettext_noop("Fapiao e-mail")
+_BANK = gettext_noop("Bank")
+_ACCOUNT = gettext_noop("Account")
+_PERIOD = gettext_noop("Period")
+_ISSUED = gettext_noop("Issued")
+_AMOUNT = gettext_noop("Amount")
+_CARD_SECONDS = gettext_noop("card-seconds")
+_LATE = gettext_noop("late, earlier period")
+
+
 def _party_lines(party: dict[str, Any]) -> list[str]:
     """A frozen party (see metering.services.statements) as the lines a statement prints."""
     name = party.get("name", "")
@@ -250,14 +288,16 @@ def _party_lines(party: dict[str, Any]) -> list[str]:
         value
         for value in (
             party.get("legal_name", "") if party.get("legal_name") != name else "",
-            f"Tax id: {party['tax_id']}" if party.get("tax_id") else "",
-            f"USCC: {party['unified_social_credit_code']}" if party.get("unified_social_credit_code") else "",
-            f"Invoice title: {party['invoice_title']}" if party.get("invoice_title") else "",
-            f"Fapiao e-mail: {party['fapiao_email']}" if party.get("fapiao_email") else "",
+            f"{_both(_TAX_ID)}: {party['tax_id']}" if party.get("tax_id") else "",
+            f"{_both(_USCC)}: {party['unified_social_credit_code']}"
+            if party.get("unified_social_credit_code")
+            else "",
+            f"{_both(_INVOICE_TITLE)}: {party['invoice_title']}" if party.get("invoice_title") else "",
+            f"{_both(_FAPIAO_EMAIL)}: {party['fapiao_email']}" if party.get("fapiao_email") else "",
             *(str(party.get("address") or "").splitlines()),
             party.get("phone", ""),
-            f"Bank: {party['bank']}" if party.get("bank") else "",
-            f"Account: {party['bank_account']}" if party.get("bank_account") else "",
+            f"{_both(_BANK)}: {party['bank']}" if party.get("bank") else "",
+            f"{_both(_ACCOUNT)}: {party['bank_account']}" if party.get("bank_account") else "",
             party.get("billing_email", ""),
         )
         if value
@@ -281,14 +321,14 @@ def _header(
     party: list[str],
     issued: str,
 ) -> list[Flowable]:
-    left = [styles.para(f"{PLATFORM_NAME} — {kind}", styles.title, bold=True)]
-    left += [styles.para(f"{party_label}:", styles.normal, bold=True)]
+    left = [styles.para(f"{PLATFORM_NAME} — {_both(kind)}", styles.title, bold=True)]
+    left += [styles.para(f"{_both(party_label)}:", styles.normal, bold=True)]
     left += [styles.para(line, styles.normal) for line in party]
     right = [
         styles.para(f"{kind} {number}", styles.right, bold=True),
-        styles.para(f"Period: {period}", styles.right),
-        styles.para(f"Issued: {issued}", styles.right),
-        styles.para(f"{seller_label}:", styles.right, bold=True),
+        styles.para(f"{_both(_PERIOD)}: {period}", styles.right),
+        styles.para(f"{_both(_ISSUED)}: {issued}", styles.right),
+        styles.para(f"{_both(seller_label)}:", styles.right, bold=True),
         *(styles.para(line, styles.right) for line in seller),
     ]
     table = Table([[left, right]], colWidths=[110 * mm, 70 * mm])
@@ -345,12 +385,12 @@ def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
     styles = _Styles()
     story = _header(
         styles,
-        kind="Invoice",
+        kind=gettext_noop("Invoice"),
         number=invoice.number,
         period=_period(invoice.period_start, invoice.period_end),
-        seller_label="Issued by",
+        seller_label=gettext_noop("Issued by"),
         seller=_party_lines(parties.get("seller", {})),
-        party_label="Billed to",
+        party_label=gettext_noop("Billed to"),
         party=_party_lines(parties.get("buyer", {})),
         issued=_issued(invoice.issued_at),
     )
@@ -361,7 +401,7 @@ def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
 
     totals = [
         [
-            styles.para(label, styles.right, bold=name == "amount_due"),
+            styles.para(_both(label), styles.right, bold=name == "amount_due"),
             styles.para(_money(amount), styles.right, bold=name == "amount_due"),
         ]
         for name, label, amount in _invoice_totals(invoice)
@@ -371,28 +411,42 @@ def invoice_pdf(*, invoice: Invoice, parties: dict[str, Any]) -> bytes:
     story += [
         totals_table,
         Spacer(1, 6 * mm),
-        styles.para(
-            "Packs are paid through Stripe when bought; usage drawn from packs is shown at the prepaid value "
-            "it used and is not charged again. The amount due is card-hours used with no pack, at the "
-            "operator's price"
-            + (
-                ", plus what the previous invoice left due, less arrears paid from new packs (a new pack "
-                "pays arrears before it can be used). Amounts include VAT; each line's net is rounded once "
-                "to the fen (half to even) and its VAT is the rest. This is a statement, not a fapiao: the "
-                "fapiao data is exported for the platform's issuing system"
-                if _with_vat(invoice)
-                else ""
-            )
-            + ". Lines are rounded to the fen (half to even); totals are sums of the lines.",
-            styles.small,
-        ),
+        *_note(styles, _INVOICE_NOTE_VAT if _with_vat(invoice) else _INVOICE_NOTE),
     ]
     return _document(f"Invoice {invoice.number}", story)
 
 
+_INVOICE_NOTE = gettext_noop(
+    "Packs are paid through Stripe when bought; usage drawn from packs is shown at the prepaid value it used "
+    "and is not charged again. The amount due is card-hours used with no pack, at the operator's price. Lines "
+    "are rounded to the fen (half to even); totals are sums of the lines."
+)
+_INVOICE_NOTE_VAT = gettext_noop(
+    "Packs are paid through Stripe when bought; usage drawn from packs is shown at the prepaid value it used "
+    "and is not charged again. The amount due is card-hours used with no pack, at the operator's price, plus "
+    "what the previous invoice left due, less arrears paid from new packs (a new pack pays arrears before it "
+    "can be used). Amounts include VAT; each line's net is rounded once to the fen (half to even) and its VAT "
+    "is the rest. This is a statement, not a fapiao: the fapiao data is exported for the platform's issuing "
+    "system. Lines are rounded to the fen (half to even); totals are sums of the lines."
+)
+_SETTLEMENT_NOTE = gettext_noop(
+    "Amounts in %(currency)s. Payable = gross − platform commission. Lines are rounded to the fen (half to "
+    "even); totals are sums of the lines."
+)
+
+
+def _note(styles: _Styles, note: str, **values: str) -> list[Flowable]:
+    """A statement's closing note, in English, then in Simplified Chinese."""
+    return [
+        styles.para(_in("en", note) % values if values else _in("en", note), styles.small),
+        styles.para(_in("zh-hans", note) % values if values else _in("zh-hans", note), styles.small),
+    ]
+
+
 def _head_row(styles: _Styles, head: Sequence[tuple[str, bool]]) -> list[Any]:
     return [
-        styles.para(text, styles.right if numeric else styles.normal, bold=True) for text, numeric in head
+        styles.para(_both(text), styles.right if numeric else styles.normal, bold=True)
+        for text, numeric in head
     ]
 
 
@@ -403,10 +457,10 @@ def _plain_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], lis
             styles,
             (
                 ("#", False),
-                ("Description", False),
-                ("Card-seconds", True),
-                ("Card-hours drawn", True),
-                (f"Amount ({invoice.currency})", True),
+                (gettext_noop("Description"), False),
+                (gettext_noop("Card-seconds"), True),
+                (gettext_noop("Card-hours drawn"), True),
+                (f"{_both(_AMOUNT)} ({invoice.currency})", True),
             ),
         )
     ]
@@ -421,7 +475,15 @@ def _plain_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], lis
             ]
         )
     if len(rows) == 1:
-        rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", ""])
+        rows.append(
+            [
+                "",
+                styles.para(_both(gettext_noop("Nothing to state for this period.")), styles.normal),
+                "",
+                "",
+                "",
+            ]
+        )
     return rows, [10 * mm, 94 * mm, 24 * mm, 26 * mm, 26 * mm]
 
 
@@ -432,18 +494,18 @@ def _vat_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], list[
             styles,
             (
                 ("#", False),
-                ("Description", False),
-                ("Card-hours drawn", True),
-                ("VAT", True),
-                ("Net", True),
-                ("Tax", True),
-                (f"Amount ({invoice.currency})", True),
+                (gettext_noop("Description"), False),
+                (gettext_noop("Card-hours drawn"), True),
+                (gettext_noop("VAT"), True),
+                (gettext_noop("Net"), True),
+                (gettext_noop("Tax"), True),
+                (f"{_both(_AMOUNT)} ({invoice.currency})", True),
             ),
         )
     ]
     for line in _invoice_lines(invoice):
         description = line.description + (
-            f" · {line.card_seconds:,} card-seconds" if line.card_seconds else ""
+            f" · {line.card_seconds:,} {_both(_CARD_SECONDS)}" if line.card_seconds else ""
         )
         rows.append(
             [
@@ -457,7 +519,17 @@ def _vat_rows(styles: _Styles, invoice: Invoice) -> tuple[list[list[Any]], list[
             ]
         )
     if len(rows) == 1:
-        rows.append(["", styles.para("Nothing to state for this period.", styles.normal), "", "", "", "", ""])
+        rows.append(
+            [
+                "",
+                styles.para(_both(gettext_noop("Nothing to state for this period.")), styles.normal),
+                "",
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
     return rows, [8 * mm, 70 * mm, 22 * mm, 12 * mm, 22 * mm, 20 * mm, 26 * mm]
 
 
@@ -475,25 +547,33 @@ def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:
     styles = _Styles()
     story = _header(
         styles,
-        kind="Settlement",
+        kind=gettext_noop("Settlement"),
         number=settlement.number,
         period=_period(settlement.period_start, settlement.period_end),
-        seller_label="Settled by",
+        seller_label=gettext_noop("Settled by"),
         seller=_party_lines(parties.get("seller", {})),
-        party_label="Payable to",
+        party_label=gettext_noop("Payable to"),
         party=_party_lines(parties.get("operator", {})),
         issued=_issued(settlement.issued_at),
     )
-    head = ("#", "Cluster", "Band", "Card-seconds", "Gross", "Commission", "Payable")
+    head = (
+        "#",
+        gettext_noop("Cluster"),
+        gettext_noop("Band"),
+        gettext_noop("Card-seconds"),
+        gettext_noop("Gross"),
+        gettext_noop("Commission"),
+        gettext_noop("Payable"),
+    )
     rows: list[list[Any]] = [
         [
-            styles.para(text, styles.right if index >= 3 else styles.normal, bold=True)
+            styles.para(_both(text), styles.right if index >= 3 else styles.normal, bold=True)
             for index, text in enumerate(head)
         ]
     ]
     lines = list(settlement.lines.all())
     for line in lines:
-        cluster = line.cluster.cpi + (" (late, earlier period)" if line.prior_period else "")
+        cluster = line.cluster.cpi + (f" ({_both(_LATE)})" if line.prior_period else "")
         rows.append(
             [
                 styles.para(line.seq, styles.normal),
@@ -508,7 +588,7 @@ def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:
     rows.append(
         [
             "",
-            styles.para("Total", styles.normal, bold=True),
+            styles.para(_both(gettext_noop("Total")), styles.normal, bold=True),
             "",
             styles.para(f"{sum(line.card_seconds for line in lines):,}", styles.right, bold=True),
             styles.para(_money(settlement.gross), styles.right, bold=True),
@@ -523,10 +603,6 @@ def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:
     story += [
         table,
         Spacer(1, 6 * mm),
-        styles.para(
-            f"Amounts in {settlement.currency}. Payable = gross − platform commission. Lines are rounded to "
-            "the fen (half to even); totals are sums of the lines.",
-            styles.small,
-        ),
+        *_note(styles, _SETTLEMENT_NOTE, currency=settlement.currency),
     ]
     return _document(f"Settlement {settlement.number}", story)

@@ -12,6 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from broker.errors import JobClosedError, JobConflictError, JobInvalidError
 from broker.models import HOLDING_STATES, Gang, Job, Lease, LeaseState, Preference
@@ -153,7 +155,8 @@ def job_create(
     errors, earliest = _validate(data, now=now)
     if errors:
         raise JobInvalidError(
-            f"The job has {len(errors)} fault{'s' if len(errors) > 1 else ''}: {errors[0]['message']}",
+            ngettext("The job has %(n)d fault: %(first)s", "The job has %(n)d faults: %(first)s", len(errors))
+            % {"n": len(errors), "first": errors[0]["message"]},
             extra={"errors": errors},
         )
     weight = data.price_weight
@@ -194,7 +197,8 @@ def job_create(
 def _replay(existing: Job, body_hash: str) -> tuple[Job, bool]:
     if existing.body_hash != body_hash:
         raise JobConflictError(
-            f"The idempotency key {existing.idempotency_key!r} was used for job {existing.pk} with a different body.",
+            _("The idempotency key %(key)r was used for job %(job)s with a different body.")
+            % {"key": existing.idempotency_key, "job": existing.pk},
             extra={"job_id": existing.pk, "idempotency_key": existing.idempotency_key},
         )
     return existing, False
@@ -208,7 +212,10 @@ def job_cancel(*, job: Job, actor: Actor, reason: str = "") -> Job:
 
     job = Job.objects.select_for_update().get(pk=job.pk)
     if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
-        raise JobClosedError(f"Job {job.pk} is {job.state}.", extra={"job_id": job.pk, "state": job.state})
+        raise JobClosedError(
+            _("Job %(job)s is %(state)s.") % {"job": job.pk, "state": job.state},
+            extra={"job_id": job.pk, "state": job.state},
+        )
     job.state = Job.State.CANCELLED
     job.failure_reason = reason[:500]
     job.save(update_fields=["state", "failure_reason", "updated_at"])

@@ -15,6 +15,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from broker import selectors
 from broker.draws import buyer_packs_after_leases
@@ -87,7 +88,8 @@ def lease_transition(
     from_state = lease.state
     if to_state not in TRANSITIONS[from_state]:
         raise LeaseTransitionError(
-            f"Lease {lease.pk} is {from_state}; it cannot become {to_state}.",
+            _("Lease %(lease)s is %(state)s; it cannot become %(to_state)s.")
+            % {"lease": lease.pk, "state": from_state, "to_state": to_state},
             extra={"lease_id": lease.pk, "state": from_state, "to_state": to_state},
         )
     lease.state = to_state
@@ -243,8 +245,11 @@ def lease_create(
             affordability = selectors.buyer_affordability(buyer=job.buyer, at=now)
             draw_text = plan.shortfall_text()
             raise InsufficientBalanceError(
-                f"Your packs cannot pay the expected draw of {draw_text}, once your live leases are set "
-                "aside: buy a pack first.",
+                _(
+                    "Your packs cannot pay the expected draw of %(draw)s, once your live leases are set "
+                    "aside: buy a pack first."
+                )
+                % {"draw": draw_text},
                 extra={
                     "draw_text": draw_text,
                     "draw_plan": plan.as_json(),
@@ -261,21 +266,23 @@ def lease_create(
     cluster = Cluster.objects.get(pk=cluster_id)
     if cluster.status != ClusterStatus.ACTIVE:
         raise ClusterUnavailableError(
-            f"Cluster {cluster.cpi} is {cluster.status}.",
+            _("Cluster %(cpi)s is %(status)s.") % {"cpi": cluster.cpi, "status": cluster.status},
             extra={"cpi": cluster.cpi, "status": cluster.status},
         )
     for island_id, cards in allocation:
         island = islands.get(island_id)
         if island is None or island.cluster_id != cluster_id:
             raise ClusterUnavailableError(
-                f"Island {island_id} is not part of cluster {cluster.cpi}.", extra={"island_id": island_id}
+                _("Island %(island)s is not part of cluster %(cpi)s.")
+                % {"island": island_id, "cpi": cluster.cpi},
+                extra={"island_id": island_id},
             )
         capacity = island.cards - island.unhealthy_cards
         taken = peak_occupancy(island_id=island_id, start_at=start_at, end_at=end_at)
         if taken + cards > capacity:
             raise CapacityTakenError(
-                f"Island {island.cpi} has {max(capacity - taken, 0)} free cards over the window, "
-                f"the placement needs {cards}.",
+                _("Island %(island)s has %(free)s free cards over the window, the placement needs %(cards)s.")
+                % {"island": island.cpi, "free": max(capacity - taken, 0), "cards": cards},
                 extra={"island": island.cpi, "free_cards": max(capacity - taken, 0), "cards": cards},
             )
     lease = Lease.objects.create(
@@ -336,18 +343,25 @@ def lease_accept(*, quote: Quote, actor: Actor) -> tuple[Lease, bool]:
     now = timezone.now()
     if quote.expires_at <= now:
         raise QuoteExpiredError(
-            f"Quote {quote.pk} expired at {quote.expires_at.isoformat()}; ask for new quotes.",
+            _("Quote %(quote)s expired at %(at)s; ask for new quotes.")
+            % {"quote": quote.pk, "at": quote.expires_at.isoformat()},
             extra={"quote_id": quote.pk, "expired_at": quote.expires_at.isoformat()},
         )
     if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
-        raise JobClosedError(f"Job {job.pk} is {job.state}.", extra={"job_id": job.pk, "state": job.state})
+        raise JobClosedError(
+            _("Job %(job)s is %(state)s.") % {"job": job.pk, "state": job.state},
+            extra={"job_id": job.pk, "state": job.state},
+        )
     live = Lease.objects.filter(job=job, state__in=HOLDING_STATES).first()
     if live is not None:
         raise QuoteSupersededError(
-            f"Job {job.pk} already holds lease {live.pk}.", extra={"job_id": job.pk, "lease_id": live.pk}
+            _("Job %(job)s already holds lease %(lease)s.") % {"job": job.pk, "lease": live.pk},
+            extra={"job_id": job.pk, "lease_id": live.pk},
         )
     if quote.start_at < now - timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS):
-        raise QuoteExpiredError(f"Quote {quote.pk} starts in the past.", extra={"quote_id": quote.pk})
+        raise QuoteExpiredError(
+            _("Quote %(quote)s starts in the past.") % {"quote": quote.pk}, extra={"quote_id": quote.pk}
+        )
     from metering.selectors.tariffs import price_card_current
 
     cluster = Cluster.objects.get(pk=quote.cluster_id)
@@ -357,7 +371,8 @@ def lease_accept(*, quote: Quote, actor: Actor) -> tuple[Lease, bool]:
         current = None
     if current is None or current.pk != quote.price_card_id:
         raise ClusterUnavailableError(
-            f"The price card of {cluster.cpi} changed since quote {quote.pk}; ask for new quotes.",
+            _("The price card of %(cpi)s changed since quote %(quote)s; ask for new quotes.")
+            % {"cpi": cluster.cpi, "quote": quote.pk},
             extra={"cpi": cluster.cpi, "quote_id": quote.pk},
         )
     factor = _standard_factor(quote)
@@ -404,7 +419,8 @@ def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
         )
     else:
         raise LeaseTransitionError(
-            f"Lease {lease.pk} is {lease.state}; only a reserved or running lease can be cancelled.",
+            _("Lease %(lease)s is %(state)s; only a reserved or running lease can be cancelled.")
+            % {"lease": lease.pk, "state": lease.state},
             extra={"lease_id": lease.pk, "state": lease.state, "to_state": LeaseState.CANCELLED},
         )
     return lease

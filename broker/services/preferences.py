@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.utils.translation import gettext as _
 
 from broker.models import BuyerPreference
 from core.errors import PermissionDeniedError
@@ -25,13 +26,11 @@ def buyer_home_hub_set(*, buyer: Organisation, hub_code: str, actor: Actor) -> B
     PermissionDeniedError when ``actor`` may not write for ``buyer``.
     """
     if not actor.can_write or (actor.organisation is not None and actor.organisation.pk != buyer.pk):
-        raise PermissionDeniedError("This actor may not change the buyer's preferences.")
+        raise PermissionDeniedError(_("This actor may not change the buyer's preferences."))
     hub = Hub.objects.filter(code=hub_code).first()
     if hub is None:
-        raise UnknownHubError(
-            f"Unknown hub {hub_code!r}.",
-            extra={"hub": hub_code, "fields": {"home_hub": [f"Unknown hub {hub_code!r}."]}},
-        )
+        message = _("Unknown hub %(hub)r.") % {"hub": hub_code}
+        raise UnknownHubError(message, extra={"hub": hub_code, "fields": {"home_hub": [message]}})
     preference, _created = BuyerPreference.objects.update_or_create(buyer=buyer, defaults={"home_hub": hub})
     logger.info("buyer %s home hub set to %s by %s", buyer.slug, hub.code, actor.label)
     return preference

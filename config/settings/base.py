@@ -26,15 +26,18 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # The project's apps before the third-party ones: Django merges the apps' catalogues with the earlier app
+    # winning, and django_celery_beat's zh_Hans "Name" (任务名, a task's name) would otherwise label every
+    # name field of the portal (tests/core/test_translations.py checks what is served).
+    "core",
+    "federation",
+    "metering",
+    "broker",
     "rest_framework",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
-    "core",
-    "federation",
-    "metering",
-    "broker",
 ]
 
 MIDDLEWARE = [
@@ -97,8 +100,14 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en"
+# Each language named in itself (the switcher shows both whatever the page's language). Only "zh-hans" is
+# listed: LocaleMiddleware maps a browser's zh, zh-CN, zh-SG and zh-Hans to it through Django's LANG_INFO
+# fallbacks (tests/core/test_i18n.py holds that).
 LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+# The project catalogue (templates); each app keeps the catalogue of its Python strings in <app>/locale.
 LOCALE_PATHS = [BASE_DIR / "locale"]
+# Thousands grouped with a comma in Chinese too (config/formats/zh_Hans/formats.py says why).
+FORMAT_MODULE_PATH = ["config.formats"]
 TIME_ZONE = "Asia/Shanghai"
 USE_I18N = True
 USE_TZ = True

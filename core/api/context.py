@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.models import User
+from django.utils.translation import gettext as _
 from rest_framework.request import Request
 
 from core.errors import PermissionDeniedError
@@ -37,7 +38,7 @@ def actor_from_request(request: Request) -> RequestActor:
         )
         if membership is None:
             raise PermissionDeniedError(
-                "This account does not belong to an organisation.", code="no_organisation"
+                _("This account does not belong to an organisation."), code="no_organisation"
             )
         actor = RequestActor(
             organisation=membership.organisation,
@@ -47,7 +48,7 @@ def actor_from_request(request: Request) -> RequestActor:
         )
     if actor.organisation.is_suspended:
         raise PermissionDeniedError(
-            f"The organisation {actor.organisation.slug} is suspended.",
+            _("The organisation %(organisation)s is suspended.") % {"organisation": actor.organisation.slug},
             code="organisation_suspended",
             extra={"reason": actor.organisation.suspension_reason},
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext as _
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
@@ -20,7 +21,7 @@ class IsOrganisationMember(BasePermission):
             return False
         actor = actor_from_request(request)
         if request.method not in SAFE_METHODS and not actor.can_write:
-            raise PermissionDeniedError("This credential is read-only.", code="read_only_credential")
+            raise PermissionDeniedError(_("This credential is read-only."), code="read_only_credential")
         return True
 
 
@@ -29,7 +30,7 @@ class IsOperator(IsOrganisationMember):
         if not super().has_permission(request, view):
             return False
         if not actor_from_request(request).organisation.is_operator:
-            raise PermissionDeniedError("Only operator organisations can do this.", code="not_an_operator")
+            raise PermissionDeniedError(_("Only operator organisations can do this."), code="not_an_operator")
         return True
 
 
@@ -40,5 +41,5 @@ class IsPlatform(IsOrganisationMember):
         if not super().has_permission(request, view):
             return False
         if not actor_from_request(request).organisation.is_platform:
-            raise PermissionDeniedError("Only the platform can do this.", code="not_platform")
+            raise PermissionDeniedError(_("Only the platform can do this."), code="not_platform")
         return True

@@ -48,6 +48,7 @@ from decimal import Decimal
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.errors import InvalidInputError
 from core.models import Organisation
@@ -108,7 +109,9 @@ def billing_profile_get_or_create(*, buyer: Organisation) -> BillingProfile:
     Raises NotABuyerError for an organisation that is not a buyer.
     """
     _require_buyer(buyer)
-    profile, _ = BillingProfile.objects.get_or_create(organisation=buyer, defaults={"legal_name": buyer.name})
+    profile, _created = BillingProfile.objects.get_or_create(
+        organisation=buyer, defaults={"legal_name": buyer.name}
+    )
     return profile
 
 
@@ -187,17 +190,17 @@ def _pack_order_get_or_create(
         _check_same_order(existing, product=product, quantity=quantity)
         return existing, False
     if not product.active:
-        raise UnknownPackProductError(f"Pack product {product.code} is not on sale.")
+        raise UnknownPackProductError(_("Pack product %(pack)s is not on sale.") % {"pack": product.code})
     if not 1 <= quantity <= MAX_ORDER_QUANTITY:
         raise InvalidInputError(
-            f"Quantity must be between 1 and {MAX_ORDER_QUANTITY}.",
-            extra={"fields": {"quantity": [f"Between 1 and {MAX_ORDER_QUANTITY}."]}},
+            _("Quantity must be between 1 and %(max)d.") % {"max": MAX_ORDER_QUANTITY},
+            extra={"fields": {"quantity": [_("Between 1 and %(max)d.") % {"max": MAX_ORDER_QUANTITY}]}},
         )
     card_hours = product.card_hours * quantity
     amount = product.price * quantity
     if card_hours > _MAX_CARD_HOURS or amount > _MAX_AMOUNT:
         raise InvalidInputError(
-            "The order is too large.", extra={"fields": {"quantity": ["Too many packs in one order."]}}
+            _("The order is too large."), extra={"fields": {"quantity": [_("Too many packs in one order.")]}}
         )
     order = PackOrder(
         buyer=buyer,
@@ -225,8 +228,10 @@ def _pack_order_get_or_create(
 def _check_same_order(order: PackOrder, *, product: PackProduct, quantity: int) -> None:
     if order.product_id != product.pk or order.quantity != quantity:
         raise PackOrderConflictError(
-            f"The idempotency key {order.idempotency_key!r} was used for order {order.pk} with a "
-            "different product or quantity.",
+            _(
+                "The idempotency key %(key)r was used for order %(order)s with a different product or quantity."
+            )
+            % {"key": order.idempotency_key, "order": order.pk},
             extra={"order": order.pk, "product": order.product.code, "quantity": order.quantity},
         )
 
@@ -269,9 +274,9 @@ def pack_order_confirm_test_payment(
     Raises LiveModeTestPaymentError on live keys, InvalidInputError for an order without a payment.
     """
     if gateway.stripe_mode() == gateway.MODE_LIVE:
-        raise LiveModeTestPaymentError("Test payment methods are refused on live Stripe keys.")
+        raise LiveModeTestPaymentError(_("Test payment methods are refused on live Stripe keys."))
     if not order.stripe_payment_intent_id or order.status != PackOrder.Status.PENDING:
-        raise InvalidInputError(f"Order {order.pk} is not awaiting payment.")
+        raise InvalidInputError(_("Order %(order)s is not awaiting payment.") % {"order": order.pk})
     return gateway.payment_intent_confirm_test(
         payment_intent_id=order.stripe_payment_intent_id, payment_method=payment_method
     )
@@ -291,7 +296,7 @@ def stripe_event_receive(*, payload: bytes, signature: str) -> StripeEvent:
     """
     verified = gateway.webhook_event_construct(payload=payload, signature=signature)
     with transaction.atomic():
-        event, _ = StripeEvent.objects.get_or_create(
+        event, _created = StripeEvent.objects.get_or_create(
             event_id=verified.id,
             defaults={
                 "type": verified.type[:100],
@@ -457,12 +462,15 @@ def pack_refund_request(*, pack: Pack, actor: Actor) -> gateway.RefundInfo:
     """
     order = pack.order
     if not order.stripe_payment_intent_id or order.status != PackOrder.Status.PAID:
-        raise PackNotRefundableError(f"Pack {pack.pk} was not paid through Stripe.")
+        raise PackNotRefundableError(_("Pack %(pack)s was not paid through Stripe.") % {"pack": pack.pk})
     if pack.status != Pack.Status.ACTIVE:
-        raise PackNotRefundableError(f"Pack {pack.pk} is {pack.status}.", extra={"status": pack.status})
+        raise PackNotRefundableError(
+            _("Pack %(pack)s is %(status)s.") % {"pack": pack.pk, "status": pack.status},
+            extra={"status": pack.status},
+        )
     balance = LedgerAccount.objects.filter(pack=pack).values_list("balance", flat=True).first() or 0
     if balance <= 0:
-        raise PackNotRefundableError(f"Pack {pack.pk} has no card-hours left.")
+        raise PackNotRefundableError(_("Pack %(pack)s has no card-hours left.") % {"pack": pack.pk})
     value = pack_value_of_draw(
         price_micros=to_micros(pack.price),
         quantity_micros=pack.card_hours * MICROS,
@@ -472,7 +480,7 @@ def pack_refund_request(*, pack: Pack, actor: Actor) -> gateway.RefundInfo:
     refunded = PackRefund.objects.filter(order=order).aggregate(total=Sum("amount"))["total"] or Decimal(0)
     amount = min(micros_to_fen(value), order.amount - refunded)
     if amount <= 0:
-        raise PackNotRefundableError(f"Pack {pack.pk} has nothing left to refund.")
+        raise PackNotRefundableError(_("Pack %(pack)s has nothing left to refund.") % {"pack": pack.pk})
     return gateway.refund_create(
         payment_intent_id=order.stripe_payment_intent_id,
         amount=amount,
@@ -591,4 +599,6 @@ def pack_refund_record(
 
 def _require_buyer(organisation: Organisation) -> None:
     if not organisation.is_buyer:
-        raise NotABuyerError(f"{organisation.slug} is not a buyer organisation.")
+        raise NotABuyerError(
+            _("%(organisation)s is not a buyer organisation.") % {"organisation": organisation.slug}
+        )

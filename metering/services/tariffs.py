@@ -15,6 +15,7 @@ from typing import Any
 from django.apps import apps as django_apps
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.errors import DomainError, PermissionDeniedError
 from core.models import Organisation
@@ -45,14 +46,17 @@ def _is_platform(actor: Actor) -> bool:
 def _check_not_past(*, effective_from: datetime, now: datetime, what: str, error: type[DomainError]) -> None:
     if timezone.is_naive(effective_from):
         raise error(
-            f"The {what} effective_from must carry a UTC offset.",
-            extra={"fields": {"effective_from": ["Include a UTC offset."]}},
+            _("The %(what)s effective_from must carry a UTC offset.") % {"what": what},
+            extra={"fields": {"effective_from": [_("Include a UTC offset.")]}},
         )
     if effective_from < now - CLOCK_SKEW_GRACE:
         raise error(
-            f"A {what} cannot take effect in the past ({effective_from.isoformat()}); versions are never "
-            "retroactive. Leave effective_from out to start now.",
-            extra={"fields": {"effective_from": ["must be now or later"]}, "now": now.isoformat()},
+            _(
+                "A %(what)s cannot take effect in the past (%(at)s); versions are never retroactive. Leave "
+                "effective_from out to start now."
+            )
+            % {"what": what, "at": effective_from.isoformat()},
+            extra={"fields": {"effective_from": [_("must be now or later")]}, "now": now.isoformat()},
         )
 
 
@@ -150,37 +154,44 @@ def tariff_create(
     """
     now = timezone.now()
     if owner is None and not _is_platform(actor):
-        raise TariffReadOnlyError("Only the platform can create preset tariffs.")
+        raise TariffReadOnlyError(_("Only the platform can create preset tariffs."))
     if owner is not None:
         if not _is_platform(actor) and actor.organisation != owner:
-            raise PermissionDeniedError("You can create tariffs only for your own organisation.")
+            raise PermissionDeniedError(_("You can create tariffs only for your own organisation."))
         if not owner.is_operator:
             raise PermissionDeniedError(
-                "Only operator organisations can define tariffs.", code="not_an_operator"
+                _("Only operator organisations can define tariffs."), code="not_an_operator"
             )
     fields: dict[str, list[str]] = {}
     if not _CODE_RE.fullmatch(code or "") or len(code) > 64:
-        fields["code"] = ["1–64 characters of a–z, 0–9 and inner hyphens"]
+        fields["code"] = [_("1–64 characters of a–z, 0–9 and inner hyphens")]
     if not name or len(name) > 200:
-        fields["name"] = ["1–200 characters"]
+        fields["name"] = [_("1–200 characters")]
     if len(source) > 500:
-        fields["source"] = ["at most 500 characters"]
+        fields["source"] = [_("at most 500 characters")]
     if spec.time_zone != time_zone:
-        fields["time_zone"] = [f"the schedule is in {spec.time_zone!r}, the tariff in {time_zone!r}"]
+        fields["time_zone"] = [
+            _("the schedule is in %(schedule)r, the tariff in %(tariff)r")
+            % {"schedule": spec.time_zone, "tariff": time_zone}
+        ]
     if fields:
-        raise TariffInvalidError("Some tariff fields are invalid.", extra={"fields": fields})
+        raise TariffInvalidError(_("Some tariff fields are invalid."), extra={"fields": fields})
     tariff_spec_validate(spec)
     effective_from = effective_from or now
-    _check_not_past(effective_from=effective_from, now=now, what="tariff", error=TariffInvalidError)
+    _check_not_past(effective_from=effective_from, now=now, what=_("tariff"), error=TariffInvalidError)
     if Tariff.objects.filter(owner=owner, code=code).exists():
-        raise TariffCodeTakenError(f"You already have a tariff {code!r}.", extra={"code": code})
+        raise TariffCodeTakenError(
+            _("You already have a tariff %(code)r.") % {"code": code}, extra={"code": code}
+        )
     try:
         with transaction.atomic():  # a savepoint, so a concurrent create's IntegrityError leaves us usable
             tariff = Tariff.objects.create(
                 owner=owner, code=code, name=name, time_zone=time_zone, source=source
             )
     except IntegrityError as exc:
-        raise TariffCodeTakenError(f"You already have a tariff {code!r}.", extra={"code": code}) from exc
+        raise TariffCodeTakenError(
+            _("You already have a tariff %(code)r.") % {"code": code}, extra={"code": code}
+        ) from exc
     _write_version(
         apps=django_apps,
         tariff=tariff,
@@ -210,27 +221,33 @@ def tariff_version_create(
     if not _is_platform(actor):
         if tariff.owner_id is None:
             raise TariffReadOnlyError(
-                f"{tariff.code} is a platform preset; define your own tariff to change it.",
+                _("%(tariff)s is a platform preset; define your own tariff to change it.")
+                % {"tariff": tariff.code},
                 extra={"tariff": tariff.code},
             )
         if actor.organisation is None or tariff.owner_id != actor.organisation.pk:
-            raise TariffNotFoundError("No such tariff.", extra={"tariff_id": tariff.pk})
+            raise TariffNotFoundError(_("No such tariff."), extra={"tariff_id": tariff.pk})
     locked = Tariff.objects.select_for_update().get(pk=tariff.pk)  # serialises version numbers
     if spec.time_zone != locked.time_zone:
         raise TariffInvalidError(
-            f"The schedule is in {spec.time_zone!r}; this tariff is in {locked.time_zone!r}.",
-            extra={"fields": {"time_zone": [f"must be {locked.time_zone}"]}},
+            _("The schedule is in %(schedule)r; this tariff is in %(tariff)r.")
+            % {"schedule": spec.time_zone, "tariff": locked.time_zone},
+            extra={"fields": {"time_zone": [_("must be %(zone)s") % {"zone": locked.time_zone}]}},
         )
     tariff_spec_validate(spec)
     effective_from = effective_from or now
-    _check_not_past(effective_from=effective_from, now=now, what="tariff version", error=TariffInvalidError)
+    _check_not_past(
+        effective_from=effective_from, now=now, what=_("tariff version"), error=TariffInvalidError
+    )
     latest = TariffVersion.objects.filter(tariff=locked).order_by("-version").first()
     if latest is not None and effective_from <= latest.effective_from:
         raise TariffInvalidError(
-            f"Version {latest.version} takes effect at {latest.effective_from.isoformat()}; a new version "
-            "must take effect after it.",
+            _("Version %(version)d takes effect at %(at)s; a new version must take effect after it.")
+            % {"version": latest.version, "at": latest.effective_from.isoformat()},
             extra={
-                "fields": {"effective_from": [f"must be after {latest.effective_from.isoformat()}"]},
+                "fields": {
+                    "effective_from": [_("must be after %(at)s") % {"at": latest.effective_from.isoformat()}]
+                },
                 "latest_effective_from": latest.effective_from.isoformat(),
             },
         )
@@ -247,19 +264,19 @@ def tariff_version_create(
 
 def _rate_fault(rate: Any) -> str | None:
     if isinstance(rate, float | bool) or not isinstance(rate, Decimal | int):
-        return "must be a Decimal"
+        return _("must be a Decimal")
     try:
         amount = Decimal(rate)
         if not amount.is_finite():
-            return "must be a finite number"
+            return _("must be a finite number")
         if amount < 0:
-            return "must be 0 or more"
+            return _("must be 0 or more")
         if amount > RATE_MAX:
-            return f"must be at most {RATE_MAX}"
+            return _("must be at most %(max)s") % {"max": RATE_MAX}
         if amount != amount.quantize(Decimal(1).scaleb(-RATE_PLACES)):
-            return f"has more than {RATE_PLACES} decimal places"
+            return _("has more than %(places)d decimal places") % {"places": RATE_PLACES}
     except InvalidOperation:
-        return "is not a number"
+        return _("is not a number")
     return None
 
 
@@ -289,26 +306,35 @@ def price_card_set(
     now = timezone.now()
     operator_id = cluster.operator_id
     if not _is_platform(actor) and (actor.organisation is None or actor.organisation.pk != operator_id):
-        raise ClusterNotFoundError(f"No cluster {cluster.cpi}.", extra={"cpi": cluster.cpi})
+        raise ClusterNotFoundError(
+            _("No cluster %(cpi)s.") % {"cpi": cluster.cpi}, extra={"cpi": cluster.cpi}
+        )
     if tariff.owner_id is not None and tariff.owner_id != operator_id:
-        raise TariffNotFoundError("No such tariff.", extra={"tariff_id": tariff.pk})
+        raise TariffNotFoundError(_("No such tariff."), extra={"tariff_id": tariff.pk})
     fault = _rate_fault(rate_per_card_hour)
     if fault is not None:
         raise PriceCardInvalidError(
-            f"rate_per_card_hour {fault}.", extra={"fields": {"rate_per_card_hour": [fault]}}
+            _("rate_per_card_hour %(fault)s.") % {"fault": fault},
+            extra={"fields": {"rate_per_card_hour": [fault]}},
         )
     effective_from = effective_from or now
-    _check_not_past(effective_from=effective_from, now=now, what="price card", error=PriceCardInvalidError)
+    _check_not_past(effective_from=effective_from, now=now, what=_("price card"), error=PriceCardInvalidError)
     # Lock the cluster row: price versions of one cluster are numbered one at a time, and this serialises
     # with federation's writes to the same cluster.
     Cluster.objects.select_for_update().filter(pk=cluster.pk).values_list("pk", flat=True).get()
     latest = PriceCard.objects.filter(cluster_id=cluster.pk).order_by("-version").first()
     if latest is not None and effective_from < latest.effective_from:
         raise PriceCardInvalidError(
-            f"Price card version {latest.version} takes effect at {latest.effective_from.isoformat()}; a "
-            "new version cannot take effect before it.",
+            _(
+                "Price card version %(version)d takes effect at %(at)s; a new version cannot take effect before it."
+            )
+            % {"version": latest.version, "at": latest.effective_from.isoformat()},
             extra={
-                "fields": {"effective_from": [f"must be at or after {latest.effective_from.isoformat()}"]},
+                "fields": {
+                    "effective_from": [
+                        _("must be at or after %(at)s") % {"at": latest.effective_from.isoformat()}
+                    ]
+                },
                 "latest_effective_from": latest.effective_from.isoformat(),
             },
         )
@@ -321,10 +347,16 @@ def price_card_set(
         first = TariffVersion.objects.filter(tariff=tariff).order_by("effective_from").first()
         starts = first.effective_from.isoformat() if first else None
         raise PriceCardInvalidError(
-            f"Tariff {tariff.code} has no version in force at {effective_from.isoformat()}"
-            + (f"; its first version takes effect at {starts}." if starts else "."),
+            (
+                _(
+                    "Tariff %(tariff)s has no version in force at %(at)s; its first version takes effect at %(starts)s."
+                )
+                if starts
+                else _("Tariff %(tariff)s has no version in force at %(at)s.")
+            )
+            % {"tariff": tariff.code, "at": effective_from.isoformat(), "starts": starts},
             extra={
-                "fields": {"effective_from": ["no tariff version in force then"]},
+                "fields": {"effective_from": [_("no tariff version in force then")]},
                 "tariff_starts": starts,
             },
         )
@@ -358,7 +390,7 @@ def tariff_presets_load(apps: Any, *, now: datetime | None = None) -> None:
     version_model = apps.get_model("metering", "TariffVersion")
     price_card_model = apps.get_model("metering", "PriceCard")
     for preset in PRESETS.values():
-        tariff, _ = tariff_model.objects.update_or_create(
+        tariff, _created = tariff_model.objects.update_or_create(
             owner=None,
             code=preset.code,
             defaults={"name": preset.name, "source": preset.source[:500], "time_zone": preset.spec.time_zone},

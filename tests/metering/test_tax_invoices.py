@@ -180,7 +180,11 @@ def test_the_tax_profile_is_frozen_and_the_pdf_does_not_change_when_it_does(worl
     before = statements.invoice_document(invoice=invoice)
     records_before = fapiao.invoice_fapiao_records(invoice=invoice)
     text = text_of(before.content)
-    assert "USCC: 91440300708461136T" in text and "Invoice title: 上海智算示例有限公司" in text
+    # Labels in English and Chinese (metering.rendering): a frozen statement serves every reader.
+    assert (
+        "USCC 统一社会信用代码: 91440300708461136T" in text
+        and "Invoice title 发票抬头: 上海智算示例有限公司" in text
+    )
     assert "943.40" in text and "56.60" in text and "6%" in text
 
     BillingProfile.objects.filter(organisation=world.acme).update(

@@ -156,7 +156,7 @@ def test_tariff_list_shows_presets_own_tariffs_strips_and_cluster_prices(
     for code in ("cn-gd", "cn-nx", "flat", mine.code):
         assert f"<code>{code}</code>" in html
     assert html.count('class="chart band-strip"') == 4  # today's strip of each tariff
-    assert "valley ×0.38" in html and "critical_peak ×2.125" in html  # cn-gd's legend
+    assert "Valley ×0.38" in html and "Critical peak ×2.125" in html  # cn-gd's legend, bands by name
     # Which cluster uses which tariff at which rate.
     row = re.search(rf"<code>{re.escape(east_cluster.cpi)}</code>.*?</tr>", html, flags=re.S)
     assert row is not None

@@ -49,6 +49,8 @@ PUBLIC = frozenset(
         "password_reset_confirm",
         "password_reset_complete",
         "invite-accept",
+        # Django's language switch: a cookie for anyone, signed in or not (tests/core/test_i18n.py).
+        "set_language",
     }
 )
 # Keywords of public pages: not A's objects, any well-formed value will do.

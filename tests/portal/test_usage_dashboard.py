@@ -155,7 +155,7 @@ def test_the_page_shows_the_totals_and_the_pack_balance_the_ledger_holds(
         "14.41",
         "85.59",
         "<svg",
-        "valley",
+        "Valley",  # the band by its name (core.charts.BAND_LABELS)
     ):
         assert text in page, text
 
