@@ -160,6 +160,16 @@ def lease_feed_for_operator(
     return qs, after
 
 
+def lease_feed_changed_since(*, operator: Organisation, after: int, cluster: str | None = None) -> bool:
+    """Whether any of the operator's leases (on ``cluster``, when given) changed after the cursor: one
+    indexed probe, so a long-poll with nothing new costs neither the page query nor its count. A superset
+    of what the feed returns (states are not looked at): a yes is followed by the feed itself."""
+    changed = LeaseTransition.objects.filter(operator=operator, id__gt=after)
+    if cluster:
+        changed = changed.filter(lease__cluster__cpi=cluster)
+    return changed.exists()
+
+
 # --- Start and stop ---------------------------------------------------------------------------------
 
 

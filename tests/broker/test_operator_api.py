@@ -483,3 +483,29 @@ def test_start_and_stop_times_are_checked(
     before = client.post(f"{LEASES}/{lease.pk}/stop", {"at": lease.start_at.isoformat()}, format="json")
     assert before.status_code == 400 and before.json()["extra"]["reason"] == "before_started"
     assert Lease.objects.get(pk=lease.pk).state == LeaseState.RUNNING
+
+
+def test_a_poll_with_nothing_new_on_its_cluster_answers_from_the_probe_in_the_page_shape(
+    token_client: Callable[..., Any], buyer: Organisation, east_operator: Organisation, east_cluster: Cluster
+) -> None:
+    other = make_cluster(operator=east_operator, hub="yrd", name="probe-other", islands=[("isl-01", 8)])
+    make_price_card(cluster=other)
+    priced_since(other)
+    lease_on(east_cluster, buyer)
+    client = token_client(east_operator)
+    cursor = client.get(LEASES).json()["cursor"]
+    lease_on(other, buyer)  # a change on the operator's other cluster only
+
+    assert dispatch.lease_feed_changed_since(operator=east_operator, after=cursor) is True
+    assert (
+        dispatch.lease_feed_changed_since(operator=east_operator, after=cursor, cluster=east_cluster.cpi)
+        is False
+    )
+    quiet = client.get(LEASES, {"after": cursor, "cluster": east_cluster.cpi}).json()
+    assert quiet == {"count": 0, "next": None, "previous": None, "cursor": cursor, "results": []}
+    # The same answer the full page gives when nothing matches (page=1 skips the probe).
+    assert client.get(LEASES, {"after": cursor, "cluster": east_cluster.cpi, "page": 1}).json() == quiet
+
+    changed = client.get(LEASES, {"after": cursor, "cluster": other.cpi}).json()
+    assert [lease["cluster"] for lease in changed["results"]] == [other.cpi]
+    assert changed["cursor"] > cursor
