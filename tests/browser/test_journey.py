@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from broker.management.commands import simulate_lease_agents as agents
 from broker.models import Job, Lease, LeaseState
+from core.charts import band_label
 from core.models import Organisation
 from core.money import MICROS
 from core.services import api_token_create
@@ -243,7 +244,8 @@ def test_buyer_journey_from_sign_up_to_invoice(
         cells = [c.strip() for c in row.locator("td").all_inner_texts()]
         for band, value in zip(header[1 : 1 + len(cells) - 2], cells, strict=False):
             totals[band] += Decimal(value.replace(",", ""))
-    expected_bands = {band: Decimal(card_hours(seconds)) for band, seconds in by_band.items()}
+    # The table's headers are the bands' human names (core.charts.band_label), in English here.
+    expected_bands = {band_label(band): Decimal(card_hours(seconds)) for band, seconds in by_band.items()}
     assert {b: v for b, v in totals.items() if v} == expected_bands
     left = (Decimal(pack.card_hours * MICROS - drawn) / MICROS).quantize(Decimal("0.01"))
     assert pack_left_text(portal, pack).startswith(f"{left:,}"), pack_left_text(portal, pack)
