@@ -45,7 +45,13 @@ def test_statement_labels_are_in_both_languages_and_do_not_follow_the_active_one
     assert (
         "Packs are paid through Stripe when bought" in invoice and "卡时包在购买时通过 Stripe 支付" in invoice
     )
-    for label in ("Settlement 结算单", "Payable to 收款方:", "Band 时段", "Commission 平台佣金", "Total 合计"):
+    for label in (
+        "Settlement 结算单",
+        "Payable to 收款方:",
+        "Band 时段",
+        "Commission 平台佣金",
+        "Total 合计",
+    ):
         assert label in settlement, label
     assert "gross − platform commission" in settlement and "应付 = 总收入 − 平台佣金" in settlement
     # Band names in the lines, never the stored value.
