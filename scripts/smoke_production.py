@@ -135,7 +135,10 @@ def smoke(server: Server, token: str) -> None:
     status, _, body = server.request("GET", "/api/v1/operator/leases?after=0&wait=1", headers=auth)
     waited = time.monotonic() - began
     check(
-        status == 200 and 0.9 <= waited < 5, "long-poll waits its second on the async path", f"{waited:.2f}s"
+        # A wait with nothing new ends in its second half (jitter: broker/api/operator.py).
+        status == 200 and 0.5 <= waited < 5,
+        "long-poll waits on the async path",
+        f"{waited:.2f}s",
     )
     status, _, body = server.request("GET", "/api/schema/", headers=HTTPS)
     check(status == 200 and b"openapi" in body, "GET /api/schema/", status)

@@ -40,7 +40,7 @@ from metering.errors import UsageBatchTooLargeError, UsageConflictError
 TAG_OPERATOR = "operator leases"
 
 _ID_MAX = 2**63 - 1
-_WAIT_JITTER = 0.1  # a long-poll with nothing new answers after 90–100 % of its wait
+_WAIT_JITTER = 0.5  # a long-poll with nothing new answers after 50–100 % of its wait
 _LEASE_STATES = f"One of: {', '.join(LeaseState.values)}."
 
 
@@ -188,7 +188,7 @@ class OperatorLeaseListApi(APIView):
                 {"type": "integer", "minimum": 0, "maximum": settings.CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS},
                 description=(
                     "Seconds to wait for a matching lease when none matches yet (0–30). With nothing new, "
-                    "the answer comes after 90–100 % of the wait, so agents started together drift apart."
+                    "the answer comes after 50–100 % of the wait, so agents started together drift apart."
                 ),
             ),
             OpenApiParameter("page", PAGE_SCHEMA, description="A page number within the result set."),
@@ -268,7 +268,7 @@ class OperatorLeaseListApi(APIView):
         response.long_poll = LongPoll(  # type: ignore[attr-defined]
             topic=LEASE_FEED_TOPIC,
             keys=[lease_feed_key(operator=operator, cluster=cluster_cpi)],
-            # A wait ends at a random point of its last tenth: agents that started together (after a
+            # A wait ends at a random point of its second half: agents that started together (after a
             # server restart, say) drift apart instead of re-polling in one herd every ``wait`` seconds.
             deadline=time.monotonic() + wait * (1 - _WAIT_JITTER * random.random()),  # noqa: S311
             recheck=recheck,

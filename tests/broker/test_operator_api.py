@@ -314,7 +314,7 @@ def test_a_long_poll_with_nothing_new_answers_empty_when_the_wait_ends(
     elapsed = time.monotonic() - began
 
     assert response.json() == {"count": 0, "next": None, "previous": None, "cursor": cursor, "results": []}
-    assert 0.9 <= elapsed < 3  # the wait ends in its last tenth (broker/api/operator.py: jitter)
+    assert 0.5 <= elapsed < 3  # the wait ends in its second half (broker/api/operator.py: jitter)
 
 
 # --- Start and stop ---------------------------------------------------------------------------------
