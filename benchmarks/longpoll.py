@@ -14,6 +14,12 @@ quotes (``POST /api/v1/jobs/<id>/quotes``) — measured separately:
    every agent holds ``GET /api/v1/operator/leases?after=<cursor>&cluster=<cpi>&wait=30``
    open, re-polling at once when it answers, for the whole phase.
 
+The two phases alternate ``--rounds`` times (baseline, long-polls, baseline, long-polls) and each one's
+figures are pooled, so a burst from a neighbour on a shared machine falls on both sides more evenly. Before
+them, **what one waiting poll costs**: the server's CPU per ``/healthz`` alone, then per long-poll answered
+with every agent polling alone (``wait=2``, nothing new) — CPU time, which a noisy machine moves much less
+than latency.
+
 For each request kind: count, p50 / p99 wall latency, and the server's CPU per request (both phases' CPU
 is the server's total over the phase divided by all requests answered, long-poll answers included); the
 PostgreSQL connections the server held at the end of each phase; how many long-polls answered (a wait
@@ -137,8 +143,11 @@ def mixed_load(
 class Agents:
     """``len(agents)`` lease agents, each holding a long-poll on its own cluster's feed, re-polling at once."""
 
-    def __init__(self, server: Server, agents: list[tuple[str, str]], cursor_of: dict[str, int]) -> None:
+    def __init__(
+        self, server: Server, agents: list[tuple[str, str]], cursor_of: dict[str, int], *, wait: int = 30
+    ) -> None:
         self.server = server
+        self.wait = wait
         self.agents = agents
         self.cursor_of = cursor_of
         self.stop = threading.Event()
@@ -158,7 +167,9 @@ class Agents:
             while not self.stop.is_set():
                 try:
                     conn.request(
-                        "GET", f"/api/v1/operator/leases?after={after}&cluster={cpi}&wait=30", headers=headers
+                        "GET",
+                        f"/api/v1/operator/leases?after={after}&cluster={cpi}&wait={self.wait}",
+                        headers=headers,
                     )
                     response = conn.getresponse()
                     raw = response.read()
@@ -189,6 +200,52 @@ class Agents:
             thread.join(40)
 
 
+@dataclass
+class PollCost:
+    healthz_requests: int = 0
+    healthz_server_cpu_s: float = 0.0
+    polls: int = 0
+    polls_server_cpu_s: float = 0.0
+    polls_postgres_cpu_s: float = 0.0
+    wait_s: int = 0
+
+
+def measure_poll_cost(
+    server: Server,
+    *,
+    pids: Sequence[int],
+    database: str,
+    agents: list[tuple[str, str]],
+    cursor_of: dict[str, int],
+    seconds: float,
+    wait_s: int = 2,
+) -> PollCost:
+    """CPU per request of ``/healthz`` alone, then of waiting polls alone: every agent long-polls with a
+    short ``wait_s`` (so the phase sees many complete waits) and nothing else runs. CPU time, not wall
+    time: the figure a noisy machine does not move much."""
+    cost = PollCost(wait_s=wait_s)
+    stop_at = time.monotonic() + min(seconds, 5.0)
+    with CpuSampler(server_pids=pids, database=database) as cpu:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        while time.monotonic() < stop_at:
+            conn.request("GET", "/healthz", headers={"Host": "127.0.0.1"})
+            conn.getresponse().read()
+            cost.healthz_requests += 1
+        conn.close()
+    cost.healthz_server_cpu_s = cpu.seconds("server")
+    group = Agents(server, agents, cursor_of, wait=wait_s)
+    group.start()
+    time.sleep(wait_s + 1.0)  # past the burst of first polls: measure polls that wait and re-poll
+    with CpuSampler(server_pids=pids, database=database) as cpu:
+        before = group.answered
+        time.sleep(seconds)
+        cost.polls = group.answered - before
+    group.finish()
+    cost.polls_server_cpu_s = cpu.seconds("server")
+    cost.polls_postgres_cpu_s = cpu.seconds("postgres")
+    return cost
+
+
 def server_connections(database_url: str) -> int:
     import psycopg
 
@@ -197,6 +254,26 @@ def server_connections(database_url: str) -> int:
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [APP_NAME]
         ).fetchone()
         return int(row[0]) if row else 0
+
+
+def report_cost(cost: PollCost) -> None:
+    healthz_ms = cost.healthz_server_cpu_s / max(cost.healthz_requests, 1) * 1000
+    poll_ms = cost.polls_server_cpu_s / max(cost.polls, 1) * 1000
+    print_table(
+        f"What one waiting poll costs (polls alone, wait={cost.wait_s} s; CPU per request)",
+        ["request", "answered", "server CPU ms", "PostgreSQL CPU ms", "× /healthz"],
+        [
+            ["/healthz alone", f"{cost.healthz_requests:,}", f"{healthz_ms:.2f}", "-", "1.0"],
+            [
+                "long-poll, nothing new",
+                f"{cost.polls:,}",
+                f"{poll_ms:.2f}",
+                f"{cost.polls_postgres_cpu_s / max(cost.polls, 1) * 1000:.2f}",
+                f"{poll_ms / healthz_ms:.1f}" if healthz_ms else "-",
+            ],
+        ],
+        left_columns=1,
+    )
 
 
 def report(phases: Sequence[Phase], agents: int) -> list[str]:
@@ -311,42 +388,55 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             phase=Phase("warm-up"),
         )
 
-        phases = []
-        for name, with_agents in (("baseline", False), (f"{args.agents} long-polls", True)):
-            phase = Phase(name)
-            group = Agents(server, agents, cursor_of) if with_agents else None
-            answered_before = 0
-            if group is not None:
-                group.start()
-                # Measure only once every agent is waiting: 400 first polls arrive at once, and their
-                # burst of work must not be billed to the phase's other requests.
-                settled_s = _wait_until_server_quiet(pids)
-                answered_before = group.answered
-                print(
-                    f"{args.agents} agents waiting; the server settled {settled_s:.1f} s after they connected"
-                )
-            with CpuSampler(server_pids=pids, database=database.url.rsplit("/", 1)[1]) as cpu:
-                began = time.monotonic()
-                mixed_load(
-                    server,
-                    seconds=args.seconds,
-                    clients=args.clients,
-                    heartbeat=heartbeat,
-                    quotes=quotes,
-                    phase=phase,
-                )
-                phase.wall_s = time.monotonic() - began
-            phase.connections = server_connections(database.url)
-            if group is not None:
-                phase.long_polls_answered = group.answered - answered_before
-                group.finish()
-                errors += group.errors[:20]
-            phase.server_cpu_s = cpu.seconds("server")
-            phase.postgres_cpu_s = cpu.seconds("postgres")
+        cost = measure_poll_cost(
+            server,
+            pids=pids,
+            database=database.url.rsplit("/", 1)[1],
+            agents=agents,
+            cursor_of=cursor_of,
+            seconds=args.cost_seconds,
+        )
+        # The two phases alternate (baseline, long-polls, baseline, …) and each kind's figures are pooled
+        # over its rounds, so a neighbour's burst on a shared machine lands on both sides more evenly.
+        phases = {name: Phase(name) for name in ("baseline", f"{args.agents} long-polls")}
+        for _ in range(args.rounds):
+            for name, with_agents in (("baseline", False), (f"{args.agents} long-polls", True)):
+                phase = phases[name]
+                group = Agents(server, agents, cursor_of) if with_agents else None
+                answered_before = 0
+                if group is not None:
+                    group.start()
+                    # Measure only once every agent is waiting: 400 first polls arrive at once, and their
+                    # burst of work must not be billed to the phase's other requests.
+                    settled_s = _wait_until_server_quiet(pids)
+                    answered_before = group.answered
+                    print(
+                        f"{args.agents} agents waiting; the server settled {settled_s:.1f} s after they "
+                        "connected"
+                    )
+                with CpuSampler(server_pids=pids, database=database.url.rsplit("/", 1)[1]) as cpu:
+                    began = time.monotonic()
+                    mixed_load(
+                        server,
+                        seconds=args.seconds,
+                        clients=args.clients,
+                        heartbeat=heartbeat,
+                        quotes=quotes,
+                        phase=phase,
+                    )
+                    phase.wall_s += time.monotonic() - began
+                phase.connections = max(phase.connections, server_connections(database.url))
+                if group is not None:
+                    phase.long_polls_answered += group.answered - answered_before
+                    group.finish()
+                    errors += group.errors[:20]
+                phase.server_cpu_s += cpu.seconds("server")
+                phase.postgres_cpu_s += cpu.seconds("postgres")
+        for phase in phases.values():
             errors += phase.errors[:20]
-            phases.append(phase)
         print()
-        report(phases, args.agents)
+        report_cost(cost)
+        report(list(phases.values()), args.agents)
     for error in errors:
         print("ERROR", error, file=sys.stderr)
     return 1 if errors else 0
@@ -391,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=400, help="long-polling lease agents (one per cluster)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--clients", type=int, default=4, help="closed-loop clients of the mixed load")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations of baseline and long-poll phases")
+    parser.add_argument("--cost-seconds", type=float, default=10.0, help="length of the poll-cost phase")
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2, help="server processes (WEB_CONCURRENCY)")
     parser.add_argument("--cache-url", default="redis://127.0.0.1:6379/10")
@@ -400,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="100 agents, 8 s per phase")
     args = parser.parse_args(argv)
     if args.quick:
-        args.agents, args.seconds = 100, 8.0
+        args.agents, args.seconds, args.rounds, args.cost_seconds = 100, 8.0, 1, 5.0
     database = (
         BenchDatabase(url=args.database_url, owned=False)
         if args.database_url

@@ -26,6 +26,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -75,10 +76,15 @@ class _Hub:
         self.listener: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
         self.conn: Any = None
+        # Counts every notification received and every change of the listener's state: a request that
+        # marked the hub before its check and finds the count unchanged once subscribed knows nothing
+        # it waits for arrived in between (see Mark).
+        self.epoch = 0
 
     # Called on the hub's loop.
     def wake(self, channel: str, key: str) -> None:
         """Wake the waiters of ``key`` and of each of its ``:`` prefixes ("7:42" wakes "7:42" and "7")."""
+        self.epoch += 1
         parts = key.split(":")
         for end in range(len(parts), 0, -1):
             for future in self.waiters.get((channel, ":".join(parts[:end])), ()):
@@ -86,6 +92,7 @@ class _Hub:
                     future.set_result(None)
 
     def wake_all(self) -> None:
+        self.epoch += 1
         for futures in self.waiters.values():
             for future in futures:
                 if not future.done():
@@ -132,6 +139,7 @@ class _Hub:
             finally:
                 self.conn = None
                 self.listening.clear()
+                self.epoch += 1
             self.wake_all()
             await asyncio.sleep(_RECONNECT_SECONDS[min(attempt, len(_RECONNECT_SECONDS) - 1)])
             attempt += 1
@@ -172,6 +180,31 @@ def _hubs_wake(channel: str, key: str) -> None:
             hub.loop.call_soon_threadsafe(hub.wake, channel, key)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """What this process's listener had seen when a request was about to make its check."""
+
+    hub: _Hub | None
+    epoch: int
+    channels: frozenset[str]
+
+
+def mark() -> Mark:
+    """Mark the listener's state before a check that a subscription may follow (on the event loop).
+
+    :meth:`Subscription.missed_since` then tells whether a re-check is needed once subscribed: if the
+    listener was already listening to the topic when marked and has received nothing since, a change
+    committed after the check has not arrived yet — its notification will wake the subscription — and one
+    committed before it was seen by the check. Saves each waiting request its second check."""
+    hub = _hub()
+    listening = not _fallback_only() and hub.listening.is_set()
+    return Mark(hub=hub, epoch=hub.epoch, channels=frozenset(hub.channels) if listening else frozenset())
+
+
+def _fallback_only() -> bool:
+    return not _on_postgresql()
+
+
 class Subscription:
     """Interest in some keys of a topic, registered before the caller's last check so nothing committed
     after that check can pass unseen. Use with ``async with subscribe(...) as sub``."""
@@ -209,6 +242,17 @@ class Subscription:
 
     async def __aexit__(self, *exc: object) -> None:
         self._disarm()
+
+    def missed_since(self, marked: Mark) -> bool:
+        """Whether something may have arrived between ``marked`` and this subscription (see :func:`mark`):
+        True unless the same listener was listening to this topic throughout and received nothing."""
+        return not (
+            marked.hub is self.hub
+            and self.channel in marked.channels
+            and self.hub is not None
+            and self.hub.listening.is_set()
+            and self.hub.epoch == marked.epoch
+        )
 
     async def wait(self, timeout: float) -> bool:
         """Wait for a wake-up (True: re-check) or ``timeout`` seconds (False: nothing happened).

@@ -164,10 +164,26 @@ def lease_feed_changed_since(*, operator: Organisation, after: int, cluster: str
     """Whether any of the operator's leases (on ``cluster``, when given) changed after the cursor: one
     indexed probe, so a long-poll with nothing new costs neither the page query nor its count. A superset
     of what the feed returns (states are not looked at): a yes is followed by the feed itself."""
-    changed = LeaseTransition.objects.filter(operator=operator, id__gt=after)
+    # SQL rather than the ORM: every waiting agent's poll and re-check makes this probe, and compiling the
+    # queryset cost about five times the query itself (0.7 against 0.14 ms of CPU).
+    transition, lease, cluster_table = (
+        LeaseTransition._meta.db_table,
+        Lease._meta.db_table,
+        Cluster._meta.db_table,
+    )
     if cluster:
-        changed = changed.filter(lease__cluster__cpi=cluster)
-    return changed.exists()
+        sql = (
+            f'SELECT 1 FROM "{transition}" t JOIN "{lease}" l ON l."id" = t."lease_id" '  # noqa: S608 - names from the models
+            f'JOIN "{cluster_table}" c ON c."id" = l."cluster_id" '
+            'WHERE t."operator_id" = %s AND t."id" > %s AND c."cpi" = %s LIMIT 1'
+        )
+        params: list[Any] = [operator.pk, after, cluster]
+    else:
+        sql = f'SELECT 1 FROM "{transition}" t WHERE t."operator_id" = %s AND t."id" > %s LIMIT 1'  # noqa: S608
+        params = [operator.pk, after]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
 
 
 # --- Start and stop ---------------------------------------------------------------------------------

@@ -90,7 +90,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://cardhour")}
+
+def cache_from_url(url_variable: str, default: str | None = None) -> dict[str, Any]:
+    """``CACHE_URL`` as a cache setting; Redis URLs get core.cache's backend, which shares one connection
+    pool per process instead of connecting anew in every request's context."""
+    config = env.cache(url_variable) if default is None else env.cache(url_variable, default=default)
+    if config["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+        config["BACKEND"] = "core.cache.SharedPoolRedisCache"
+    return dict(config)
+
+
+CACHES = {"default": cache_from_url("CACHE_URL", default="locmemcache://cardhour")}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,7 +1,7 @@
 """Production: everything from environment variables; secrets have no defaults."""
 
 from .base import *  # noqa: F403
-from .base import LOGGING, env
+from .base import LOGGING, cache_from_url, env
 
 DEBUG = False
 SECRET_KEY = env("DJANGO_SECRET_KEY")
@@ -44,7 +44,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     if CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
     else {}
 )
-CACHES = {"default": env.cache("CACHE_URL")}
+CACHES = {"default": cache_from_url("CACHE_URL")}
 
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)

@@ -5,7 +5,8 @@ has nothing to answer yet and the caller asked to wait, it returns its "nothing 
 :class:`LongPoll` attached (``response.long_poll``) instead of sleeping. :func:`long_poll_view` turns the
 view into an async view: it runs the synchronous view in a thread, and on a ``long_poll`` gives the thread
 and the database connection back, subscribes to the view's wake-up keys (core.wakeups), re-checks once
-(a change that committed before the subscription is not missed), then waits on the event loop — a future,
+if a notification may have arrived since the view's check (so a change that committed before the
+subscription is not missed; core.wakeups.mark), then waits on the event loop — a future,
 no thread, no connection — and re-checks only when woken. The response object, already negotiated,
 authenticated and throttled, is answered with the re-check's data, or as it was when the wait runs out.
 
@@ -107,12 +108,15 @@ def long_poll_view(api_cls: type[APIView]) -> Callable[..., Any]:
 
     async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         in_thread = _runner(request)
+        marked = wakeups.mark()
         response: HttpResponseBase = await in_thread(run_sync)(request, *args, **kwargs)
         poll: LongPoll | None = getattr(response, "long_poll", None)
         if poll is None:
             return response
         async with wakeups.subscribe(topic=poll.topic, keys=poll.keys) as subscription:
-            data = await in_thread(_recheck)(poll)
+            # The view checked after the mark: re-check only if a notification may have slipped in before
+            # the subscription (the first poll on a process, or any notification meanwhile).
+            data = await in_thread(_recheck)(poll) if subscription.missed_since(marked) else None
             while data is None:
                 remaining = poll.deadline - time.monotonic()
                 if remaining <= 0 or not await subscription.wait(remaining):

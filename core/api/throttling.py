@@ -21,11 +21,12 @@ import math
 import time
 from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import cache, caches
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
+from core.cache import SharedPoolRedisCache
 from core.models import ApiToken
 
 _DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -44,13 +45,20 @@ def hit(*, purpose: str, ident: str, rate: str, now: float | None = None) -> flo
     now = time.time() if now is None else now
     window = int(now // duration)
     key = f"throttle:{purpose}:{ident}:{window}"
-    cache.add(key, 0, timeout=2 * duration + 1)
-    try:
-        current = cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.set(key, 1, timeout=2 * duration + 1)
-        current = 1
-    previous = cache.get(f"throttle:{purpose}:{ident}:{window - 1}", 0)
+    previous_key = f"throttle:{purpose}:{ident}:{window - 1}"
+    backend = caches["default"]
+    if isinstance(backend, SharedPoolRedisCache):  # production: one round trip to Redis
+        current, previous = backend.count_in_window(
+            key=key, previous_key=previous_key, timeout=2 * duration + 1
+        )
+    else:
+        cache.add(key, 0, timeout=2 * duration + 1)
+        try:
+            current = cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.set(key, 1, timeout=2 * duration + 1)
+            current = 1
+        previous = cache.get(previous_key, 0)
     elapsed = (now - window * duration) / duration
     if previous * (1 - elapsed) + current <= limit:
         return None
