@@ -22,9 +22,8 @@ What it does, in order:
    oversubscribed. Leases whose start has passed are running, with their reserved → running transition
    at their start, as ``lease_start`` writes it; their expected cost and draw come from the tariff, as a
    quote's would.
-2. **Quotes over HTTP.** ``--workers`` server processes (Django's threaded WSGI server, as in the other
-   benchmarks) run with the production catalogue TTL of 5 s (the test settings pin it to 0: every quote
-   would reload the catalogue). One buyer submits ``--jobs`` jobs of 8 cards, island gang, any chip, a
+2. **Quotes over HTTP.** The production server (benchmarks.prodserver: gunicorn, ``--workers`` uvicorn
+   workers, production settings, so the production catalogue TTL of 5 s; the test settings pin it to 0). One buyer submits ``--jobs`` jobs of 8 cards, island gang, any chip, a
    48-hour window (earliest start spread over the first 5 days of the horizon), ``--duration-hours`` long,
    from varied origin hubs. The first quote of each server (it loads the island catalogue and the hold
    book) is timed apart; then ``--warmup`` quotes, then ``--quotes`` ``POST /api/v1/jobs/<id>/quotes``
@@ -50,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -68,8 +66,6 @@ from benchmarks._common import (
     HttpRequest,
     JsonClient,
     Timer,
-    WsgiServers,
-    django_environment,
     django_setup,
     machine_description,
     ms,
@@ -77,14 +73,13 @@ from benchmarks._common import (
     percentile,
     print_table,
     run_closed_loop,
-    serve_wsgi,
     spread,
     windowed_rates,
 )
 from benchmarks.federation import HUBS, ClusterPlan, build_fleet
+from benchmarks.prodserver import ProductionServers
 
 BENCH_DATABASE = "cardhour_bench_broker"
-CATALOG_TTL_ENV = "CARDHOUR_BENCH_CATALOG_TTL_SECONDS"
 QUOTE_P99_TARGET_S = 0.050
 QUOTE_RATE_TARGET = 200
 USAGE_RATE_TARGET = 20_000
@@ -108,19 +103,6 @@ LEASE_CARDS = (1, 2, 4, 8, 8, 8, 16, 32, 64)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CENT = Decimal("0.01")
 _MICRO = Decimal("0.000001")
-
-
-def serve(argv: Sequence[str]) -> None:
-    """One server process: the production catalogue TTL, then the project's WSGI application."""
-    if len(argv) != 3:
-        raise SystemExit("usage: python -m benchmarks.broker serve HOST PORT")
-    import django
-
-    django.setup()
-    from django.conf import settings
-
-    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = float(os.environ[CATALOG_TTL_ENV])
-    serve_wsgi(argv[1], int(argv[2]))
 
 
 # --- The market ---------------------------------------------------------------------------------------------
@@ -797,9 +779,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["serve"]:
-        serve(argv)
-        return 0
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="No directory at")
     print("Cardhour broker benchmark")
@@ -843,11 +822,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     errors += check_market(market)
     setup_s = time.perf_counter() - started
 
-    environment = {
-        **django_environment(database_url=database.url, conn_max_age=600),
-        CATALOG_TTL_ENV: str(args.catalog_ttl),
-    }
-    servers = WsgiServers.start(workers=args.workers, environment=environment, module="benchmarks.broker")
+    servers = ProductionServers(
+        workers=args.workers,
+        database_url=database.url,
+        extra={"CARDHOUR_BROKER_CATALOG_TTL_SECONDS": str(args.catalog_ttl)},
+    )
     server_pids = [p.pid for p in servers.processes]
     client = JsonClient(host=servers.host, ports=servers.ports)
     try:

@@ -10,8 +10,8 @@ What it does, in order:
    Django's ``migrate``, creates ``--operators`` operator organisations with one API token each.
 2. Baseline: the same clusters, islands, issued identifiers and status-history rows written with raw
    PostgreSQL COPY (psycopg 3) into the same tables, timed, then truncated.
-3. Registration: every cluster is POSTed to /api/v1/clusters over real HTTP against the project's WSGI
-   application in separate server processes (see benchmarks._common.WsgiServers), from a small pool of
+3. Registration: every cluster is POSTed to /api/v1/clusters over real HTTP against the production server
+   (benchmarks.prodserver: gunicorn with uvicorn workers, production settings), from a small pool of
    closed-loop clients.
 4. VACUUM ANALYZE (what autovacuum would do shortly after such a load).
 5. Resolution: ``--resolves`` GET /api/v1/resolve/<identifier> over a fixed-seed mix of levels, repeated
@@ -45,8 +45,6 @@ from benchmarks._common import (
     HttpRequest,
     Summary,
     Timer,
-    WsgiServers,
-    django_environment,
     django_setup,
     machine_description,
     ms,
@@ -56,6 +54,7 @@ from benchmarks._common import (
     spread,
     windowed_rates,
 )
+from benchmarks.prodserver import ProductionServers
 
 RESOLUTION_P99_TARGET_S = 0.020
 
@@ -196,7 +195,7 @@ def copy_baseline(*, database_url: str, fleet: Sequence[ClusterPlan]) -> CopyRes
     operator_ids = dict(Organisation.objects.filter(is_operator=True).values_list("slug", "pk"))
     hub_ids = dict(Hub.objects.values_list("code", "pk"))
     accelerator_ids = dict(Accelerator.objects.values_list("slug", "pk"))
-    truncate = f"TRUNCATE {', '.join(FEDERATION_TABLES)} RESTART IDENTITY"
+    truncate = f"TRUNCATE {', '.join(FEDERATION_TABLES)} RESTART IDENTITY CASCADE"  # tables of other apps that point here are empty
     now = datetime.now(UTC)
     with psycopg.connect(database_url) as conn:
         conn.execute(truncate)
@@ -479,12 +478,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         errors.append(f"COPY wrote {copied.rows}, expected {api_rows}")
 
     # 3. Registration through the API.
-    environment = django_environment(database_url=database.url, conn_max_age=args.conn_max_age)
-    servers = WsgiServers.start(workers=args.workers, environment=environment)
+    servers = ProductionServers(workers=args.workers, database_url=database.url)
     try:
         print(
             f"[2/4] registering {args.clusters:,} clusters over HTTP: "
-            f"{WsgiServers.DESCRIPTION.format(workers=args.workers)}; {args.concurrency} clients ...",
+            f"{ProductionServers.DESCRIPTION.format(workers=args.workers)}; {args.concurrency} clients ...",
             flush=True,
         )
         requests = [

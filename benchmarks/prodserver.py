@@ -116,3 +116,59 @@ def production_server(env: Mapping[str, str], *, ready_path: str = "/healthz") -
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
         log.close()
+
+
+@dataclass
+class _Pid:
+    pid: int
+
+
+class ProductionServers:
+    """The production server for a benchmark, with the interface of benchmarks._common.WsgiServers
+    (``host``, ``ports``, ``processes``, ``peak_rss_mb``, ``stop``): gunicorn as the README runs it, with
+    ``workers`` uvicorn workers behind one port, production settings from the environment, rate limits
+    lifted (a benchmark's clients are not the callers the limits are for) and no worker recycling
+    (``GUNICORN_MAX_REQUESTS=0``: a recycled worker's CPU would leave the count)."""
+
+    DESCRIPTION = (
+        "the production server (gunicorn -c config/gunicorn.conf.py config.asgi:application, {workers} uvicorn "
+        "worker(s), production settings from the environment)"
+    )
+
+    def __init__(self, *, workers: int, database_url: str, extra: Mapping[str, str] | None = None) -> None:
+        self.host = "127.0.0.1"
+        port = free_port()
+        self.ports = [port]
+        self.env = production_env(
+            database_url=database_url,
+            port=port,
+            extra={
+                "WEB_CONCURRENCY": str(workers),
+                "CACHE_URL": os.environ.get("CARDHOUR_BENCH_CACHE_URL", "redis://127.0.0.1:6379/10"),
+                "API_THROTTLE_CREDENTIAL": "100000000/min",
+                "API_THROTTLE_HEARTBEAT": "100000000/min",
+                "API_THROTTLE_USAGE": "100000000/min",
+                "GUNICORN_MAX_REQUESTS": "0",
+                **(extra or {}),
+            },
+        )
+        self._context = production_server(self.env)
+        self.server = self._context.__enter__()
+        self.peak_rss_mb: list[float] = []
+        self.log_path = Path("(the production server's log is printed when it fails to start)")
+
+    @property
+    def processes(self) -> list[_Pid]:
+        """The gunicorn master and its workers."""
+        children = subprocess.run(
+            ["pgrep", "-P", str(self.server.process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return [_Pid(self.server.process.pid), *(_Pid(int(pid)) for pid in children)]
+
+    def stop(self, *, keep_log: bool = False) -> None:
+        from benchmarks._common import process_peak_rss_mb
+
+        self.peak_rss_mb = [
+            mb for mb in (process_peak_rss_mb(p.pid) for p in self.processes) if mb == mb
+        ]  # not NaN
+        self._context.__exit__(None, None, None)
