@@ -590,10 +590,12 @@ def tariff_compile(spec: TariffSpec) -> CompiledTariff:
 # --- Presets ----------------------------------------------------------------------------------------
 #
 # Every preset comes from an official provincial notice, cited by document number and date exactly as
-# found, with the customer class it states. A figure the notice was not found to state is marked in
-# ``unconfirmed``; such a preset, or one for a class other than industrial and commercial users (the class
-# a data centre is billed in), is never chosen by default (preset_default_code). Where no notice was found
-# for a hub's province, there is no preset (PROVINCES_WITHOUT_PRESET says what was looked for).
+# found, with the customer class it states and, beside its figures, where the text was read. A figure not
+# read in the notice's own text (only in a secondary source that quotes it: a grid company's announcement, a
+# news summary) is marked in ``unconfirmed``; such a preset, or one for a class other than industrial and
+# commercial users (the class a data centre is billed in), is never chosen by default
+# (preset_default_code). Where no source gave a hub province's windows and fixed ratios, there is no preset
+# (PROVINCES_WITHOUT_PRESET says what was looked for and found). The README lists every preset's source.
 
 PRESET_OFFICIAL = "official"  # windows and ratios from the notice, for industrial and commercial users
 PRESET_OTHER_CLASS = "other_class"  # from the notice, but the notice states them for another class
@@ -677,7 +679,10 @@ _GD_2021 = TariffSpec(
 
 # Ningxia: the windows of 宁发改价格(管理)〔2023〕7号. The notice's ratios were not found; 1.5 : 1 : 0.5 is
 # an ESTIMATE, the 3 : 1 minimum peak-valley spread that the national notice 发改价格〔2021〕1093号 sets for
-# provinces, not a Ningxia figure.
+# provinces, not a Ningxia figure. For industrial and commercial users the same windows classify the
+# mid- and long-term trading periods (峰 7–9 and 17–23, 谷 9–17, 平 23–7), whose prices the market forms:
+# 宁发改运行〔2024〕952号 on 2025 trading, citing 7号, as State Grid Ningxia's announcement note quotes it
+# (read as reproduced in a public repository's test data; see the secondary sources below).
 _NX_2023 = TariffSpec(
     time_zone=DEFAULT_TIME_ZONE,
     multipliers={"peak": Decimal("1.5"), "flat": Decimal("1"), "valley": Decimal("0.5")},
@@ -688,6 +693,260 @@ _NX_2023 = TariffSpec(
         _w("peak", "17:00", "23:00"),
     ),
 )
+
+
+def _day(months: int, *pieces: tuple[str, str, str]) -> tuple[WindowSpec, ...]:
+    """One day's windows for the months in ``months``: (band, start, end) pieces, as a notice lists them."""
+    return tuple(_w(band, start, end, months) for band, start, end in pieces)
+
+
+# --- Editions found only in secondary sources (status "unconfirmed") --------------------------------
+#
+# State Grid's provincial companies publish a monthly agency-purchase price announcement (代理购电价格公告)
+# whose notes restate the provincial time-of-use notice in force: its document number, windows and ratios.
+# Those notes were read as reproduced in a public repository's test data (Go package ``cronx``, the
+# fixture ``TestNewPeriod``, one note per province); news reprints were read where the stored copies had
+# them. Neither is the notice itself, so every preset below is ``unconfirmed`` and never a default.
+
+# Beijing, 京发改规〔2023〕11号 (Beijing DRC, dated 2023-08-18). Ratios READ in the notice's text as
+# reprinted by 电力网 on 2023-08-22 (its opening summary and "以下为原文" body): single-part < 1 kV
+# 1.71 : 1 : 0.36, single-part ≥ 1 kV 1.8 : 1 : 0.3, two-part 1.6 : 1 : 0.4, critical peak = peak
+# × 1.2. The hours are from State Grid Beijing's announcement note quoting 11号 (peak 10–13 and 17–22,
+# flat 7–10, 13–17 and 22–23, valley 23–7; critical peak Jul–Aug 11–13 and 16–17, Jan and Dec 18–21),
+# which a public repository's record of the DRC's page also gives, with 2023-09-01 as the date in force;
+# the reprint's body was cut before its hours, so they were not read in the notice text. Two-part users
+# (a data centre's usual class) are modelled: 1.6 : 1 : 0.4, critical peak 1.6 × 1.2 = 1.92.
+_BJ_JUL_AUG = months_mask([7, 8])
+_BJ_JAN_DEC = months_mask([1, 12])
+_BJ_OTHER = ALL_MONTHS & ~_BJ_JUL_AUG & ~_BJ_JAN_DEC
+_BJ_2023 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={
+        "critical_peak": Decimal("1.92"),
+        "peak": Decimal("1.6"),
+        "flat": Decimal("1"),
+        "valley": Decimal("0.4"),
+    },
+    windows=(
+        *_day(
+            _BJ_OTHER,
+            ("valley", "23:00", "07:00"),
+            ("flat", "07:00", "10:00"),
+            ("peak", "10:00", "13:00"),
+            ("flat", "13:00", "17:00"),
+            ("peak", "17:00", "22:00"),
+            ("flat", "22:00", "23:00"),
+        ),
+        *_day(
+            _BJ_JUL_AUG,
+            ("valley", "23:00", "07:00"),
+            ("flat", "07:00", "10:00"),
+            ("peak", "10:00", "11:00"),
+            ("critical_peak", "11:00", "13:00"),
+            ("flat", "13:00", "16:00"),
+            ("critical_peak", "16:00", "17:00"),
+            ("peak", "17:00", "22:00"),
+            ("flat", "22:00", "23:00"),
+        ),
+        *_day(
+            _BJ_JAN_DEC,
+            ("valley", "23:00", "07:00"),
+            ("flat", "07:00", "10:00"),
+            ("peak", "10:00", "13:00"),
+            ("flat", "13:00", "17:00"),
+            ("peak", "17:00", "18:00"),
+            ("critical_peak", "18:00", "21:00"),
+            ("peak", "21:00", "22:00"),
+            ("flat", "22:00", "23:00"),
+        ),
+    ),
+)
+
+# Hebei, Jibei grid (冀北电网: Zhangjiakou, home of the jjj hub's cluster, with Tangshan, Qinhuangdao,
+# Chengde, Langfang): the Hebei DRC's notice 关于优化调整冀北电网工商业及其他用户分时电价政策的通知, issued
+# 2025-11-26 as reported by a 网易号 article (163.com, "冀北电网分时电价新政策印发"). Windows and ratios are
+# the article's summary of the notice: flat = the agency-purchase month's average price; peak and valley
+# flat ± 70 %; critical peak = peak × 1.2 (2.04); deep valley = valley × 0.8 (0.24). The article's
+# reprint of the notice's text stops at its scope, so no figure was read in the notice text; its document
+# number and effective date were not found. It replaces 冀发改能价〔2023〕1711号 (windows and the ± 70 % /
+# × 1.2 ratios read in that notice's reprinted text, csjbk.com and jpaw.cn; its effective date not found,
+# so that edition is not modelled).
+_JB_SUMMER = months_mask([6, 7, 8])
+_JB_WINTER = months_mask([1, 11, 12])
+_JB_FEB = months_mask([2])
+_JB_SPRING_AUTUMN = months_mask([3, 4, 5, 9, 10])
+_JB_2025 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={
+        "critical_peak": Decimal("2.04"),
+        "peak": Decimal("1.7"),
+        "flat": Decimal("1"),
+        "valley": Decimal("0.3"),
+        "deep_valley": Decimal("0.24"),
+    },
+    windows=(
+        *_day(
+            _JB_SUMMER,
+            ("valley", "00:00", "07:00"),
+            ("flat", "07:00", "10:00"),
+            ("peak", "10:00", "12:00"),
+            ("flat", "12:00", "16:00"),
+            ("peak", "16:00", "18:00"),
+            ("critical_peak", "18:00", "21:00"),
+            ("peak", "21:00", "22:00"),
+            ("flat", "22:00", "23:00"),
+            ("valley", "23:00", "24:00"),
+        ),
+        *_day(
+            _JB_WINTER,
+            ("flat", "00:00", "01:00"),
+            ("valley", "01:00", "06:00"),
+            ("flat", "06:00", "07:00"),
+            ("peak", "07:00", "09:00"),
+            ("flat", "09:00", "12:00"),
+            ("deep_valley", "12:00", "15:00"),
+            ("flat", "15:00", "16:00"),
+            ("peak", "16:00", "17:00"),
+            ("critical_peak", "17:00", "19:00"),
+            ("peak", "19:00", "22:00"),
+            ("flat", "22:00", "24:00"),
+        ),
+        *_day(
+            _JB_FEB,
+            ("flat", "00:00", "01:00"),
+            ("valley", "01:00", "06:00"),
+            ("flat", "06:00", "12:00"),
+            ("deep_valley", "12:00", "15:00"),
+            ("flat", "15:00", "16:00"),
+            ("peak", "16:00", "22:00"),
+            ("flat", "22:00", "24:00"),
+        ),
+        *_day(
+            _JB_SPRING_AUTUMN,
+            ("flat", "00:00", "01:00"),
+            ("valley", "01:00", "06:00"),
+            ("flat", "06:00", "12:00"),
+            ("valley", "12:00", "15:00"),
+            ("flat", "15:00", "16:00"),
+            ("peak", "16:00", "22:00"),
+            ("flat", "22:00", "24:00"),
+        ),
+    ),
+)
+
+# Jiangsu, 苏发改价格发〔2025〕426号 (关于优化工商业分时电价结构促进新能源消纳降低企业用电成本支持经济社会发展
+# 的通知), as State Grid Jiangsu's announcement note quotes it: summer and winter (Jun–Aug, Dec–Feb) peak
+# 14–22, flat 6–11, 13–14 and 22–24, valley 0–6 and 11–13; spring and autumn (Mar–May, Sep–Nov) peak
+# 15–22, flat 6–10, 14–15 and 22–2, valley 2–6 and 10–14. Peak + 80 % for two-part users (+ 70 % single
+# part ≥ 100 kVA, + 60 % below), valley − 65 %: two-part 1.8 : 1 : 0.35. In force 2025-06-01 and
+# published in May 2025 by a Q&A page's account (chaxiaohao.com), which also says an evening critical peak
+# 18–20 at peak + 20 % is kept; the note does not mention it and its months were not found, so no
+# critical peak is modelled.
+_JS_SUMMER_WINTER = months_mask([6, 7, 8, 12, 1, 2])
+_JS_SPRING_AUTUMN = ALL_MONTHS & ~_JS_SUMMER_WINTER
+_JS_2025 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={"peak": Decimal("1.8"), "flat": Decimal("1"), "valley": Decimal("0.35")},
+    windows=(
+        *_day(
+            _JS_SUMMER_WINTER,
+            ("valley", "00:00", "06:00"),
+            ("flat", "06:00", "11:00"),
+            ("valley", "11:00", "13:00"),
+            ("flat", "13:00", "14:00"),
+            ("peak", "14:00", "22:00"),
+            ("flat", "22:00", "24:00"),
+        ),
+        *_day(
+            _JS_SPRING_AUTUMN,
+            ("flat", "22:00", "02:00"),
+            ("valley", "02:00", "06:00"),
+            ("flat", "06:00", "10:00"),
+            ("valley", "10:00", "14:00"),
+            ("flat", "14:00", "15:00"),
+            ("peak", "15:00", "22:00"),
+        ),
+    ),
+)
+
+# Sichuan, 川发改价格〔2025〕185号 (四川省发展和改革委员会关于进一步调整我省分时电价机制的通知), as State Grid
+# Sichuan's announcement note quotes it, for industrial and commercial users on agency purchase or the
+# market: spring and autumn (Mar–Jun, Oct, Nov) peak 10–12 and 17–22, flat 8–10 and 12–17, valley 22–8;
+# summer (Jul–Sep) peak 11–18 and 20–23, flat 7–11, 18–20 and 23–1, valley 1–7; winter (Jan, Feb, Dec)
+# peak 10–12 and 16–22, flat 8–10, 12–16 and 22–24, valley 0–8. Peak flat + 60 %, valley − 60 %. Critical
+# peak for large-industry users (not in Panzhihua, Liangshan, Ganzi, Aba) in Jul–Aug 13–14 and 21–23 at
+# peak + 20 % (1.92); also on other months' runs of three days of 35 °C or more, which is not modelled.
+_SC_SPRING_AUTUMN = months_mask([3, 4, 5, 6, 10, 11])
+_SC_JUL_AUG = months_mask([7, 8])
+_SC_SEP = months_mask([9])
+_SC_WINTER = months_mask([1, 2, 12])
+_SC_2025 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={
+        "critical_peak": Decimal("1.92"),
+        "peak": Decimal("1.6"),
+        "flat": Decimal("1"),
+        "valley": Decimal("0.4"),
+    },
+    windows=(
+        *_day(
+            _SC_SPRING_AUTUMN,
+            ("valley", "22:00", "08:00"),
+            ("flat", "08:00", "10:00"),
+            ("peak", "10:00", "12:00"),
+            ("flat", "12:00", "17:00"),
+            ("peak", "17:00", "22:00"),
+        ),
+        *_day(
+            _SC_JUL_AUG,
+            ("flat", "23:00", "01:00"),
+            ("valley", "01:00", "07:00"),
+            ("flat", "07:00", "11:00"),
+            ("peak", "11:00", "13:00"),
+            ("critical_peak", "13:00", "14:00"),
+            ("peak", "14:00", "18:00"),
+            ("flat", "18:00", "20:00"),
+            ("peak", "20:00", "21:00"),
+            ("critical_peak", "21:00", "23:00"),
+        ),
+        *_day(
+            _SC_SEP,
+            ("flat", "23:00", "01:00"),
+            ("valley", "01:00", "07:00"),
+            ("flat", "07:00", "11:00"),
+            ("peak", "11:00", "18:00"),
+            ("flat", "18:00", "20:00"),
+            ("peak", "20:00", "23:00"),
+        ),
+        *_day(
+            _SC_WINTER,
+            ("valley", "00:00", "08:00"),
+            ("flat", "08:00", "10:00"),
+            ("peak", "10:00", "12:00"),
+            ("flat", "12:00", "16:00"),
+            ("peak", "16:00", "22:00"),
+            ("flat", "22:00", "24:00"),
+        ),
+    ),
+)
+
+# Guizhou, 黔发改价格〔2023〕481号 (省发展改革委关于完善峰谷分时电价机制有关事项的通知), as State Grid's
+# announcement note quotes it: peak 10–13 and 17–22, flat 8–10, 13–17 and 22–24, valley 0–8; flat not
+# floated, peak + 60 %, valley − 60 % (1.6 : 1 : 0.4). A public repository's provenance table transcribed
+# the same windows from the Guizhou DRC's page of 2023-06-28 (fgw.guizhou.gov.cn …/t20230628_80566840.html).
+_GZ_2023 = TariffSpec(
+    time_zone=DEFAULT_TIME_ZONE,
+    multipliers={"peak": Decimal("1.6"), "flat": Decimal("1"), "valley": Decimal("0.4")},
+    windows=(
+        _w("valley", "00:00", "08:00"),
+        _w("flat", "08:00", "10:00"),
+        _w("peak", "10:00", "13:00"),
+        _w("flat", "13:00", "17:00"),
+        _w("peak", "17:00", "22:00"),
+        _w("flat", "22:00", "24:00"),
+    ),
+)
+
 
 PRESETS: dict[str, Preset] = {
     "cn-gd": Preset(
@@ -725,8 +984,8 @@ PRESETS: dict[str, Preset] = {
         province="Ningxia",
         hubs=("nx",),
         customer_class=(
-            "agricultural production users; industrial and commercial users are priced by market-trading "
-            "rules, not by these windows"
+            "agricultural production users; for industrial and commercial users the windows only classify "
+            "market trading periods, whose prices the market forms"
         ),
         status=PRESET_UNCONFIRMED,
         unconfirmed=("ratios", "effective date"),
@@ -744,6 +1003,128 @@ PRESETS: dict[str, Preset] = {
                 document="宁发改价格(管理)〔2023〕7号",
                 document_date="",
                 spec=_NX_2023,
+            ),
+        ),
+    ),
+    "cn-bj": Preset(
+        code="cn-bj",
+        name="Beijing time-of-use (two-part industrial and commercial; hours unconfirmed)",
+        province="Beijing",
+        hubs=("jjj",),
+        customer_class="industrial and commercial users on the two-part tariff (两部制)",
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("windows", "effective date"),
+        source=(
+            "Unconfirmed: 京发改规〔2023〕11号 (Beijing DRC, 2023-08-18). Ratios read in the notice's "
+            "reprinted text: two-part 1.6 : 1 : 0.4, critical peak = peak × 1.2. Hours from State Grid "
+            "Beijing's announcement quoting it, not read in the notice: peak 10–13, 17–22; flat 7–10, "
+            "13–17, 22–23; valley 23–7; critical peak Jul–Aug 11–13 and 16–17, Jan and Dec 18–21. In force "
+            "2023-09-01 by a secondary record."
+        ),
+        versions=(
+            PresetVersion(
+                effective_from=_local(2023, 9, 1),
+                document="京发改规〔2023〕11号",
+                document_date="2023-08-18",
+                spec=_BJ_2023,
+            ),
+        ),
+    ),
+    "cn-hebei-jibei": Preset(
+        code="cn-hebei-jibei",
+        name="Hebei Jibei grid (Zhangjiakou) time-of-use (from a news summary)",
+        province="Hebei (Jibei grid)",
+        hubs=("jjj",),
+        customer_class="industrial and commercial users on agency purchase (代理购电工商业用户)",
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("windows", "ratios", "document number", "effective date"),
+        source=(
+            "Unconfirmed: Hebei DRC 关于优化调整冀北电网工商业及其他用户分时电价政策的通知, issued "
+            "2025-11-26, as a 163.com news article summarises it (number and effective date not found). "
+            "Peak/valley = flat ± 70 %, critical peak = peak × 1.2, deep valley = valley × 0.8; critical "
+            "peak Jun–Aug 18–21, Jan/Nov/Dec 17–19; deep valley 12–15 in Nov–Feb. Replaces "
+            "冀发改能价〔2023〕1711号 (not modelled: its effective date was not found)."
+        ),
+        versions=(
+            # The issue date stands in for the effective date, which was not found: the notice cannot be
+            # in force earlier.
+            PresetVersion(
+                effective_from=_local(2025, 11, 26),
+                document="关于优化调整冀北电网工商业及其他用户分时电价政策的通知",
+                document_date="2025-11-26 (issued, as reported)",
+                spec=_JB_2025,
+            ),
+        ),
+    ),
+    "cn-js": Preset(
+        code="cn-js",
+        name="Jiangsu time-of-use (two-part industrial and commercial; unconfirmed)",
+        province="Jiangsu",
+        hubs=("yrd",),
+        customer_class="industrial and commercial users on the two-part tariff (两部制)",
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("windows", "ratios", "effective date", "critical peak"),
+        source=(
+            "Unconfirmed: 苏发改价格发〔2025〕426号 as State Grid Jiangsu's announcement quotes it. Jun–Aug "
+            "and Dec–Feb: peak 14–22, valley 0–6 and 11–13; Mar–May and Sep–Nov: peak 15–22, valley 2–6 "
+            "and 10–14; flat otherwise. Two-part 1.8 : 1 : 0.35. In force 2025-06-01 by a secondary "
+            "account, which also reports an evening critical peak 18–20 (months not found; not modelled)."
+        ),
+        versions=(
+            PresetVersion(
+                effective_from=_local(2025, 6, 1),
+                document="苏发改价格发〔2025〕426号",
+                document_date="2025-05 (as reported)",
+                spec=_JS_2025,
+            ),
+        ),
+    ),
+    "cn-sc": Preset(
+        code="cn-sc",
+        name="Sichuan time-of-use (industrial and commercial; unconfirmed)",
+        province="Sichuan",
+        hubs=("cy",),
+        customer_class=(
+            "industrial and commercial users (工商业用户); the critical peak applies to large-industry users"
+        ),
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("windows", "ratios", "effective date"),
+        source=(
+            "Unconfirmed: 川发改价格〔2025〕185号 as State Grid Sichuan's announcement quotes it. Mar–Jun, "
+            "Oct, Nov: peak 10–12, 17–22, valley 22–8; Jul–Sep: peak 11–18, 20–23, valley 1–7; Jan, Feb, "
+            "Dec: peak 10–12, 16–22, valley 0–8; flat otherwise. 1.6 : 1 : 0.4; critical peak (large "
+            "industry) Jul–Aug 13–14 and 21–23 at peak × 1.2. Not modelled: critical peak on 35 °C runs."
+        ),
+        versions=(
+            # Effective date not found: 1 January of the notice's year stands in, the earliest it can be.
+            PresetVersion(
+                effective_from=_local(2025, 1, 1),
+                document="川发改价格〔2025〕185号",
+                document_date="",
+                spec=_SC_2025,
+            ),
+        ),
+    ),
+    "cn-gz": Preset(
+        code="cn-gz",
+        name="Guizhou time-of-use (industrial and commercial; unconfirmed)",
+        province="Guizhou",
+        hubs=("gz",),
+        customer_class="industrial and commercial users (工商业用户)",
+        status=PRESET_UNCONFIRMED,
+        unconfirmed=("windows", "ratios", "effective date"),
+        source=(
+            "Unconfirmed: 黔发改价格〔2023〕481号 (Guizhou DRC page of 2023-06-28) as State Grid's "
+            "announcement quotes it: peak 10–13 and 17–22, flat 8–10, 13–17 and 22–24, valley 0–8; "
+            "peak = flat + 60 %, valley = flat − 60 % (1.6 : 1 : 0.4). Effective date not found."
+        ),
+        versions=(
+            # Effective date not found: the DRC page's date stands in, the earliest it can be.
+            PresetVersion(
+                effective_from=_local(2023, 6, 28),
+                document="黔发改价格〔2023〕481号",
+                document_date="2023-06-28 (DRC page)",
+                spec=_GZ_2023,
             ),
         ),
     ),
@@ -771,25 +1152,46 @@ PRESETS: dict[str, Preset] = {
     ),
 }
 
-# Hub provinces without a preset: no official notice was found with both its windows and its ratios, so
-# none is invented. What was found is recorded, so the next person starts from it.
+# Hub provinces without a preset: no source was found giving both their windows and fixed ratios (or the
+# ratios vary by month, which a tariff version cannot express: one multiplier per band), so none is
+# invented. What was searched (the stored public web pages and public repositories, by document number,
+# title and figures, in Chinese) and what was found are recorded, so the next person starts from it.
+# "Quoted" = State Grid's announcement note quoting the notice, read as reproduced in a public repository.
 PROVINCES_WITHOUT_PRESET: dict[str, str] = {
-    "Beijing": (
-        "京发改规〔2023〕11号 (Beijing DRC, published 2023-08-18) found: industrial and commercial users, "
-        "peak, flat and valley 8 h each, single-part ≥ 1 kV ratios 1.8 : 1 : 0.3, critical peak = peak × 1.2 "
-        "for 3 h a day in Jul–Aug and Dec–Jan; the exact hours were not found."
+    "Tianjin": (
+        "津发改价综〔2021〕395号 quoted: peak 9–12, 16–21; valley 23–7; flat otherwise; peak + 50 %, valley "
+        "− 54 %. Its critical peak (the quote only says September has none) was not found."
     ),
-    "Tianjin": "no notice found",
-    "Hebei": "no notice found",
-    "Shanghai": "no notice found",
-    "Jiangsu": "no notice found",
-    "Zhejiang": "no notice found",
-    "Anhui": "no notice found",
-    "Sichuan": "a press report of a time-of-use scheme from 2022-01-01 found; no document number or hours",
-    "Chongqing": "no notice found",
-    "Inner Mongolia": "no notice found",
-    "Guizhou": "no notice found",
-    "Gansu": "no notice found",
+    "Shanghai": (
+        "沪发改价管〔2022〕50号 quoted: two-part users Jul–Sep peak 8–15, 18–21 (critical 12–14 in Jul–Aug), "
+        "other months peak 8–11, 18–21 (critical 19–21 in Jan, Dec), valley 22–6; ratios differ by month "
+        "(+ 80 % / − 60 % in Jul–Sep, Jan, Dec; + 60 % / − 50 % otherwise), which one version cannot hold. "
+        "沪发改价管〔2024〕28号 quoted: large-industry deep valley 0–6 and 22–24 at flat − 80 % on public "
+        "holidays and on Feb–Jun, Sep–Nov rest days."
+    ),
+    "Zhejiang": (
+        "浙发改价格〔2024〕21号 read in a reprint of its text: large-industry users from 2024-03-01; deep "
+        "valley 10–14 on the Spring Festival, Labour Day and National Day holidays; its windows (table 1) "
+        "and ratios (table 2) were not in the reprint. Windows quoted; ratios not found."
+    ),
+    "Anhui": (
+        "皖发改价格〔2025〕302号 quoted (from 2025-07-01): windows by season; peak + 84.3 % in Jan, Jul–Sep, "
+        "Dec and + 74 % otherwise, valley − 61.8 %: ratios that differ by month; deep valley 11–15 on "
+        "holidays of three days or more for large industrial users."
+    ),
+    "Chongqing": (
+        "渝发改规范〔2021〕14号 quoted: peak 11–17, 20–22 (critical 12–14 in Jul, Aug, Dec, Jan), flat 8–11, "
+        "17–20, 22–24, valley 0–8; its ratios were not found."
+    ),
+    "Inner Mongolia": (
+        "内发改价费字〔2023〕1630号 (Mengxi grid, the nmg hub) quoted: windows for the windy season (Jan–May, "
+        "Sep–Dec, 1.68 : 1 : 0.48) and the calm season (Jun–Aug, 1.54 : 1 : 0.44): ratios that differ by "
+        "month; critical peak 19–21 and deep valley 13–15 in Jun–Aug."
+    ),
+    "Gansu": (
+        "甘发改价格〔2024〕424号 quoted: peak 6–8, 18–23; flat 23–6, 8–10, 16–18; valley 10–16; the ratios "
+        "are formed by the market (2025 trading scheme), so there are no fixed ratios to model."
+    ),
 }
 
 

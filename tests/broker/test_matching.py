@@ -373,3 +373,36 @@ def test_limit_caps_the_quotes_and_excluded_clusters_are_not_counted(
     result = find(job, exclude_clusters=frozenset({west_cluster.pk}))
     assert {p.cluster_cpi for p in result.placements} == {east_cluster.cpi}
     assert result.considered == 2
+
+
+def test_a_20_ms_budget_from_the_yangtze_river_delta_keeps_wuhu_and_leaves_gansu_and_ningxia(
+    buyer: Organisation, west_operator: Organisation, presets: None
+) -> None:
+    """The east-to-west split on the seeded matrix: Wuhu is the yrd hub's second cluster (the same-hub
+    5 ms tier); Qingyang (gs, 20.2 ms estimated) and Zhongwei (nx, 24.3 ms) are beyond a 20 ms budget and
+    within a 25 ms one."""
+    wuhu = make_cluster(
+        operator=west_operator, hub="yrd", name="wh-ai01", islands=[("isl-01", 8)], site="Wuhu"
+    )
+    qingyang = make_cluster(
+        operator=west_operator, hub="gs", name="qy-ai01", islands=[("isl-01", 8)], site="Qingyang"
+    )
+    zhongwei = make_cluster(
+        operator=west_operator, hub="nx", name="zw-ai02", islands=[("isl-01", 8)], site="Zhongwei"
+    )
+    for cluster in (wuhu, qingyang, zhongwei):
+        make_price_card(cluster=cluster, rate="10.0000", tariff_code="flat")
+    job = make_job(
+        buyer=buyer, origin_hub="yrd", earliest_start_at=at(10), deadline_at=at(12), duration_seconds=7200
+    )
+
+    within_20 = find(job, latency_budget_ms=20)
+    assert {(p.cluster_cpi, p.latency_ms) for p in within_20.placements} == {(wuhu.cpi, Decimal("5.000"))}
+    assert within_20.rejections["latency"] == 2
+
+    within_25 = find(job, latency_budget_ms=25)
+    assert {(p.cluster_cpi, p.latency_ms) for p in within_25.placements} == {
+        (wuhu.cpi, Decimal("5.000")),
+        (qingyang.cpi, Decimal("20.200")),
+        (zhongwei.cpi, Decimal("24.300")),
+    }

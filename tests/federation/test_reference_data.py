@@ -255,3 +255,19 @@ def test_a_buyer_cannot_report_latencies(token_client):
 
     assert response.status_code == 403
     assert response.json()["code"] == "not_an_operator"
+
+
+def test_the_estimates_are_checked_against_caicts_published_aggregates():
+    located = list(catalog.HUB_SITES)
+    pairs = [(a, b) for i, a in enumerate(located) for b in located[i + 1 :]]
+    one_way = [hub_latency_seed(a, b)[0] / 2 for a, b in pairs]
+    assert len(pairs) == 28
+    mean = (sum(one_way) / len(one_way)).quantize(Decimal("0.1"))
+    published = catalog.PUBLISHED_HUB_LATENCY
+    # The seeded estimates are no more pessimistic than the measured optical layer (mean 9.7 ms one-way).
+    assert mean == Decimal("8.6") < published["optical_one_way_mean_ms"]
+    # CAICT's figures are one-way: the longest cluster pair cannot make 17.1 ms round trip in fibre.
+    km = catalog.great_circle_km(catalog.HUB_SITES["jjj"][1:], catalog.HUB_SITES["gba"][1:])
+    fibre_round_trip_ms = Decimal(str(round(2 * km, 1))) * catalog.FIBRE_US_PER_KM / 1000
+    assert fibre_round_trip_ms == Decimal("17.7865") > published["optical_one_way_max_ms"]
+    assert "信通院" in catalog.PUBLISHED_HUB_LATENCY_SOURCE

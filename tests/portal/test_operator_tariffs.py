@@ -155,7 +155,7 @@ def test_tariff_list_shows_presets_own_tariffs_strips_and_cluster_prices(
     html = response.content.decode()
     for code in ("cn-gd", "cn-nx", "flat", mine.code):
         assert f"<code>{code}</code>" in html
-    assert html.count('class="chart band-strip"') == 4  # today's strip of each tariff
+    assert html.count('class="chart band-strip"') == 9  # today's strip of each tariff (8 presets, 1 own)
     assert "Valley ×0.38" in html and "Critical peak ×2.125" in html  # cn-gd's legend, bands by name
     # Which cluster uses which tariff at which rate.
     row = re.search(rf"<code>{re.escape(east_cluster.cpi)}</code>.*?</tr>", html, flags=re.S)
@@ -184,7 +184,7 @@ def test_tariff_list_query_count_does_not_grow_with_tariffs_and_clusters(
     with django_assert_max_num_queries(14):
         response = operator_client.get(reverse("operator-tariff-list"))
     assert response.status_code == 200
-    assert response.content.decode().count('class="chart band-strip"') == 26
+    assert response.content.decode().count('class="chart band-strip"') == 31  # 8 presets, 23 own
 
 
 def test_tariff_detail_lists_versions_with_a_strip_each(
