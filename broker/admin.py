@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -55,6 +55,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from broker.models import (
     HOLDING_STATES,
@@ -81,6 +83,9 @@ from core.admin_tools import changelist_url as _changelist_url
 from core.admin_tools import staff_actor as _staff_actor
 from core.errors import DomainError
 from core.models import Organisation
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +180,7 @@ def _badge(value: str, label: str, colours: dict[str, str]) -> SafeString:
     )
 
 
-def _timestamp(field: str, description: str) -> Callable[[Any, Any], str]:
+def _timestamp(field: str, description: StrOrPromise) -> Callable[[Any, Any], str]:
     """A read-only column or field showing a model's datetime to the second (Django's default date format
     drops the seconds, which history needs)."""
 
@@ -326,7 +331,9 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(
         max_length=400,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Recorded with your name: in the admin history and as the job's or lease's reason.",
+        help_text=gettext_lazy(
+            "Recorded with your name: in the admin history and as the job's or lease's reason."
+        ),
     )
 
 
@@ -336,7 +343,11 @@ def _confirmed(request: HttpRequest) -> bool:
 
 def _too_many(request: HttpRequest, queryset: QuerySet[Any], noun: str) -> bool:
     if queryset.count() > ACTION_ROW_LIMIT:
-        messages.error(request, f"Select at most {ACTION_ROW_LIMIT} {noun} at a time: nothing was changed.")
+        messages.error(
+            request,
+            _("Select at most %(limit)d %(noun)s at a time: nothing was changed.")
+            % {"limit": ACTION_ROW_LIMIT, "noun": noun},
+        )
         return True
     return False
 
@@ -394,27 +405,27 @@ class JobLeaseInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
         return super().get_queryset(request).select_related("cluster")
 
-    @admin.display(description="Lease")
+    @admin.display(description=gettext_lazy("Lease"))
     def lease_cell(self, obj: Lease) -> str | SafeString:
         return _lease_link(obj.pk)
 
-    @admin.display(description="Cluster")
+    @admin.display(description=gettext_lazy("Cluster"))
     def cluster_cpi(self, obj: Lease) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Window")
+    @admin.display(description=gettext_lazy("Window"))
     def window(self, obj: Lease) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
-    @admin.display(description="State")
+    @admin.display(description=gettext_lazy("State"))
     def state_badge(self, obj: Lease) -> SafeString:
         return _badge(obj.state, obj.get_state_display(), _LEASE_STATE_COLOURS)
 
-    @admin.display(description="State changed")
+    @admin.display(description=gettext_lazy("State changed"))
     def changed(self, obj: Lease) -> str:
         return _local(obj.state_changed_at)
 
-    @admin.display(description="Replaces")
+    @admin.display(description=gettext_lazy("Replaces"))
     def replaces_link(self, obj: Lease) -> str | SafeString:
         return _lease_link(obj.replaces_id)
 
@@ -447,16 +458,16 @@ class JobAdmin(
     list_filter = ["state", "gang", "preference", "checkpointable", "origin_hub", BuyerFilter]
     list_select_related = ["buyer", "origin_hub"]
     text_search_fields = ("name", "buyer__slug__startswith")
-    search_help_text = "A job id, or part of its name, or the start of its buyer's slug."
+    search_help_text = gettext_lazy("A job id, or part of its name, or the start of its buyer's slug.")
     actions = ["cancel_jobs"]
     inlines = [JobLeaseInline]
     fieldsets = [
         (
-            "Job",
+            gettext_lazy("Job"),
             {"fields": ["buyer", "name", "state_badge", "failure_reason", "quotes_link", "notices_link"]},
         ),
         (
-            "What",
+            gettext_lazy("What"),
             {
                 "fields": [
                     "cards_wanted",
@@ -470,10 +481,10 @@ class JobAdmin(
             },
         ),
         (
-            "Where and when",
+            gettext_lazy("Where and when"),
             {"fields": ["origin_hub", "latency_budget_ms", "earliest_start", "deadline", "duration"]},
         ),
-        ("Price", {"fields": ["max_price_per_card_hour", "preference", "price_weight"]}),
+        (gettext_lazy("Price"), {"fields": ["max_price_per_card_hour", "preference", "price_weight"]}),
         (None, {"fields": ["idempotency_key", "created_display", "updated"]}),
     ]
     readonly_fields = [
@@ -487,63 +498,63 @@ class JobAdmin(
         "created_display",
         "updated",
     ]
-    earliest_start = _timestamp("earliest_start_at", "Earliest start")
-    deadline = _timestamp("deadline_at", "Deadline")
-    created_display = _timestamp("created_at", "Created at")
-    updated = _timestamp("updated_at", "Updated at")
+    earliest_start = _timestamp("earliest_start_at", gettext_lazy("Earliest start"))
+    deadline = _timestamp("deadline_at", gettext_lazy("Deadline"))
+    created_display = _timestamp("created_at", gettext_lazy("Created at"))
+    updated = _timestamp("updated_at", gettext_lazy("Updated at"))
 
-    @admin.display(description="Buyer", ordering="buyer__slug")
+    @admin.display(description=gettext_lazy("Buyer"), ordering="buyer__slug")
     def buyer_slug(self, obj: Job) -> str:
         return obj.buyer.slug
 
-    @admin.display(description="Cards")
+    @admin.display(description=gettext_lazy("Cards"))
     def cards_wanted(self, obj: Job) -> str:
         if obj.cards is not None:
             return f"{obj.cards} cards"
         return f"{obj.standard_cards.normalize():f} standard cards" if obj.standard_cards else "—"
 
-    @admin.display(description="Chips")
+    @admin.display(description=gettext_lazy("Chips"))
     def chips(self, obj: Job) -> str | SafeString:
         if not obj.accelerators:
             return "any"
         return format_html_join(format_html("<br>"), "{}", ((slug,) for slug in obj.accelerators))
 
-    @admin.display(description="From", ordering="origin_hub__sort_order")
+    @admin.display(description=gettext_lazy("From"), ordering="origin_hub__sort_order")
     def origin(self, obj: Job) -> SafeString:
         return format_html('<span title="{} ms budget">{}</span>', obj.latency_budget_ms, obj.origin_hub.code)
 
-    @admin.display(description="Window", ordering="earliest_start_at")
+    @admin.display(description=gettext_lazy("Window"), ordering="earliest_start_at")
     def window(self, obj: Job) -> SafeString:
         return _window(obj.earliest_start_at, obj.deadline_at)
 
-    @admin.display(description="Duration", ordering="duration_seconds")
+    @admin.display(description=gettext_lazy("Duration"), ordering="duration_seconds")
     def duration(self, obj: Job) -> str:
         return _duration(obj.duration_seconds)
 
-    @admin.display(description="State", ordering="state")
+    @admin.display(description=gettext_lazy("State"), ordering="state")
     def state_badge(self, obj: Job) -> SafeString:
         return _badge(obj.state, obj.get_state_display(), _JOB_STATE_COLOURS)
 
-    @admin.display(description="Created", ordering="id")
+    @admin.display(description=gettext_lazy("Created"), ordering="id")
     def created(self, obj: Job) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.created_at))
 
-    @admin.display(description="Quotes")
+    @admin.display(description=gettext_lazy("Quotes"))
     def quotes_link(self, obj: Job) -> SafeString:
-        return _link(_changelist_url(Quote, job__id__exact=obj.pk), "Its quotes →")
+        return _link(_changelist_url(Quote, job__id__exact=obj.pk), _("Its quotes →"))
 
-    @admin.display(description="Notices")
+    @admin.display(description=gettext_lazy("Notices"))
     def notices_link(self, obj: Job) -> SafeString:
-        return _link(_changelist_url(BuyerNotice, job__id__exact=obj.pk), "What the buyer was told →")
+        return _link(_changelist_url(BuyerNotice, job__id__exact=obj.pk), _("What the buyer was told →"))
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("broker.change_job")
 
-    @admin.action(description="Cancel selected jobs", permissions=["cancel"])
+    @admin.action(description=gettext_lazy("Cancel selected jobs"), permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         from broker.services.jobs import job_cancel
 
-        if _too_many(request, queryset, "jobs"):
+        if _too_many(request, queryset, _("jobs")):
             return None
         jobs = list(queryset.select_related("buyer").order_by("pk"))
         form = ReasonForm(request.POST if _confirmed(request) else None)
@@ -555,12 +566,17 @@ class JobAdmin(
                 try:
                     job_cancel(job=job, actor=actor, reason=f"{reason} (staff, admin)")
                 except DomainError as exc:
-                    messages.warning(request, f"Job {job.pk}: {exc.message}")
+                    messages.warning(
+                        request, _("Job %(job)s: %(message)s") % {"job": job.pk, "message": exc.message}
+                    )
                     continue
                 self.log_change(request, job, f"Cancelled: {reason}")
                 done.append(str(job.pk))
             if done:
-                messages.success(request, f"Cancelled {len(done)} job(s): {', '.join(done)}.")
+                messages.success(
+                    request,
+                    _("Cancelled %(n)d job(s): %(jobs)s.") % {"n": len(done), "jobs": ", ".join(done)},
+                )
             return None
         live: dict[int, list[Lease]] = {}
         for lease in Lease.objects.filter(job__in=jobs, state__in=HOLDING_STATES).order_by("pk"):
@@ -579,41 +595,43 @@ class JobAdmin(
             self,
             request,
             action="cancel_jobs",
-            title="Cancel these jobs?",
+            title=_("Cancel these jobs?"),
             intro=[
-                "Each job is cancelled for good (the buyer cannot quote it again). Its reserved lease is "
-                "cancelled and its cards released at once; a running lease is asked to stop, and completes "
-                "when the operator reports it stopped. Usage already reported is billed as usual.",
-                "A job already completed, failed or cancelled is refused by the service and reported.",
+                _(
+                    "Each job is cancelled for good (the buyer cannot quote it again). Its reserved lease is "
+                    "cancelled and its cards released at once; a running lease is asked to stop, and completes "
+                    "when the operator reports it stopped. Usage already reported is billed as usual."
+                ),
+                _("A job already completed, failed or cancelled is refused by the service and reported."),
             ],
-            headers=["Job", "Name", "Buyer", "State", "What happens"],
+            headers=[_("Job"), _("Name"), _("Buyer"), _("State"), _("What happens")],
             rows=rows,
             selected=[job.pk for job in jobs],
             form=form,
-            submit_label="Yes, cancel these jobs",
+            submit_label=_("Yes, cancel these jobs"),
         )
 
 
 def _job_cancel_outcome(job: Job, live: list[Lease]) -> str:
     if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
-        return f"refused: the job is {job.state}"
-    parts = ["cancelled"]
+        return _("refused: the job is %(state)s") % {"state": job.get_state_display()}
+    parts = [_("cancelled")]
     for lease in live:
         if lease.state == LeaseState.RESERVED:
-            parts.append(f"lease {lease.pk} cancelled, cards released")
+            parts.append(_("lease %(lease)s cancelled, cards released") % {"lease": lease.pk})
         elif lease.state == LeaseState.RUNNING:
-            parts.append(f"lease {lease.pk} asked to stop")
+            parts.append(_("lease %(lease)s asked to stop") % {"lease": lease.pk})
         else:
-            parts.append(f"lease {lease.pk} already stopping")
+            parts.append(_("lease %(lease)s already stopping") % {"lease": lease.pk})
     return "; ".join(parts)
 
 
 class LiveQuoteFilter(admin.SimpleListFilter):
-    title = "validity"
+    title = gettext_lazy("validity")
     parameter_name = "validity"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        return [("live", "live (not expired)"), ("expired", "expired")]
+        return [("live", _("live (not expired)")), ("expired", _("expired"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "live":
@@ -650,7 +668,7 @@ class QuoteAdmin(
     list_filter = [LiveQuoteFilter, "balance_sufficient"]
     list_select_related = ["job", "cluster"]
     id_search_fields = ("pk", "job_id")
-    search_help_text = "A quote id or a job id."
+    search_help_text = gettext_lazy("A quote id or a job id.")
     fields = readonly_fields = (
         "job_cell",
         "rank",
@@ -670,30 +688,30 @@ class QuoteAdmin(
         "expires_display",
         "lease_link",
     )
-    created = _timestamp("created_at", "Created at")
-    expires_display = _timestamp("expires_at", "Expires at")
+    created = _timestamp("created_at", gettext_lazy("Created at"))
+    expires_display = _timestamp("expires_at", gettext_lazy("Expires at"))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Quote]:
         accepted = Lease.objects.filter(quote_id=OuterRef("pk"))
         return super().get_queryset(request).annotate(is_accepted=Exists(accepted))
 
-    @admin.display(description="Job", ordering="job_id")
+    @admin.display(description=gettext_lazy("Job"), ordering="job_id")
     def job_cell(self, obj: Quote) -> SafeString:
         return format_html("{} {}", _job_link(obj.job_id), obj.job.name)
 
-    @admin.display(description="Cluster", ordering="cluster__cpi")
+    @admin.display(description=gettext_lazy("Cluster"), ordering="cluster__cpi")
     def cluster_cpi(self, obj: Quote) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Start → end", ordering="start_at")
+    @admin.display(description=gettext_lazy("Start → end"), ordering="start_at")
     def start(self, obj: Quote) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
-    @admin.display(description="Cost", ordering="cost")
+    @admin.display(description=gettext_lazy("Cost"), ordering="cost")
     def cost_cny(self, obj: Quote) -> SafeString:
         return _cny(obj.cost)
 
-    @admin.display(description="Expires", ordering="expires_at")
+    @admin.display(description=gettext_lazy("Expires"), ordering="expires_at")
     def expires(self, obj: Quote) -> SafeString:
         expired = obj.expires_at <= timezone.now()
         return format_html(
@@ -702,38 +720,38 @@ class QuoteAdmin(
             _local(obj.expires_at),
         )
 
-    @admin.display(description="Accepted", boolean=True, ordering="is_accepted")
+    @admin.display(description=gettext_lazy("Accepted"), boolean=True, ordering="is_accepted")
     def accepted(self, obj: Quote) -> bool:
         return bool(getattr(obj, "is_accepted", False))
 
-    @admin.display(description="Islands (id × cards)")
+    @admin.display(description=gettext_lazy("Islands (id × cards)"))
     def islands(self, obj: Quote) -> str:
         return ", ".join(f"{island_id} × {cards}" for island_id, cards in obj.allocation)
 
-    @admin.display(description="Window")
+    @admin.display(description=gettext_lazy("Window"))
     def window(self, obj: Quote) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
-    @admin.display(description="Price card")
+    @admin.display(description=gettext_lazy("Price card"))
     def price_card_display(self, obj: Quote) -> str:
         card = obj.price_card
         return f"v{card.version}: {card.rate_per_card_hour} CNY per card-hour"
 
-    @admin.display(description="Cost by band")
+    @admin.display(description=gettext_lazy("Cost by band"))
     def breakdown_display(self, obj: Quote) -> SafeString:
         return format_html(
             '<pre style="margin:0">{}</pre>', json.dumps(obj.breakdown, indent=2, ensure_ascii=False)
         )
 
-    @admin.display(description="Expected draw")
+    @admin.display(description=gettext_lazy("Expected draw"))
     def expected_draw_display(self, obj: Quote) -> str:
         return f"{obj.expected_draw} card-hours ({obj.draw_class})"
 
-    @admin.display(description="Replaces")
+    @admin.display(description=gettext_lazy("Replaces"))
     def replaces_link(self, obj: Quote) -> str | SafeString:
         return _lease_link(obj.replaces_id)
 
-    @admin.display(description="Lease")
+    @admin.display(description=gettext_lazy("Lease"))
     def lease_link(self, obj: Quote) -> str | SafeString:
         lease_id = Lease.objects.filter(quote_id=obj.pk).values_list("pk", flat=True).first()
         return "not accepted" if lease_id is None else _lease_link(lease_id)
@@ -751,11 +769,11 @@ class CapacityHoldInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[CapacityHold]:
         return super().get_queryset(request).select_related("island")
 
-    @admin.display(description="Island")
+    @admin.display(description=gettext_lazy("Island"))
     def island_cpi(self, obj: CapacityHold) -> str:
         return obj.island.cpi
 
-    @admin.display(description="Window")
+    @admin.display(description=gettext_lazy("Window"))
     def window(self, obj: CapacityHold) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
@@ -769,19 +787,19 @@ class LeaseTransitionInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[LeaseTransition]:
         return super().get_queryset(request).select_related("delivery")
 
-    @admin.display(description="At")
+    @admin.display(description=gettext_lazy("At"))
     def at_display(self, obj: LeaseTransition) -> str:
         return _local(obj.at)
 
-    @admin.display(description="From → to")
+    @admin.display(description=gettext_lazy("From → to"))
     def from_to(self, obj: LeaseTransition) -> str:
         return f"{obj.from_state or '∅'} → {obj.to_state}"
 
-    @admin.display(description="Actor")
+    @admin.display(description=gettext_lazy("Actor"))
     def actor(self, obj: LeaseTransition) -> str:
         return obj.actor_label
 
-    @admin.display(description="Event")
+    @admin.display(description=gettext_lazy("Event"))
     def delivery_status(self, obj: LeaseTransition) -> str | SafeString:
         try:
             delivery = obj.delivery
@@ -820,12 +838,12 @@ class LeaseAdmin(
     list_filter = ["state", OperatorFilter, BuyerFilter, "cluster__hub"]
     list_select_related = ["job", "buyer", "operator", "cluster", "price_card"]
     text_search_fields = ("cluster__cpi__exact",)
-    search_help_text = "A lease id, or a cluster's full CPI (cpi:operator:hub:name)."
+    search_help_text = gettext_lazy("A lease id, or a cluster's full CPI (cpi:operator:hub:name).")
     actions = ["cancel_leases", "run_failover"]
     inlines = [CapacityHoldInline, LeaseTransitionInline]
     fieldsets = [
         (
-            "Lease",
+            gettext_lazy("Lease"),
             {
                 "fields": [
                     "reference",
@@ -839,9 +857,12 @@ class LeaseAdmin(
                 ]
             },
         ),
-        ("Price", {"fields": ["price_card_display", "expected_cost_cny", "expected_draw_display"]}),
         (
-            "State",
+            gettext_lazy("Price"),
+            {"fields": ["price_card_display", "expected_cost_cny", "expected_draw_display"]},
+        ),
+        (
+            gettext_lazy("State"),
             {
                 "fields": [
                     "state_badge",
@@ -879,69 +900,69 @@ class LeaseAdmin(
         "last_usage_end",
         "created",
     ]
-    started = _timestamp("started_at", "Started at (reported)")
-    stop_requested = _timestamp("stop_requested_at", "Stop requested at")
-    ended = _timestamp("ended_at", "Ended at (billing stops here)")
-    last_usage_end = _timestamp("last_usage_end_at", "Last usage reported up to")
-    created = _timestamp("created_at", "Created at")
+    started = _timestamp("started_at", gettext_lazy("Started at (reported)"))
+    stop_requested = _timestamp("stop_requested_at", gettext_lazy("Stop requested at"))
+    ended = _timestamp("ended_at", gettext_lazy("Ended at (billing stops here)"))
+    last_usage_end = _timestamp("last_usage_end_at", gettext_lazy("Last usage reported up to"))
+    created = _timestamp("created_at", gettext_lazy("Created at"))
 
-    @admin.display(description="Job", ordering="job_id")
+    @admin.display(description=gettext_lazy("Job"), ordering="job_id")
     def job_cell(self, obj: Lease) -> SafeString:
         return format_html("{} {}", _job_link(obj.job_id), obj.job.name)
 
-    @admin.display(description="Buyer", ordering="buyer__slug")
+    @admin.display(description=gettext_lazy("Buyer"), ordering="buyer__slug")
     def buyer_slug(self, obj: Lease) -> str:
         return obj.buyer.slug
 
-    @admin.display(description="Operator", ordering="operator__slug")
+    @admin.display(description=gettext_lazy("Operator"), ordering="operator__slug")
     def operator_slug(self, obj: Lease) -> str:
         return obj.operator.slug
 
-    @admin.display(description="Cluster", ordering="cluster__cpi")
+    @admin.display(description=gettext_lazy("Cluster"), ordering="cluster__cpi")
     def cluster_cpi(self, obj: Lease) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', obj.cluster.cpi)
 
-    @admin.display(description="Window", ordering="start_at")
+    @admin.display(description=gettext_lazy("Window"), ordering="start_at")
     def window(self, obj: Lease) -> SafeString:
         return _window(obj.start_at, obj.end_at)
 
-    @admin.display(description="State", ordering="state")
+    @admin.display(description=gettext_lazy("State"), ordering="state")
     def state_badge(self, obj: Lease) -> SafeString:
         return _badge(obj.state, obj.get_state_display(), _LEASE_STATE_COLOURS)
 
-    @admin.display(description="Price card", ordering="price_card__version")
+    @admin.display(description=gettext_lazy("Price card"), ordering="price_card__version")
     def price_card_version(self, obj: Lease) -> str:
         return f"v{obj.price_card.version}"
 
-    @admin.display(description="Expected cost", ordering="expected_cost")
+    @admin.display(description=gettext_lazy("Expected cost"), ordering="expected_cost")
     def expected_cost_cny(self, obj: Lease) -> SafeString:
         return _cny(obj.expected_cost)
 
-    @admin.display(description="Replaces", ordering="replaces_id")
+    @admin.display(description=gettext_lazy("Replaces"), ordering="replaces_id")
     def replaces_link(self, obj: Lease) -> str | SafeString:
         return _lease_link(obj.replaces_id)
 
-    @admin.display(description="State changed", ordering="state_changed_at")
+    @admin.display(description=gettext_lazy("State changed"), ordering="state_changed_at")
     def state_changed(self, obj: Lease) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.state_changed_at))
 
     # --- change page ---
 
-    @admin.display(description="Reference (on usage records)")
+    @admin.display(description=gettext_lazy("Reference (on usage records)"))
     def reference(self, obj: Lease) -> str:
         return obj.reference
 
-    @admin.display(description="Quote")
+    @admin.display(description=gettext_lazy("Quote"))
     def quote_link(self, obj: Lease) -> str | SafeString:
         if obj.quote_id is None:
             return "none (placed by failover)" if obj.replaces_id else "none"
         return _link(_change_url(Quote, obj.quote_id), f"quote {obj.quote_id}")
 
-    @admin.display(description="Cluster")
+    @admin.display(description=gettext_lazy("Cluster"))
     def cluster_link(self, obj: Lease) -> SafeString:
         return _link(reverse("admin:federation_cluster_change", args=[obj.cluster_id]), obj.cluster.cpi)
 
-    @admin.display(description="Price card")
+    @admin.display(description=gettext_lazy("Price card"))
     def price_card_display(self, obj: Lease) -> str:
         card = obj.price_card
         tariff = card.tariff_version
@@ -950,19 +971,19 @@ class LeaseAdmin(
             f"v{tariff.version}"
         )
 
-    @admin.display(description="Expected draw")
+    @admin.display(description=gettext_lazy("Expected draw"))
     def expected_draw_display(self, obj: Lease) -> str:
         return f"{obj.expected_draw} card-hours ({obj.draw_class})"
 
-    @admin.display(description="Replaced by")
+    @admin.display(description=gettext_lazy("Replaced by"))
     def replaced_by_link(self, obj: Lease) -> str | SafeString:
         lease_id = Lease.objects.filter(replaces_id=obj.pk).values_list("pk", flat=True).first()
         return _lease_link(lease_id)
 
-    @admin.display(description="Usage")
+    @admin.display(description=gettext_lazy("Usage"))
     def usage_link(self, obj: Lease) -> SafeString:
         url = f"{reverse('admin:metering_usagerecord_changelist')}?{urlencode({'q': obj.reference})}"
-        return _link(url, "Usage records reported against it →")
+        return _link(url, _("Usage records reported against it →"))
 
     # --- actions ---
 
@@ -972,11 +993,13 @@ class LeaseAdmin(
     def has_failover_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("broker.change_lease")
 
-    @admin.action(description="Cancel (reserved) / request stop (running)", permissions=["cancel"])
+    @admin.action(
+        description=gettext_lazy("Cancel (reserved) / request stop (running)"), permissions=["cancel"]
+    )
     def cancel_leases(self, request: HttpRequest, queryset: QuerySet[Lease]) -> HttpResponse | None:
         from broker.services.leases import lease_cancel
 
-        if _too_many(request, queryset, "leases"):
+        if _too_many(request, queryset, _("leases")):
             return None
         leases = list(queryset.select_related("buyer", "cluster").order_by("pk"))
         form = ReasonForm(request.POST if _confirmed(request) else None)
@@ -989,15 +1012,24 @@ class LeaseAdmin(
                 try:
                     done = lease_cancel(lease_id=lease.pk, actor=actor, reason=f"{reason} (staff, admin)")
                 except DomainError as exc:
-                    messages.warning(request, f"Lease {lease.pk}: {exc.message}")
+                    messages.warning(
+                        request,
+                        _("Lease %(lease)s: %(message)s") % {"lease": lease.pk, "message": exc.message},
+                    )
                     continue
                 (cancelled if done.state == LeaseState.CANCELLED else stopping).append(str(lease.pk))
                 self.log_change(request, lease, f"{done.get_state_display()}: {reason}")
             if cancelled:
-                messages.success(request, f"Cancelled {len(cancelled)} lease(s): {', '.join(cancelled)}.")
+                messages.success(
+                    request,
+                    _("Cancelled %(n)d lease(s): %(leases)s.")
+                    % {"n": len(cancelled), "leases": ", ".join(cancelled)},
+                )
             if stopping:
                 messages.success(
-                    request, f"Asked the operator to stop {len(stopping)} lease(s): {', '.join(stopping)}."
+                    request,
+                    _("Asked the operator to stop %(n)d lease(s): %(leases)s.")
+                    % {"n": len(stopping), "leases": ", ".join(stopping)},
                 )
             return None
         rows = [
@@ -1016,21 +1048,31 @@ class LeaseAdmin(
             self,
             request,
             action="cancel_leases",
-            title="Cancel or stop these leases?",
+            title=_("Cancel or stop these leases?"),
             intro=[
-                "A reserved lease is cancelled and its cards released at once; its job goes back to open, "
-                "so the buyer may quote it again (cancel the job to stop it for good). A running lease is "
-                "asked to stop: the operator's agent stops it and reports its last usage, which is billed.",
-                "A lease already stopping or ended is refused by the service and reported.",
+                _(
+                    "A reserved lease is cancelled and its cards released at once; its job goes back to open, "
+                    "so the buyer may quote it again (cancel the job to stop it for good). A running lease is "
+                    "asked to stop: the operator's agent stops it and reports its last usage, which is billed."
+                ),
+                _("A lease already stopping or ended is refused by the service and reported."),
             ],
-            headers=["Lease", "Buyer", "Cluster", "Cards", "Window", "State", "What happens"],
+            headers=[
+                _("Lease"),
+                _("Buyer"),
+                _("Cluster"),
+                _("Cards"),
+                _("Window"),
+                _("State"),
+                _("What happens"),
+            ],
             rows=rows,
             selected=[lease.pk for lease in leases],
             form=form,
-            submit_label="Yes, cancel or stop these leases",
+            submit_label=_("Yes, cancel or stop these leases"),
         )
 
-    @admin.action(description="Run failover now (all down clusters)", permissions=["failover"])
+    @admin.action(description=gettext_lazy("Run failover now (all down clusters)"), permissions=["failover"])
     def run_failover(self, request: HttpRequest, queryset: QuerySet[Lease]) -> HttpResponse | None:
         from broker.services.failover import DOWN_STATUSES, LIVE_STATES, leases_fail_over
 
@@ -1041,11 +1083,16 @@ class LeaseAdmin(
             except OperationalError as exc:
                 messages.error(
                     request,
-                    f"Failover hit a transient database error ({exc}); what it handled is committed. Run it "
-                    "again, or let the five-second task finish it.",
+                    _(
+                        "Failover hit a transient database error (%(error)s); what it handled is committed. Run it "
+                        "again, or let the five-second task finish it."
+                    )
+                    % {"error": exc},
                 )
                 return None
-            messages.success(request, f"Failover ran: {handled} lease(s) of down clusters handled.")
+            messages.success(
+                request, _("Failover ran: %(n)d lease(s) of down clusters handled.") % {"n": handled}
+            )
             return None
         down = (
             Lease.objects.filter(state__in=LIVE_STATES, cluster__status__in=DOWN_STATUSES)
@@ -1061,7 +1108,7 @@ class LeaseAdmin(
                 format_html("{} ({})", lease.cluster.cpi, lease.cluster.get_status_display().lower()),
                 lease.cards,
                 lease.get_state_display(),
-                "yes" if lease.job.checkpointable else "no",
+                _("yes") if lease.job.checkpointable else _("no"),
             ]
             for lease in shown
         ]
@@ -1070,32 +1117,34 @@ class LeaseAdmin(
             self,
             request,
             action="run_failover",
-            title="Run failover now?",
+            title=_("Run failover now?"),
             intro=[
-                "Failover runs every five seconds by itself; this runs it once, now, exactly as the task "
-                "does. It takes over every live lease of an offline or retired cluster, whichever leases "
-                "are selected: each is interrupted, billed up to its last reported usage, and re-placed "
-                "elsewhere for its remaining time when its job allows it (a checkpointable job, or a lease "
-                "that never started); otherwise its job fails and the buyer is told.",
-                f"Live leases on down clusters right now: {total}."
+                _(
+                    "Failover runs every five seconds by itself; this runs it once, now, exactly as the task "
+                    "does. It takes over every live lease of an offline or retired cluster, whichever leases "
+                    "are selected: each is interrupted, billed up to its last reported usage, and re-placed "
+                    "elsewhere for its remaining time when its job allows it (a checkpointable job, or a lease "
+                    "that never started); otherwise its job fails and the buyer is told."
+                ),
+                _("Live leases on down clusters right now: %(n)d.") % {"n": total}
                 if total
-                else "There are no live leases on down clusters right now: failover would do nothing.",
+                else _("There are no live leases on down clusters right now: failover would do nothing."),
             ],
-            headers=["Lease", "Buyer", "Cluster", "Cards", "State", "Checkpointable job"],
+            headers=[_("Lease"), _("Buyer"), _("Cluster"), _("Cards"), _("State"), _("Checkpointable job")],
             rows=rows,
             more=max(total - len(shown), 0),
             selected=[first] if first is not None else [],
             form=None,
-            submit_label="Yes, run failover now",
+            submit_label=_("Yes, run failover now"),
         )
 
 
 def _lease_cancel_outcome(lease: Lease) -> str:
     if lease.state == LeaseState.RESERVED:
-        return "cancelled, cards released"
+        return _("cancelled, cards released")
     if lease.state == LeaseState.RUNNING:
-        return "asked to stop"
-    return f"refused: the lease is {lease.get_state_display().lower()}"
+        return _("asked to stop")
+    return _("refused: the lease is %(state)s") % {"state": lease.get_state_display().lower()}
 
 
 @admin.register(LeaseTransition)
@@ -1110,7 +1159,7 @@ class LeaseTransitionAdmin(
     list_filter = ["to_state"]
     date_hierarchy = "at"
     id_search_fields = ("lease_id",)
-    search_help_text = "A lease id."
+    search_help_text = gettext_lazy("A lease id.")
     fields = readonly_fields = (
         "lease_cell",
         "operator_slug",
@@ -1122,27 +1171,27 @@ class LeaseTransitionAdmin(
         "delivery_link",
     )
 
-    @admin.display(description="Lease", ordering="lease_id")
+    @admin.display(description=gettext_lazy("Lease"), ordering="lease_id")
     def lease_cell(self, obj: LeaseTransition) -> str | SafeString:
         return _lease_link(obj.lease_id)
 
-    @admin.display(description="From → to")
+    @admin.display(description=gettext_lazy("From → to"))
     def from_to(self, obj: LeaseTransition) -> str:
         return f"{obj.from_state or '∅'} → {obj.to_state}"
 
-    @admin.display(description="At", ordering="at")
+    @admin.display(description=gettext_lazy("At"), ordering="at")
     def at_display(self, obj: LeaseTransition) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.at))
 
-    @admin.display(description="Actor")
+    @admin.display(description=gettext_lazy("Actor"))
     def actor(self, obj: LeaseTransition) -> str:
         return obj.actor_label
 
-    @admin.display(description="Operator")
+    @admin.display(description=gettext_lazy("Operator"))
     def operator_slug(self, obj: LeaseTransition) -> str:
         return obj.operator.slug
 
-    @admin.display(description="Event delivery")
+    @admin.display(description=gettext_lazy("Event delivery"))
     def delivery_link(self, obj: LeaseTransition) -> str | SafeString:
         delivery = LeaseEventDelivery.objects.filter(transition_id=obj.pk).first()
         if delivery is None:
@@ -1158,8 +1207,10 @@ class OperatorEndpointForm(forms.ModelForm):
         model = OperatorEndpoint
         fields = ["enabled"]
         help_texts = {
-            "enabled": "Untick to pause POSTing lease events to this operator's clusters (pulling still "
-            "works; events falling due meanwhile are given up, and can be retried later). The secret is kept.",
+            "enabled": gettext_lazy(
+                "Untick to pause POSTing lease events to this operator's clusters (pulling still works; events "
+                "falling due meanwhile are given up, and can be retried later). The secret is kept."
+            ),
         }
 
     def clean(self) -> dict[str, Any]:
@@ -1167,8 +1218,10 @@ class OperatorEndpointForm(forms.ModelForm):
         if cleaned.get("enabled") and "enabled" in self.changed_data and not self.instance.secret:
             self.add_error(
                 "enabled",
-                "This operator has no signing secret (it disabled lease events itself): it turns them back "
-                "on by rotating its secret through the API.",
+                _(
+                    "This operator has no signing secret (it disabled lease events itself): it turns them back "
+                    "on by rotating its secret through the API."
+                ),
             )
         return cleaned
 
@@ -1186,7 +1239,7 @@ class OperatorEndpointAdmin(_DetailJoinsMixin, admin.ModelAdmin):
     list_select_related = ["operator"]
     fields = ["operator", "masked_secret", "enabled", "created", "deliveries_link"]
     readonly_fields = ["operator", "masked_secret", "created", "deliveries_link"]
-    created = _timestamp("created_at", "Created at")
+    created = _timestamp("created_at", gettext_lazy("Created at"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -1194,17 +1247,17 @@ class OperatorEndpointAdmin(_DetailJoinsMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: OperatorEndpoint | None = None) -> bool:
         return False
 
-    @admin.display(description="Operator", ordering="operator__slug")
+    @admin.display(description=gettext_lazy("Operator"), ordering="operator__slug")
     def operator_slug(self, obj: OperatorEndpoint) -> str:
         return obj.operator.slug
 
-    @admin.display(description="Signing secret")
+    @admin.display(description=gettext_lazy("Signing secret"))
     def masked_secret(self, obj: OperatorEndpoint) -> SafeString:
         return format_html('<code style="white-space:nowrap">{}</code>', _mask(obj.secret))
 
-    @admin.display(description="Deliveries")
+    @admin.display(description=gettext_lazy("Deliveries"))
     def deliveries_link(self, obj: OperatorEndpoint) -> SafeString:
-        return _link(_changelist_url(LeaseEventDelivery, operator=obj.operator_id), "Its lease events →")
+        return _link(_changelist_url(LeaseEventDelivery, operator=obj.operator_id), _("Its lease events →"))
 
     def save_model(
         self, request: HttpRequest, obj: OperatorEndpoint, form: forms.ModelForm, change: bool
@@ -1244,7 +1297,7 @@ class LeaseEventDeliveryAdmin(
     list_filter = ["status", DeliveryOperatorFilter]
     list_select_related = ["transition"]
     id_search_fields = ("transition__lease_id",)
-    search_help_text = "A lease id."
+    search_help_text = gettext_lazy("A lease id.")
     actions = ["retry_now"]
     fields = readonly_fields = (
         "transition_cell",
@@ -1257,7 +1310,7 @@ class LeaseEventDeliveryAdmin(
         "delivered",
     )
 
-    @admin.display(description="Transition", ordering="transition_id")
+    @admin.display(description=gettext_lazy("Transition"), ordering="transition_id")
     def transition_cell(self, obj: LeaseEventDelivery) -> SafeString:
         transition = obj.transition
         return format_html(
@@ -1268,45 +1321,48 @@ class LeaseEventDeliveryAdmin(
             transition.to_state,
         )
 
-    @admin.display(description="Lease")
+    @admin.display(description=gettext_lazy("Lease"))
     def lease_cell(self, obj: LeaseEventDelivery) -> str | SafeString:
         return _lease_link(obj.transition.lease_id)
 
-    @admin.display(description="URL")
+    @admin.display(description=gettext_lazy("URL"))
     def url_cell(self, obj: LeaseEventDelivery) -> SafeString:
         short = obj.url if len(obj.url) <= 48 else f"{obj.url[:47]}…"
         return format_html('<span title="{}">{}</span>', obj.url, short)
 
-    @admin.display(description="Status", ordering="status")
+    @admin.display(description=gettext_lazy("Status"), ordering="status")
     def status_badge(self, obj: LeaseEventDelivery) -> SafeString:
         return _badge(obj.status, obj.get_status_display(), _DELIVERY_COLOURS)
 
-    @admin.display(description="Next attempt", ordering="next_attempt_at")
+    @admin.display(description=gettext_lazy("Next attempt"), ordering="next_attempt_at")
     def next_attempt(self, obj: LeaseEventDelivery) -> str:
         return "—" if obj.status != LeaseEventDelivery.Status.PENDING else _local(obj.next_attempt_at)
 
-    @admin.display(description="Last error")
+    @admin.display(description=gettext_lazy("Last error"))
     def error_cell(self, obj: LeaseEventDelivery) -> str | SafeString:
         if not obj.last_error:
             return ""
         short = obj.last_error if len(obj.last_error) <= 60 else f"{obj.last_error[:59]}…"
         return format_html('<span title="{}">{}</span>', obj.last_error, short)
 
-    @admin.display(description="Delivered at", ordering="delivered_at")
+    @admin.display(description=gettext_lazy("Delivered at"), ordering="delivered_at")
     def delivered(self, obj: LeaseEventDelivery) -> str:
         return _local(obj.delivered_at)
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("broker.change_leaseeventdelivery")
 
-    @admin.action(description="Retry now (pending and given-up events)", permissions=["retry"])
+    @admin.action(description=gettext_lazy("Retry now (pending and given-up events)"), permissions=["retry"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[LeaseEventDelivery]) -> None:
         ids = list(queryset.exclude(status=LeaseEventDelivery.Status.DELIVERED).values_list("pk", flat=True))
         made_due = dispatch.lease_event_deliveries_retry(delivery_ids=ids, actor=_staff_actor(request))
         messages.success(
             request,
-            f"{made_due} event(s) due now; the delivery task sends them on its next run (every few seconds). "
-            "Delivered events were left alone.",
+            _(
+                "%(n)d event(s) due now; the delivery task sends them on its next run (every few seconds). "
+                "Delivered events were left alone."
+            )
+            % {"n": made_due},
         )
         paused = (
             Organisation.objects.filter(
@@ -1321,8 +1377,11 @@ class LeaseEventDeliveryAdmin(
         if paused:
             messages.warning(
                 request,
-                f"Lease events are paused or disabled for {', '.join(paused)}: their events will be given "
-                "up again until the endpoint is enabled.",
+                _(
+                    "Lease events are paused or disabled for %(operators)s: their events will be given up again "
+                    "until the endpoint is enabled."
+                )
+                % {"operators": ", ".join(paused)},
             )
 
 
@@ -1338,26 +1397,28 @@ class BuyerNoticeAdmin(
     list_select_related = ["buyer"]
     id_search_fields = ("job_id", "lease_id")
     text_search_fields = ("buyer__slug__exact", "kind__exact")
-    search_help_text = "A job or lease id, a buyer's slug, or a notice kind (lease_replaced, …)."
+    search_help_text = gettext_lazy(
+        "A job or lease id, a buyer's slug, or a notice kind (lease_replaced, …)."
+    )
     fields = readonly_fields = ("buyer", "kind", "job_cell", "lease_cell", "message", "created", "read")
 
-    @admin.display(description="Created", ordering="created_at")
+    @admin.display(description=gettext_lazy("Created"), ordering="created_at")
     def created(self, obj: BuyerNotice) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.created_at))
 
-    @admin.display(description="Buyer", ordering="buyer__slug")
+    @admin.display(description=gettext_lazy("Buyer"), ordering="buyer__slug")
     def buyer_slug(self, obj: BuyerNotice) -> str:
         return obj.buyer.slug
 
-    @admin.display(description="Job", ordering="job_id")
+    @admin.display(description=gettext_lazy("Job"), ordering="job_id")
     def job_cell(self, obj: BuyerNotice) -> str | SafeString:
         return _job_link(obj.job_id)
 
-    @admin.display(description="Lease", ordering="lease_id")
+    @admin.display(description=gettext_lazy("Lease"), ordering="lease_id")
     def lease_cell(self, obj: BuyerNotice) -> str | SafeString:
         return _lease_link(obj.lease_id)
 
-    @admin.display(description="Read at", ordering="read_at")
+    @admin.display(description=gettext_lazy("Read at"), ordering="read_at")
     def read(self, obj: BuyerNotice) -> str:
         return "unread" if obj.read_at is None else _local(obj.read_at)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.models import BooleanField, Case, Count, Max, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
 from broker.models import HOLDING_STATES, BuyerNotice, CapacityHold, Job, Lease, LeaseTransition, Quote
@@ -30,7 +31,7 @@ def job_get_for(*, buyer: Organisation, job_id: int) -> Job:
     """One of the buyer's jobs; another buyer's job is JobNotFoundError (404), so existence does not leak."""
     job = job_list_for(buyer=buyer).filter(pk=job_id).first() if 0 < job_id < 2**63 else None
     if job is None:
-        raise JobNotFoundError(f"No job {job_id}.", extra={"job_id": job_id})
+        raise JobNotFoundError(_("No job %(id)s.") % {"id": job_id}, extra={"job_id": job_id})
     return job
 
 
@@ -43,7 +44,7 @@ def quote_get_for(*, buyer: Organisation, quote_id: int) -> Quote:
         else None
     )
     if quote is None:
-        raise QuoteNotFoundError(f"No quote {quote_id}.", extra={"quote_id": quote_id})
+        raise QuoteNotFoundError(_("No quote %(id)s.") % {"id": quote_id}, extra={"quote_id": quote_id})
     return quote
 
 
@@ -72,7 +73,7 @@ def lease_list_for_buyer(*, buyer: Organisation) -> QuerySet[Lease]:
 def lease_get_for_buyer(*, buyer: Organisation, lease_id: int) -> Lease:
     lease = lease_list_for_buyer(buyer=buyer).filter(pk=lease_id).first() if 0 < lease_id < 2**63 else None
     if lease is None:
-        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+        raise LeaseNotFoundError(_("No lease %(id)s.") % {"id": lease_id}, extra={"lease_id": lease_id})
     return lease
 
 
@@ -87,7 +88,7 @@ def lease_get_for_operator(*, operator: Organisation, lease_id: int) -> Lease:
         else None
     )
     if lease is None:
-        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+        raise LeaseNotFoundError(_("No lease %(id)s.") % {"id": lease_id}, extra={"lease_id": lease_id})
     return lease
 
 

@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext_lazy, ngettext
 
 from core import services
 from core.admin_tools import ReadOnlyAdminMixin
@@ -23,19 +24,28 @@ class OrganisationAdmin(admin.ModelAdmin):
     inlines = [MembershipInline]
     actions = ["suspend", "reinstate"]
 
-    @admin.action(description="Suspend selected organisations")
+    @admin.action(description=gettext_lazy("Suspend selected organisations"))
     def suspend(self, request: HttpRequest, queryset: QuerySet[Organisation]) -> None:
         for organisation in queryset:
             services.organisation_suspend(
                 organisation=organisation, reason=f"suspended by {request.user} in admin"
             )
-        messages.success(request, f"Suspended {queryset.count()} organisation(s).")
+        count = queryset.count()
+        messages.success(
+            request,
+            ngettext("Suspended %(n)d organisation.", "Suspended %(n)d organisations.", count) % {"n": count},
+        )
 
-    @admin.action(description="Reinstate selected organisations")
+    @admin.action(description=gettext_lazy("Reinstate selected organisations"))
     def reinstate(self, request: HttpRequest, queryset: QuerySet[Organisation]) -> None:
         for organisation in queryset:
             services.organisation_reinstate(organisation=organisation)
-        messages.success(request, f"Reinstated {queryset.count()} organisation(s).")
+        count = queryset.count()
+        messages.success(
+            request,
+            ngettext("Reinstated %(n)d organisation.", "Reinstated %(n)d organisations.", count)
+            % {"n": count},
+        )
 
 
 @admin.register(Membership)
@@ -60,11 +70,14 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Revoke selected tokens")
+    @admin.action(description=gettext_lazy("Revoke selected tokens"))
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         for token in queryset:
             services.api_token_revoke(organisation=token.organisation, token_id=token.pk)
-        messages.success(request, f"Revoked {queryset.count()} token(s).")
+        count = queryset.count()
+        messages.success(
+            request, ngettext("Revoked %(n)d token.", "Revoked %(n)d tokens.", count) % {"n": count}
+        )
 
 
 @admin.register(Invitation)
@@ -92,7 +105,7 @@ class InvitationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     exclude = ["token_hash"]
     actions = ["revoke"]
 
-    @admin.action(description="Revoke selected pending invitations")
+    @admin.action(description=gettext_lazy("Revoke selected pending invitations"))
     def revoke(self, request: HttpRequest, queryset: QuerySet[Invitation]) -> None:
         revoked = 0
         for invitation in queryset.filter(accepted_at__isnull=True, revoked_at__isnull=True):
@@ -101,4 +114,7 @@ class InvitationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             except ConflictError:  # accepted since the list was shown
                 continue
             revoked += 1
-        messages.success(request, f"Revoked {revoked} invitation(s).")
+        messages.success(
+            request,
+            ngettext("Revoked %(n)d invitation.", "Revoked %(n)d invitations.", revoked) % {"n": revoked},
+        )

@@ -14,6 +14,7 @@ from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import cached_property
+from django.utils.translation import gettext_lazy
 
 from core.models import Organisation
 from core.types import Actor
@@ -94,12 +95,12 @@ class OrganisationFilter(admin.SimpleListFilter):
 
 
 class OperatorFilter(OrganisationFilter):
-    title = "operator"
+    title = gettext_lazy("operator")
     parameter_name = "operator"
 
 
 class BuyerFilter(OrganisationFilter):
-    title = "buyer"
+    title = gettext_lazy("buyer")
     parameter_name = "buyer"
     role_field = "is_buyer"
     field_name = "buyer"

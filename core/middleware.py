@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import translation
+from django.utils.translation import gettext as _
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 
@@ -58,10 +60,18 @@ class ApiBodyLimitMiddleware(DualModeMiddleware):
             except ValueError:
                 length = 0
             if length > limit:
+                # This runs before LocaleMiddleware, so the language is read from the request here.
+                with translation.override(translation.get_language_from_request(request)):
+                    message = _(
+                        "The request body is %(bytes)d bytes; this endpoint accepts at most %(limit)d."
+                    ) % {
+                        "bytes": length,
+                        "limit": limit,
+                    }
                 return JsonResponse(
                     {
                         "code": "payload_too_large",
-                        "message": f"The request body is {length} bytes; this endpoint accepts at most {limit}.",
+                        "message": message,
                         "extra": {"max_bytes": limit, "bytes": length},
                     },
                     status=413,

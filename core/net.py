@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.utils.translation import gettext as _
 
 from core.errors import InvalidInputError
 
@@ -49,8 +50,8 @@ class Target:
 
 def _fail(url: str, why: str, field: str) -> UnsafeEndpointError:
     return UnsafeEndpointError(
-        f"{url[:200]} cannot be an endpoint: {why}.",
-        extra={"fields": {field: [f"Not allowed: {why}."]}, "reason": why},
+        _("%(url)s cannot be an endpoint: %(why)s.") % {"url": url[:200], "why": why},
+        extra={"fields": {field: [_("Not allowed: %(why)s.") % {"why": why}]}, "reason": why},
     )
 
 
@@ -59,19 +60,19 @@ def _parse(url: str, *, field: str) -> Target:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise _fail(url, "not a valid URL", field) from exc
+        raise _fail(url, _("not a valid URL"), field) from exc
     allowed = ("https", "http") if settings.CARDHOUR_ENDPOINT_ALLOW_HTTP else ("https",)
     if parts.scheme not in allowed:
-        raise _fail(url, "the scheme must be " + " or ".join(allowed), field)
+        raise _fail(url, _("the scheme must be %(schemes)s") % {"schemes": " / ".join(allowed)}, field)
     if parts.username is not None or parts.password is not None:
-        raise _fail(url, "credentials in the URL", field)
+        raise _fail(url, _("credentials in the URL"), field)
     host = (parts.hostname or "").rstrip(".").lower()
     if not host:
-        raise _fail(url, "no host", field)
+        raise _fail(url, _("no host"), field)
     loopback_name = host == "localhost" or host.endswith(".localhost")
     internal = host in BLOCKED_NAMES or host.endswith(BLOCKED_SUFFIXES)
     if internal and not (loopback_name and settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK):
-        raise _fail(url, f"{host} is an internal name", field)
+        raise _fail(url, _("%(host)s is an internal name") % {"host": host}, field)
     path = parts.path or "/"
     if parts.query:
         path = f"{path}?{parts.query}"
@@ -88,13 +89,17 @@ def address_forbidden(address: str) -> str | None:
         elif ip in ipaddress.ip_network("64:ff9b::/96"):  # NAT64: the IPv4 address is in the low 32 bits
             ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip.is_loopback:
-        return None if settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK else f"{ip} is a loopback address"
+        return (
+            None
+            if settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK
+            else _("%(ip)s is a loopback address") % {"ip": ip}
+        )
     if ip.is_multicast:
-        return f"{ip} is a multicast address"
+        return _("%(ip)s is a multicast address") % {"ip": ip}
     if ip.is_link_local:
-        return f"{ip} is a link-local address (cloud metadata lives there)"
+        return _("%(ip)s is a link-local address (cloud metadata lives there)") % {"ip": ip}
     if ip.is_private or ip.is_reserved or ip.is_unspecified or not ip.is_global:
-        return f"{ip} is not a public address"
+        return _("%(ip)s is not a public address") % {"ip": ip}
     return None
 
 

@@ -48,6 +48,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from core.errors import DomainError
 from core.types import Actor
@@ -70,12 +72,20 @@ from federation.types import LatencyMeasurement
 # (fleet imports) or of status changes (a flapping agent). The full lists are one click away.
 INLINE_ROW_LIMIT = 50
 
-_NOT_PUBLISHED = "The vendor has not published this figure; we do not invent numbers."
-_UNKNOWN_SPEC = format_html(
-    '<strong style="color:#b45309" title="{}">unknown — not public</strong>', _NOT_PUBLISHED
-)
+_NOT_PUBLISHED = gettext_lazy("The vendor has not published this figure; we do not invent numbers.")
+
+
+def _unknown_spec() -> SafeString:
+    return format_html(
+        '<strong style="color:#b45309" title="{}">{}</strong>', _NOT_PUBLISHED, _("unknown — not public")
+    )
+
+
 # The short marker for list columns; the tooltip says why.
-_UNKNOWN = format_html('<strong style="color:#b45309" title="{}">unknown</strong>', _NOT_PUBLISHED)
+def _unknown() -> SafeString:
+    return format_html('<strong style="color:#b45309" title="{}">{}</strong>', _NOT_PUBLISHED, _("unknown"))
+
+
 _HEALTH_COLOURS: dict[str, str] = {
     Health.OK: "#15803d",
     Health.DEGRADED: "#b45309",
@@ -107,7 +117,7 @@ def human_duration(seconds: float) -> str:
 
 def _figure(value: Decimal | None) -> str | SafeString:
     """A catalog figure without trailing zeros, or the unknown marker (never an invented number)."""
-    return _UNKNOWN if value is None else f"{value.normalize():f}"
+    return _unknown() if value is None else f"{value.normalize():f}"
 
 
 def _local(at: datetime) -> str:
@@ -192,11 +202,11 @@ class HubAdmin(_WideChangelistMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Hub | None = None) -> bool:
         return False
 
-    @admin.display(description="Name (中文)", ordering="name_zh")
+    @admin.display(description=gettext_lazy("Name (中文)"), ordering="name_zh")
     def chinese_name(self, obj: Hub) -> str:
         return obj.name_zh
 
-    @admin.display(description="Clusters", ordering="cluster_count")
+    @admin.display(description=gettext_lazy("Clusters"), ordering="cluster_count")
     def cluster_count(self, obj: Hub) -> int:
         return getattr(obj, "cluster_count", 0)
 
@@ -207,13 +217,13 @@ class HubLatencyForm(forms.ModelForm):
     measured_at = forms.SplitDateTimeField(
         widget=AdminSplitDateTime,
         initial=timezone.now,
-        help_text="When it was measured. A measurement older than the stored one is ignored.",
+        help_text=gettext_lazy("When it was measured. A measurement older than the stored one is ignored."),
     )
     also_reverse = forms.BooleanField(
         required=False,
         initial=True,
-        label="Also set the reverse pair",
-        help_text="Target → source gets it too.",
+        label=gettext_lazy("Also set the reverse pair"),
+        help_text=gettext_lazy("Target → source gets it too."),
     )
 
     class Meta:
@@ -251,11 +261,11 @@ class HubLatencyAdmin(_WideChangelistMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: HubLatency | None = None) -> bool:
         return False
 
-    @admin.display(description="Stored value measured at")
+    @admin.display(description=gettext_lazy("Stored value measured at"))
     def stored_measured_at(self, obj: HubLatency) -> str:
         return "never (policy tier seed)" if obj.measured_at is None else _local(obj.measured_at)
 
-    @admin.display(description="Pair", ordering="source__sort_order")
+    @admin.display(description=gettext_lazy("Pair"), ordering="source__sort_order")
     def pair(self, obj: HubLatency) -> SafeString:
         return format_html(
             '<span style="white-space:nowrap" title="{} → {}">{} → {}</span>',
@@ -265,7 +275,7 @@ class HubLatencyAdmin(_WideChangelistMixin, admin.ModelAdmin):
             obj.target.code,
         )
 
-    @admin.display(description="Measured at", ordering="measured_at")
+    @admin.display(description=gettext_lazy("Measured at"), ordering="measured_at")
     def measured(self, obj: HubLatency) -> str:
         return "—" if obj.measured_at is None else _local(obj.measured_at)
 
@@ -286,7 +296,8 @@ class HubLatencyAdmin(_WideChangelistMixin, admin.ModelAdmin):
         if stored.measured_at is not None and measured_at < stored.measured_at:
             messages.warning(
                 request,
-                f"Not stored: the latency on record was measured later ({stored.measured_at:%Y-%m-%d %H:%M}).",
+                _("Not stored: the latency on record was measured later (%(at)s).")
+                % {"at": f"{stored.measured_at:%Y-%m-%d %H:%M}"},
             )
         obj.refresh_from_db()
 
@@ -303,12 +314,16 @@ class StandardCardForm(forms.ModelForm):
         cleaned = super().clean() or {}
         effective_from = cleaned.get("effective_from")
         if effective_from is not None and effective_from <= timezone.now():
-            self.add_error("effective_from", "A definition takes effect in the future, never retroactively.")
+            self.add_error(
+                "effective_from", _("A definition takes effect in the future, never retroactively.")
+            )
         version = cleaned.get("version")
         if self.instance.pk is None and version is not None:
             newest = StandardCard.objects.order_by("-version").values_list("version", flat=True).first()
             if newest is not None and version <= newest:
-                self.add_error("version", f"Versions only go up: the newest is v{newest}.")
+                self.add_error(
+                    "version", _("Versions only go up: the newest is v%(newest)s.") % {"newest": newest}
+                )
         return cleaned
 
 
@@ -320,7 +335,7 @@ class StandardCardAdmin(_WideChangelistMixin, admin.ModelAdmin):
         current = selectors.standard_card_current()
         now = timezone.now()
 
-        @admin.display(description="State")
+        @admin.display(description=gettext_lazy("State"))
         def state(obj: StandardCard) -> str:
             if obj.pk == current.pk:
                 return "in force"
@@ -367,9 +382,9 @@ class AcceleratorForm(forms.ModelForm):
             "source",
         ]
         labels = {
-            "dense_fp16_tflops": "Dense FP16 TFLOPS",
-            "memory_gb": "Memory (GB)",
-            "memory_bandwidth_gbps": "Memory bandwidth (GB/s)",
+            "dense_fp16_tflops": gettext_lazy("Dense FP16 TFLOPS"),
+            "memory_gb": gettext_lazy("Memory (GB)"),
+            "memory_bandwidth_gbps": gettext_lazy("Memory bandwidth (GB/s)"),
         }
         widgets = {
             "interconnect": forms.TextInput(attrs={"size": 80}),
@@ -398,7 +413,7 @@ class AcceleratorAdmin(_WideChangelistMixin, admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["slug", "vendor", "model", "aliases"]}),
         (
-            "Specification",
+            gettext_lazy("Specification"),
             {
                 "fields": [
                     "spec_status",
@@ -422,7 +437,8 @@ class AcceleratorAdmin(_WideChangelistMixin, admin.ModelAdmin):
         standard = selectors.standard_card_current()
 
         @admin.display(
-            description=f"Std-card factor (÷ {standard.dense_fp16_tflops.normalize():f}, v{standard.version})"
+            description=_("Std-card factor (÷ %(tflops)s, v%(version)s)")
+            % {"tflops": f"{standard.dense_fp16_tflops.normalize():f}", "version": standard.version}
         )
         def factor(obj: Accelerator) -> str | SafeString:
             value = selectors.standard_card_factor(tflops=obj.dense_fp16_tflops, standard=standard)
@@ -437,34 +453,34 @@ class AcceleratorAdmin(_WideChangelistMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Accelerator | None = None) -> bool:
         return False
 
-    @admin.display(description="Accelerator", ordering="vendor")
+    @admin.display(description=gettext_lazy("Accelerator"), ordering="vendor")
     def name_and_slug(self, obj: Accelerator) -> SafeString:
         return format_html('{}<br><small style="white-space:nowrap">{}</small>', obj, obj.slug)
 
-    @admin.display(description="Dense FP16 TFLOPS", ordering="dense_fp16_tflops")
+    @admin.display(description=gettext_lazy("Dense FP16 TFLOPS"), ordering="dense_fp16_tflops")
     def tflops(self, obj: Accelerator) -> str | SafeString:
         return _figure(obj.dense_fp16_tflops)
 
-    @admin.display(description="Memory GB", ordering="memory_gb")
+    @admin.display(description=gettext_lazy("Memory GB"), ordering="memory_gb")
     def memory(self, obj: Accelerator) -> str | SafeString:
         return _figure(obj.memory_gb)
 
-    @admin.display(description="Bandwidth GB/s", ordering="memory_bandwidth_gbps")
+    @admin.display(description=gettext_lazy("Bandwidth GB/s"), ordering="memory_bandwidth_gbps")
     def bandwidth(self, obj: Accelerator) -> str | SafeString:
         return _figure(obj.memory_bandwidth_gbps)
 
-    @admin.display(description="Clusters", ordering="cluster_count")
+    @admin.display(description=gettext_lazy("Clusters"), ordering="cluster_count")
     def cluster_count(self, obj: Accelerator) -> int:
         return getattr(obj, "cluster_count", 0)
 
-    @admin.display(description="Standard-card factor")
+    @admin.display(description=gettext_lazy("Standard-card factor"))
     def standard_card_factor(self, obj: Accelerator) -> str | SafeString:
         if obj.pk is None:
             return "—"
         standard = selectors.standard_card_current()
         value = selectors.standard_card_factor(tflops=obj.dense_fp16_tflops, standard=standard)
         if value is None:
-            return _UNKNOWN_SPEC
+            return _unknown_spec()
         return f"{value} (against standard card v{standard.version}, {standard.dense_fp16_tflops} TFLOPS)"
 
 
@@ -497,7 +513,7 @@ class ClusterStatusChangeInline(_ReadOnlyAdminMixin, admin.TabularInline):
     extra = 0
     verbose_name_plural = f"status history (latest {INLINE_ROW_LIMIT})"
 
-    @admin.display(description="Changed at")
+    @admin.display(description=gettext_lazy("Changed at"))
     def changed(self, obj: ClusterStatusChange) -> str:
         return _local(obj.changed_at)
 
@@ -506,8 +522,8 @@ class ClusterActionForm(ActionForm):
     reason = forms.CharField(
         required=False,
         max_length=400,
-        label="Reason",
-        help_text="Recorded in the status history with your name.",
+        label=gettext_lazy("Reason"),
+        help_text=gettext_lazy("Recorded in the status history with your name."),
         widget=forms.TextInput(attrs={"size": 40, "placeholder": "reason (required for status changes)"}),
     )
 
@@ -516,12 +532,12 @@ class ClusterForm(forms.ModelForm):
     class Meta:
         model = Cluster
         fields = ["site", "endpoint_url"]
-        labels = {"endpoint_url": "Dispatch endpoint URL"}
+        labels = {"endpoint_url": gettext_lazy("Dispatch endpoint URL")}
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         if self.changed_data and self.instance.status == ClusterStatus.RETIRED:
-            raise forms.ValidationError("A retired cluster cannot change.")
+            raise forms.ValidationError(_("A retired cluster cannot change."))
         return cleaned
 
 
@@ -579,7 +595,7 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
     ]
     fieldsets = [
         (
-            "Identity",
+            gettext_lazy("Identity"),
             {
                 "fields": [
                     "compute_identifier",
@@ -593,11 +609,14 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             },
         ),
         (
-            "Status (change it with the actions on the cluster list)",
+            gettext_lazy("Status (change it with the actions on the cluster list)"),
             {"fields": ["status", "offline_cause", "status_before_offline", "health", "history_link"]},
         ),
-        ("Capacity", {"fields": ["cards_k1", "cards_k2", "islands_link"]}),
-        ("Heartbeats", {"fields": ["last_heartbeat_at", "heartbeat_age", "last_heartbeat_sent_at"]}),
+        (gettext_lazy("Capacity"), {"fields": ["cards_k1", "cards_k2", "islands_link"]}),
+        (
+            gettext_lazy("Heartbeats"),
+            {"fields": ["last_heartbeat_at", "heartbeat_age", "last_heartbeat_sent_at"]},
+        ),
         (None, {"fields": ["registered_at", "updated_at"]}),
     ]
 
@@ -627,23 +646,23 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
 
     # --- columns and read-only fields ---
 
-    @admin.display(description="CPI", ordering="cpi")
+    @admin.display(description=gettext_lazy("CPI"), ordering="cpi")
     def cpi_cell(self, obj: Cluster) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', obj.cpi)
 
-    @admin.display(description="Compute identifier (CPI)")
+    @admin.display(description=gettext_lazy("Compute identifier (CPI)"))
     def compute_identifier(self, obj: Cluster) -> str:
         return obj.cpi
 
-    @admin.display(description="Operator", ordering="operator__slug")
+    @admin.display(description=gettext_lazy("Operator"), ordering="operator__slug")
     def operator_slug(self, obj: Cluster) -> str:
         return obj.operator.slug
 
-    @admin.display(description="Chip", ordering="accelerator__model")
+    @admin.display(description=gettext_lazy("Chip"), ordering="accelerator__model")
     def chip(self, obj: Cluster) -> SafeString:
         return format_html('<span title="{}">{}</span>', obj.accelerator, obj.accelerator.model)
 
-    @admin.display(description="Health", ordering="health")
+    @admin.display(description=gettext_lazy("Health"), ordering="health")
     def health_badge(self, obj: Cluster) -> SafeString:
         return format_html(
             '<span style="color:{}" title="{}">{}</span>',
@@ -652,15 +671,15 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             obj.health,
         )
 
-    @admin.display(description="Cards (K1)", ordering="total_cards")
+    @admin.display(description=gettext_lazy("Cards (K1)"), ordering="total_cards")
     def cards_k1(self, obj: Cluster) -> int:
         return obj.total_cards
 
-    @admin.display(description="Free (K2)", ordering="available_cards")
+    @admin.display(description=gettext_lazy("Free (K2)"), ordering="available_cards")
     def cards_k2(self, obj: Cluster) -> int:
         return obj.available_cards
 
-    @admin.display(description="Last heartbeat", ordering="-last_heartbeat_at")
+    @admin.display(description=gettext_lazy("Last heartbeat"), ordering="-last_heartbeat_at")
     def last_heartbeat(self, obj: Cluster) -> str | SafeString:
         if obj.last_heartbeat_at is None:
             return "never"
@@ -670,11 +689,11 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             _local(obj.last_heartbeat_at),
         )
 
-    @admin.display(description="Hub", ordering="hub__sort_order")
+    @admin.display(description=gettext_lazy("Hub"), ordering="hub__sort_order")
     def hub_code(self, obj: Cluster) -> str:
         return obj.hub.code
 
-    @admin.display(description="Status", ordering="status")
+    @admin.display(description=gettext_lazy("Status"), ordering="status")
     def status_badge(self, obj: Cluster) -> SafeString:
         label = obj.get_status_display()
         if obj.status == ClusterStatus.OFFLINE and obj.offline_cause:
@@ -685,7 +704,7 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             label,
         )
 
-    @admin.display(description="Heartbeat age", ordering="-last_heartbeat_at")
+    @admin.display(description=gettext_lazy("Heartbeat age"), ordering="-last_heartbeat_at")
     def heartbeat_age(self, obj: Cluster) -> str | SafeString:
         if obj.last_heartbeat_at is None:
             return "never"
@@ -698,7 +717,7 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             )
         return text
 
-    @admin.display(description="Status history")
+    @admin.display(description=gettext_lazy("Status history"))
     def history_link(self, obj: Cluster) -> SafeString:
         count = obj.status_changes.count()
         return format_html(
@@ -707,7 +726,7 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             count,
         )
 
-    @admin.display(description="Islands")
+    @admin.display(description=gettext_lazy("Islands"))
     def islands_link(self, obj: Cluster) -> SafeString:
         count = obj.islands.count()
         return format_html(
@@ -717,11 +736,14 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
     # --- status actions: every change through cluster_status_set, with who and why ---
 
     def _set_status(
-        self, request: HttpRequest, queryset: QuerySet[Cluster], *, status: str, verb: str
+        self, request: HttpRequest, queryset: QuerySet[Cluster], *, status: str, verb: str, done_label: str
     ) -> None:
         reason = (request.POST.get("reason") or "").strip()
         if not reason:
-            messages.error(request, f"Give a reason to {verb}: it is recorded in the status history.")
+            messages.error(
+                request,
+                _("Give a reason to %(verb)s: it is recorded in the status history.") % {"verb": verb},
+            )
             return
         actor = _staff_actor(request)
         done: list[str] = []
@@ -740,23 +762,41 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             else:
                 done.append(cluster.cpi)
         if done:
-            messages.success(request, f"{verb.capitalize()}: {len(done)} cluster(s).")
+            messages.success(request, _("%(done)s: %(n)d cluster(s).") % {"done": done_label, "n": len(done)})
         if unchanged:
-            messages.info(request, f"Already {status}: {', '.join(unchanged)}.")
+            messages.info(
+                request,
+                _("Already %(status)s: %(clusters)s.")
+                % {"status": ClusterStatus(status).label, "clusters": ", ".join(unchanged)},
+            )
         for line in failed:
             messages.warning(request, line)
 
-    @admin.action(description="Mark draining (no new leases)")
+    @admin.action(description=gettext_lazy("Mark draining (no new leases)"))
     def mark_draining(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
-        self._set_status(request, queryset, status=ClusterStatus.DRAINING, verb="mark draining")
+        self._set_status(
+            request,
+            queryset,
+            status=ClusterStatus.DRAINING,
+            verb=_("mark draining"),
+            done_label=_("Marked draining"),
+        )
 
-    @admin.action(description="Take offline (staff)")
+    @admin.action(description=gettext_lazy("Take offline (staff)"))
     def take_offline(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
-        self._set_status(request, queryset, status=ClusterStatus.OFFLINE, verb="take offline")
+        self._set_status(
+            request,
+            queryset,
+            status=ClusterStatus.OFFLINE,
+            verb=_("take offline"),
+            done_label=_("Taken offline"),
+        )
 
-    @admin.action(description="Reactivate")
+    @admin.action(description=gettext_lazy("Reactivate"))
     def reactivate(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
-        self._set_status(request, queryset, status=ClusterStatus.ACTIVE, verb="reactivate")
+        self._set_status(
+            request, queryset, status=ClusterStatus.ACTIVE, verb=_("reactivate"), done_label=_("Reactivated")
+        )
 
 
 @admin.register(Island)
@@ -781,7 +821,7 @@ class IssuedIdentifierAdmin(_WideChangelistMixin, _ReadOnlyAdminMixin, admin.Mod
 
 
 class ActorKindFilter(admin.SimpleListFilter):
-    title = "actor"
+    title = gettext_lazy("actor")
     parameter_name = "actor"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
@@ -808,6 +848,6 @@ class ClusterStatusChangeAdmin(_WideChangelistMixin, _ReadOnlyAdminMixin, admin.
     date_hierarchy = "changed_at"
     show_full_result_count = False
 
-    @admin.display(description="Changed at", ordering="changed_at")
+    @admin.display(description=gettext_lazy("Changed at"), ordering="changed_at")
     def changed(self, obj: ClusterStatusChange) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.changed_at))

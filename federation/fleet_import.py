@@ -74,13 +74,15 @@ import io
 import re
 import unicodedata
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from core.errors import ConflictError, InvalidInputError, PermissionDeniedError
 from core.models import Organisation
@@ -294,10 +296,19 @@ class _Issues:
         return sorted(self.items, key=lambda i: i.line or 0)[:MAX_LISTED_ISSUES]
 
 
+def _unknown_hub(hub: str, hubs: Iterable[str]) -> str:
+    return _("Unknown hub %(hub)r: one of %(hubs)s.") % {"hub": hub, "hubs": ", ".join(hubs)}
+
+
 def _raise_invalid(issues: _Issues) -> NoReturn:
     count = len(issues.items)
     raise FleetImportError(
-        f"The fleet inventory has {count} error(s); nothing was imported.",
+        ngettext(
+            "The fleet inventory has %(count)d error; nothing was imported.",
+            "The fleet inventory has %(count)d errors; nothing was imported.",
+            count,
+        )
+        % {"count": count},
         extra={
             "errors": [issue.as_dict() for issue in issues.listed()],
             "error_count": count,
@@ -353,7 +364,9 @@ def _decode(content: bytes | str) -> str:
     except UnicodeDecodeError as exc:
         issues = _Issues()
         line = content[: exc.start].count(b"\n") + 1
-        issues.add(line, "bad_encoding", f"The file is not UTF-8 (byte {exc.start + 1}).")
+        issues.add(
+            line, "bad_encoding", _("The file is not UTF-8 (byte %(byte)d).") % {"byte": exc.start + 1}
+        )
         _raise_invalid(issues)
 
 
@@ -367,7 +380,9 @@ def _records(text: str, issues: _Issues) -> Iterator[tuple[int, list[str]]]:
         except StopIteration:
             return
         except csv.Error as exc:
-            issues.add(reader.line_num, "bad_csv", f"The file is not valid CSV: {exc}.")
+            issues.add(
+                reader.line_num, "bad_csv", _("The file is not valid CSV: %(error)s.") % {"error": exc}
+            )
             return
         yield last_line + 1, record
         last_line = reader.line_num
@@ -382,7 +397,8 @@ def _header_roles(header: list[str], issues: _Issues) -> dict[str, int]:
             issues.add(
                 1,
                 "ambiguous_column",
-                f"Columns {', '.join(header[i].strip() for i in found)} all give the {role}; keep one.",
+                _("Columns %(columns)s all give the %(role)s; keep one.")
+                % {"columns": ", ".join(header[i].strip() for i in found), "role": role},
                 role,
             )
         elif found:
@@ -390,7 +406,11 @@ def _header_roles(header: list[str], issues: _Issues) -> dict[str, int]:
     for role in REQUIRED_COLUMNS:
         if role not in roles and not any(issue.field == role for issue in issues.items):
             issues.add(
-                1, "missing_column", f"No {role} column: name one of {', '.join(COLUMNS[role])}.", role
+                1,
+                "missing_column",
+                _("No %(role)s column: name one of %(names)s.")
+                % {"role": role, "names": ", ".join(COLUMNS[role])},
+                role,
             )
     return roles
 
@@ -422,34 +442,40 @@ def _check_options(
 ) -> _Options:
     if actor.organisation is not None and actor.organisation.pk != operator.pk:
         raise IdentifierOperatorMismatchError(
-            "An organisation imports only into its own namespace.",
+            _("An organisation imports only into its own namespace."),
             extra={"operator": operator.slug},
         )
     if not operator.is_operator:
-        raise PermissionDeniedError(f"{operator.slug} is not an operator.", code="not_an_operator")
+        raise PermissionDeniedError(
+            _("%(operator)s is not an operator.") % {"operator": operator.slug}, code="not_an_operator"
+        )
     if operator.is_suspended:
-        raise PermissionDeniedError(f"{operator.slug} is suspended.", code="organisation_suspended")
+        raise PermissionDeniedError(
+            _("%(operator)s is suspended.") % {"operator": operator.slug}, code="organisation_suspended"
+        )
     fields: dict[str, list[str]] = {}
     hub = (hub or "").strip().lower() or None
     if hub is not None and hub not in hubs:
-        fields["hub"] = [f"Unknown hub {hub!r}: one of {', '.join(hubs)}."]
+        fields["hub"] = [_unknown_hub(hub, hubs)]
     site = (site or "").strip()
     if len(site) > 100:
-        fields["site"] = ["At most 100 characters."]
+        fields["site"] = [_("At most 100 characters.")]
     cluster_prefix = (cluster_prefix or "").strip()
     if cluster_prefix and (
         len(cluster_prefix) > MAX_PREFIX_LENGTH or not identifiers.is_valid(f"cpi:{cluster_prefix}")
     ):
-        fields["cluster_prefix"] = [f"1–{MAX_PREFIX_LENGTH} characters of a–z, 0–9 and inner hyphens."]
+        fields["cluster_prefix"] = [
+            _("1–%(max)d characters of a–z, 0–9 and inner hyphens.") % {"max": MAX_PREFIX_LENGTH}
+        ]
     if not 1 <= nodes_per_island <= MAX_NODES_PER_ISLAND:
-        fields["nodes_per_island"] = [f"Between 1 and {MAX_NODES_PER_ISLAND}."]
+        fields["nodes_per_island"] = [_("Between 1 and %(max)d.") % {"max": MAX_NODES_PER_ISLAND}]
     resolved_fabric = None
     if fabric:
         resolved_fabric = _FABRICS.get(fabric.strip().lower())
         if resolved_fabric is None:
-            fields["fabric"] = [f"One of {', '.join(Fabric.values)}."]
+            fields["fabric"] = [_("One of %(choices)s.") % {"choices": ", ".join(Fabric.values)}]
     if fields:
-        raise InvalidInputError("Some import options are invalid.", extra={"fields": fields})
+        raise InvalidInputError(_("Some import options are invalid."), extra={"fields": fields})
     return _Options(
         hub=hub,
         site=site,
@@ -544,14 +570,19 @@ def _parse_rows(
     first = next(records, None)
     if first is None:
         if not issues:
-            issues.add(1, "empty_file", "The file is empty: it needs a header line and one line per node.")
+            issues.add(1, "empty_file", _("The file is empty: it needs a header line and one line per node."))
         return [], 0, 0
     header = first[1]
     roles = _header_roles(header, issues)
     # Without a column and without the option every row would lack it: say so once.
     for role, given in (("hub", options.hub), ("site", options.site)):
         if role not in roles and not given:
-            issues.add(1, "missing_column", f"No {role} column and no {role} option: give one.", role)
+            issues.add(
+                1,
+                "missing_column",
+                _("No %(role)s column and no %(role)s option: give one.") % {"role": role},
+                role,
+            )
     if issues:
         return [], 0, 0
 
@@ -566,10 +597,16 @@ def _parse_rows(
             continue  # a blank line is not a node
         rows += 1
         if rows > max_rows:
-            issues.add(line, "too_many_rows", f"More than {max_rows} rows; split the inventory.")
+            issues.add(
+                line, "too_many_rows", _("More than %(max)d rows; split the inventory.") % {"max": max_rows}
+            )
             break
         if len(record) != width:
-            issues.add(line, "bad_field_count", f"{len(record)} fields; the header has {width}.")
+            issues.add(
+                line,
+                "bad_field_count",
+                _("%(fields)d fields; the header has %(width)d.") % {"fields": len(record), "width": width},
+            )
             continue
 
         def cell(role: str, record: list[str] = record) -> str:
@@ -578,9 +615,14 @@ def _parse_rows(
         errors_before = len(issues.items)
         name = cell("node")
         if not name:
-            issues.add(line, "missing_value", "No node name.", "node")
+            issues.add(line, "missing_value", _("No node name."), "node")
         elif name in seen_nodes:
-            issues.add(line, "duplicate_node", f"Node {name!r} is also on line {seen_nodes[name]}.", "node")
+            issues.add(
+                line,
+                "duplicate_node",
+                _("Node %(name)r is also on line %(line)d.") % {"name": name, "line": seen_nodes[name]},
+                "node",
+            )
         else:
             seen_nodes[name] = line
 
@@ -588,7 +630,10 @@ def _parse_rows(
         cards: int | None = None
         if not _CARDS_RE.match(raw_cards):
             issues.add(
-                line, "bad_card_count", f"Card count {raw_cards!r} is not a whole number ≥ 0.", "cards"
+                line,
+                "bad_card_count",
+                _("Card count %(value)r is not a whole number ≥ 0.") % {"value": raw_cards},
+                "cards",
             )
         else:
             cards = int(raw_cards)
@@ -596,20 +641,23 @@ def _parse_rows(
                 issues.add(
                     line,
                     "bad_card_count",
-                    f"{cards} cards in one node (at most {MAX_CARDS_PER_NODE}).",
+                    _("%(cards)d cards in one node (at most %(max)d).")
+                    % {"cards": cards, "max": MAX_CARDS_PER_NODE},
                     "cards",
                 )
             elif cards == 0:
                 skipped += 1
-                warnings.add(line, "zero_cards", f"Node {name!r} has no cards; skipped.", "cards")
+                warnings.add(
+                    line, "zero_cards", _("Node %(name)r has no cards; skipped.") % {"name": name}, "cards"
+                )
                 continue
 
         chip: _Chip | None = None
         raw_model = cell("model")
         if not raw_model:
-            issues.add(line, "missing_value", "No accelerator model.", "model")
+            issues.add(line, "missing_value", _("No accelerator model."), "model")
         elif len(raw_model) > 100:
-            issues.add(line, "value_too_long", "The model is longer than 100 characters.", "model")
+            issues.add(line, "value_too_long", _("The model is longer than 100 characters."), "model")
         else:
             try:
                 chip = catalog.chip_for(accelerator_resolve(name=raw_model, index=catalog.by_spelling))
@@ -623,41 +671,46 @@ def _parse_rows(
                     issues.add(
                         line,
                         "unknown_model",
-                        f"Model {raw_model!r} is not in the accelerator catalog (slug or alias); "
-                        "ask for it to be added, or import with allow_unknown_models.",
+                        _(
+                            "Model %(model)r is not in the accelerator catalog (slug or alias); "
+                            "ask for it to be added, or import with allow_unknown_models."
+                        )
+                        % {"model": raw_model},
                         "model",
                     )
 
         hub = cell("hub").lower() or options.hub
         if not hub:
-            issues.add(line, "missing_value", "No hub: give a hub column or the hub option.", "hub")
+            issues.add(line, "missing_value", _("No hub: give a hub column or the hub option."), "hub")
         elif hub not in hubs:
-            issues.add(line, "unknown_hub", f"Unknown hub {hub!r}: one of {', '.join(hubs)}.", "hub")
+            issues.add(line, "unknown_hub", _unknown_hub(hub, hubs), "hub")
 
         site = cell("site") or options.site
         if not site:
-            issues.add(line, "missing_value", "No site: give a site column or the site option.", "site")
+            issues.add(line, "missing_value", _("No site: give a site column or the site option."), "site")
         elif len(site) > 100:
-            issues.add(line, "value_too_long", "The site is longer than 100 characters.", "site")
+            issues.add(line, "value_too_long", _("The site is longer than 100 characters."), "site")
 
         cluster_name = cell("cluster")
         if cluster_name and not identifiers.is_valid(f"cpi:{cluster_name}"):
             issues.add(
                 line,
                 "invalid_segment",
-                f"Cluster {cluster_name!r} must be 1–32 characters of a–z, 0–9 and inner hyphens.",
+                _("Cluster %(name)r must be 1–32 characters of a–z, 0–9 and inner hyphens.")
+                % {"name": cluster_name},
                 "cluster",
             )
         island: str | None = None
         if has_island:
             island = cell("island")
             if not island:
-                issues.add(line, "missing_value", "No island (the file has an island column).", "island")
+                issues.add(line, "missing_value", _("No island (the file has an island column)."), "island")
             elif not identifiers.is_valid(f"cpi:{island}"):
                 issues.add(
                     line,
                     "invalid_segment",
-                    f"Island {island!r} must be 1–32 characters of a–z, 0–9 and inner hyphens.",
+                    _("Island %(name)r must be 1–32 characters of a–z, 0–9 and inner hyphens.")
+                    % {"name": island},
                     "island",
                 )
         raw_fabric = cell("fabric")
@@ -666,7 +719,8 @@ def _parse_rows(
             issues.add(
                 line,
                 "bad_fabric",
-                f"Fabric {raw_fabric!r} is not one of {', '.join(Fabric.values)}.",
+                _("Fabric %(fabric)r is not one of %(choices)s.")
+                % {"fabric": raw_fabric, "choices": ", ".join(Fabric.values)},
                 "fabric",
             )
 
@@ -727,16 +781,21 @@ def _plan_clusters(
             issues.add(
                 node.line,
                 "cluster_conflict",
-                f"{plan.cpi} is {plan.chip.slug} (line {plan.line}) but this node is {node.chip.slug}; "
-                "a cluster has one model.",
+                _(
+                    "%(cpi)s is %(chip)s (line %(line)d) but this node is %(node_chip)s; a cluster has one model."
+                )
+                % {"cpi": plan.cpi, "chip": plan.chip.slug, "line": plan.line, "node_chip": node.chip.slug},
                 "cluster",
             )
         elif plan.site != node.site:
             issues.add(
                 node.line,
                 "cluster_conflict",
-                f"{plan.cpi} is at site {plan.site!r} (line {plan.line}) but this node is at {node.site!r}; "
-                "a cluster has one site (name clusters apart with a cluster column).",
+                _(
+                    "%(cpi)s is at site %(site)r (line %(line)d) but this node is at %(node_site)r; "
+                    "a cluster has one site (name clusters apart with a cluster column)."
+                )
+                % {"cpi": plan.cpi, "site": plan.site, "line": plan.line, "node_site": node.site},
                 "site",
             )
         else:
@@ -758,7 +817,8 @@ def _plan_clusters(
             issues.add(
                 plan.line,
                 "too_many_islands",
-                f"{plan.cpi} would have {len(chunks)} islands (at most {limit}); raise nodes_per_island.",
+                _("%(cpi)s would have %(islands)d islands (at most %(limit)d); raise nodes_per_island.")
+                % {"cpi": plan.cpi, "islands": len(chunks), "limit": limit},
                 "island",
             )
             continue
@@ -772,8 +832,17 @@ def _plan_clusters(
                         issues.add(
                             node.line,
                             "island_conflict",
-                            f"Island {name} of {plan.cpi} has fabric {first.fabric or 'default'} on line "
-                            f"{first.line} but {node.fabric or 'default'} here; an island has one fabric.",
+                            _(
+                                "Island %(name)s of %(cpi)s has fabric %(fabric)s on line %(line)d but "
+                                "%(node_fabric)s here; an island has one fabric."
+                            )
+                            % {
+                                "name": name,
+                                "cpi": plan.cpi,
+                                "fabric": first.fabric or _("default"),
+                                "line": first.line,
+                                "node_fabric": node.fabric or _("default"),
+                            },
                             "fabric",
                         )
                 continue
@@ -827,20 +896,34 @@ def _compare_with_database(*, plans: Sequence[_ClusterPlan], operator: Organisat
         have = islands_of[cluster.pk]
         differences = []
         if plan.chip.is_new or cluster.accelerator_id != plan.chip.accelerator.pk:  # type: ignore[union-attr]
-            differences.append(f"another accelerator (the file gives {plan.chip.slug})")
+            differences.append(_("another accelerator (the file gives %(chip)s)") % {"chip": plan.chip.slug})
         if cluster.site != plan.site:
-            differences.append(f"site {cluster.site!r} (the file gives {plan.site!r})")
+            differences.append(
+                _("site %(site)r (the file gives %(file_site)r)")
+                % {"site": cluster.site, "file_site": plan.site}
+            )
         if planned != have:
             differences.append(
-                f"{len(have)} islands / {sum(c for _, c, _ in have)} cards "
-                f"(the file gives {len(planned)} / {plan.cards}, or other names or fabrics)"
+                _(
+                    "%(islands)d islands / %(cards)d cards (the file gives %(file_islands)d / %(file_cards)d, "
+                    "or other names or fabrics)"
+                )
+                % {
+                    "islands": len(have),
+                    "cards": sum(c for _name, c, _fabric in have),
+                    "file_islands": len(planned),
+                    "file_cards": plan.cards,
+                }
             )
         if differences:
             issues.add(
                 plan.line,
                 "cluster_differs",
-                f"{plan.cpi} already exists with {'; '.join(differences)}. Change it through the cluster "
-                "API; an import only creates clusters or confirms them unchanged.",
+                _(
+                    "%(cpi)s already exists with %(differences)s. Change it through the cluster API; an import "
+                    "only creates clusters or confirms them unchanged."
+                )
+                % {"cpi": plan.cpi, "differences": "; ".join(differences)},
                 "cluster",
             )
         else:
@@ -858,8 +941,11 @@ def _compare_with_database(*, plans: Sequence[_ClusterPlan], operator: Organisat
                 issues.add(
                     plan.line,
                     "identifier_taken",
-                    f"{', '.join(mine[:5])}{' ...' if len(mine) > 5 else ''} was issued before and "
-                    "identifiers are never reused; name the cluster differently (cluster column or prefix).",
+                    _(
+                        "%(identifiers)s was issued before and identifiers are never reused; name the cluster "
+                        "differently (cluster column or prefix)."
+                    )
+                    % {"identifiers": ", ".join(mine[:5]) + (" ..." if len(mine) > 5 else "")},
                     "cluster",
                 )
 
@@ -885,10 +971,11 @@ def _write(
                 Accelerator.objects.bulk_create([accelerator for _, accelerator in to_create])
         except IntegrityError as exc:
             raise ConflictError(
-                "The accelerator catalog changed during the import; retry it.", code="fleet_import_conflict"
+                _("The accelerator catalog changed during the import; retry it."),
+                code="fleet_import_conflict",
             ) from exc
         by_slug = {a.slug: a for a in Accelerator.objects.filter(slug__in=[c.slug for c, _ in to_create])}
-        for chip, _ in to_create:
+        for chip, _accelerator in to_create:
             chip.accelerator = by_slug[chip.slug]
 
     issued = []
@@ -905,8 +992,10 @@ def _write(
             IssuedIdentifier.objects.bulk_create(issued, batch_size=_BATCH)
     except IntegrityError as exc:
         raise IdentifierTakenError(
-            "An identifier of this import was claimed concurrently; identifiers are never reused. "
-            "Retry the import to see which.",
+            _(
+                "An identifier of this import was claimed concurrently; identifiers are never reused. "
+                "Retry the import to see which."
+            ),
         ) from exc
 
     clusters = [
@@ -1030,10 +1119,15 @@ def fleet_import(
         _raise_invalid(issues)
 
     if not nodes:
-        warnings.add(None, "no_nodes", "The file lists no node with cards; nothing to import.")
+        warnings.add(None, "no_nodes", _("The file lists no node with cards; nothing to import."))
     for plan in plans:
         if plan.existing is not None and plan.existing.status == ClusterStatus.RETIRED:
-            warnings.add(plan.line, "cluster_retired", f"{plan.cpi} is unchanged but retired.", "cluster")
+            warnings.add(
+                plan.line,
+                "cluster_retired",
+                _("%(cpi)s is unchanged but retired.") % {"cpi": plan.cpi},
+                "cluster",
+            )
 
     if dry_run:
         used = {id(plan.chip) for plan in plans if plan.existing is None}

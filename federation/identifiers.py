@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from enum import IntEnum
 
+from django.utils.translation import gettext as _
+
 SCHEME = "cpi"
 SEGMENT_PATTERN = r"[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
 _SEGMENT_RE = re.compile(SEGMENT_PATTERN)
@@ -48,7 +50,9 @@ class IdentifierError(ValueError):
     """A string that is not a compute identifier. ``reason`` is a stable code."""
 
     def __init__(self, value: str, reason: str, detail: str):
-        super().__init__(f"{value!r} is not a compute identifier: {detail}")
+        super().__init__(
+            _("%(value)r is not a compute identifier: %(detail)s") % {"value": value, "detail": detail}
+        )
         self.value = value
         self.reason = reason
         self.detail = detail
@@ -107,7 +111,7 @@ def validate_segment(segment: str, *, what: str = "segment") -> str:
         raise IdentifierError(
             segment,
             "invalid_segment",
-            f"{what} must be 1–32 characters of a–z, 0–9 and inner hyphens",
+            _("%(what)s must be 1–32 characters of a–z, 0–9 and inner hyphens") % {"what": what},
         )
     return segment
 
@@ -115,25 +119,30 @@ def validate_segment(segment: str, *, what: str = "segment") -> str:
 def parse(value: str) -> ComputeIdentifier:
     """Parse ``value``; raises IdentifierError with a reason code on anything off-grammar."""
     if not isinstance(value, str):
-        raise IdentifierError(repr(value), "not_a_string", "not a string")
+        raise IdentifierError(repr(value), "not_a_string", _("not a string"))
     if len(value) > MAX_LENGTH:
-        raise IdentifierError(value, "too_long", f"longer than {MAX_LENGTH} characters")
+        raise IdentifierError(value, "too_long", _("longer than %(max)d characters") % {"max": MAX_LENGTH})
     parts = value.split(":")
     if parts[0] != SCHEME:
-        raise IdentifierError(value, "bad_scheme", f"must start with '{SCHEME}:'")
+        raise IdentifierError(value, "bad_scheme", _("must start with '%(scheme)s:'") % {"scheme": SCHEME})
     segments = parts[1:]
     if not 1 <= len(segments) <= 4:
-        raise IdentifierError(value, "bad_length", "needs 1 to 4 segments after 'cpi:'")
+        raise IdentifierError(value, "bad_length", _("needs 1 to 4 segments after 'cpi:'"))
     names = ("operator", "hub", "cluster", "island")
     for name, segment in zip(names, segments, strict=False):
         try:
             validate_segment(segment, what=name)
         except IdentifierError as exc:
             raise IdentifierError(
-                value, "invalid_segment", f"{name} segment {segment!r}: {exc.detail}"
+                value,
+                "invalid_segment",
+                _("%(name)s segment %(segment)r: %(detail)s")
+                % {"name": name, "segment": segment, "detail": exc.detail},
             ) from None
     if len(segments) >= 2 and segments[1] not in HUB_CODES:
-        raise IdentifierError(value, "unknown_hub", f"hub must be one of {', '.join(HUB_CODES)}")
+        raise IdentifierError(
+            value, "unknown_hub", _("hub must be one of %(hubs)s") % {"hubs": ", ".join(HUB_CODES)}
+        )
     padded: list[str | None] = [*segments, None, None, None]
     return ComputeIdentifier(segments[0], padded[1], padded[2], padded[3])
 

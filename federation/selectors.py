@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from federation import identifiers
@@ -101,12 +102,14 @@ def accelerator_resolve(
         return exact[0]
     if not matches:
         raise UnknownAcceleratorError(
-            f"No accelerator {name!r} in the catalog (slug or alias).", extra={"accelerator": name}
+            _("No accelerator %(name)r in the catalog (slug or alias).") % {"name": name},
+            extra={"accelerator": name},
         )
     if len(matches) > 1:
         candidates = sorted(accelerator.slug for accelerator in matches)
         raise AcceleratorAmbiguousError(
-            f"{name!r} could be any of {', '.join(candidates)}; give the slug or a specific alias.",
+            _("%(name)r could be any of %(candidates)s; give the slug or a specific alias.")
+            % {"name": name, "candidates": ", ".join(candidates)},
             extra={"accelerator": name, "candidates": candidates},
         )
     return matches[0]
@@ -133,7 +136,7 @@ def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
     valid = identifiers.is_valid(cpi) and identifiers.parse(cpi).level == identifiers.Level.CLUSTER
     cluster = cluster_list_for_operator(operator=operator).filter(cpi=cpi).first() if valid else None
     if cluster is None:
-        raise ClusterNotFoundError(f"You have no cluster {cpi!r}.", extra={"cpi": cpi})
+        raise ClusterNotFoundError(_("You have no cluster %(cpi)r.") % {"cpi": cpi}, extra={"cpi": cpi})
     return cluster
 
 
@@ -143,7 +146,10 @@ def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> I
     if identifiers.is_valid(f"{cpi}:{name}"):
         island = Island.objects.select_related("cluster").filter(cluster=cluster, name=name).first()
     if island is None:
-        raise IslandNotFoundError(f"{cpi} has no island {name!r}.", extra={"cpi": cpi, "island": name})
+        raise IslandNotFoundError(
+            _("%(cpi)s has no island %(name)r.") % {"cpi": cpi, "name": name},
+            extra={"cpi": cpi, "island": name},
+        )
     return island
 
 
@@ -244,7 +250,9 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     if parsed.level <= identifiers.Level.HUB:
         operator = Organisation.objects.filter(slug=parsed.operator, is_operator=True).first()
         if operator is None:
-            raise IdentifierNotFoundError(f"No operator {parsed.operator!r}.", extra={"cpi": identifier})
+            raise IdentifierNotFoundError(
+                _("No operator %(operator)r.") % {"operator": parsed.operator}, extra={"cpi": identifier}
+            )
         clusters = cluster_list_for_operator(operator=operator).exclude(status="retired")
         hubs = None
         if parsed.level == identifiers.Level.HUB:
@@ -273,13 +281,17 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     cluster_cpi = str(parsed.cluster_identifier)
     cluster = Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
     if cluster is None:
-        raise IdentifierNotFoundError(f"No cluster {cluster_cpi!r}.", extra={"cpi": identifier})
+        raise IdentifierNotFoundError(
+            _("No cluster %(cpi)r.") % {"cpi": cluster_cpi}, extra={"cpi": identifier}
+        )
     description = cluster_describe(cluster=cluster, viewer=viewer)
     island = None
     if parsed.level == identifiers.Level.ISLAND:
         island = next((i for i in description.islands if i.cpi == identifier), None)
         if island is None:
-            raise IdentifierNotFoundError(f"No island {identifier!r}.", extra={"cpi": identifier})
+            raise IdentifierNotFoundError(
+                _("No island %(cpi)r.") % {"cpi": identifier}, extra={"cpi": identifier}
+            )
     return Resolution(
         identifier=identifier,
         level=parsed.level.name.lower(),

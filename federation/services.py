@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.errors import InvalidInputError
 from core.models import Organisation
@@ -59,6 +60,10 @@ _OPERATOR_TRANSITIONS: dict[str, set[str]] = {
 }
 
 
+def _retired_unchangeable(cpi: str) -> str:
+    return _("%(cpi)s is retired and cannot change.") % {"cpi": cpi}
+
+
 def _parse_cluster_identifier(*, cpi: str, operator: Organisation) -> identifiers.ComputeIdentifier:
     try:
         identifier = identifiers.parse(cpi)
@@ -66,12 +71,13 @@ def _parse_cluster_identifier(*, cpi: str, operator: Organisation) -> identifier
         raise InvalidIdentifierError(str(exc), extra={"cpi": cpi, "reason": exc.reason}) from None
     if identifier.level != identifiers.Level.CLUSTER:
         raise InvalidIdentifierError(
-            f"{cpi!r} is not a cluster identifier (cpi:<operator>:<hub>:<cluster>).",
+            _("%(cpi)r is not a cluster identifier (cpi:<operator>:<hub>:<cluster>).") % {"cpi": cpi},
             extra={"cpi": cpi, "reason": "not_a_cluster"},
         )
     if identifier.operator != operator.slug:
         raise IdentifierOperatorMismatchError(
-            f"The operator segment {identifier.operator!r} is not yours ({operator.slug!r}).",
+            _("The operator segment %(segment)r is not yours (%(operator)r).")
+            % {"segment": identifier.operator, "operator": operator.slug},
             extra={"cpi": cpi, "operator": operator.slug},
         )
     return identifier
@@ -81,25 +87,27 @@ def _validate_island_specs(specs: Sequence[IslandSpec]) -> None:
     errors: dict[str, list[str]] = {}
     limit = settings.CARDHOUR_MAX_ISLANDS_PER_CLUSTER
     if not specs:
-        errors["islands"] = ["A cluster needs at least one island."]
+        errors["islands"] = [_("A cluster needs at least one island.")]
     elif len(specs) > limit:
-        errors["islands"] = [f"At most {limit} islands per cluster."]
+        errors["islands"] = [_("At most %(limit)d islands per cluster.") % {"limit": limit}]
     seen: set[str] = set()
     for index, spec in enumerate(specs):
         field_errors = []
         if not identifiers.is_valid(f"cpi:x:ext:x:{spec.name}"):
-            field_errors.append("name must be 1–32 characters of a–z, 0–9 and inner hyphens")
+            field_errors.append(_("name must be 1–32 characters of a–z, 0–9 and inner hyphens"))
         if spec.name in seen:
-            field_errors.append(f"duplicate island name {spec.name!r}")
+            field_errors.append(_("duplicate island name %(name)r") % {"name": spec.name})
         seen.add(spec.name)
         if spec.cards < 1:
-            field_errors.append("cards must be at least 1")
+            field_errors.append(_("cards must be at least 1"))
         if spec.fabric not in Fabric.values:
-            field_errors.append(f"fabric must be one of {', '.join(Fabric.values)}")
+            field_errors.append(
+                _("fabric must be one of %(choices)s") % {"choices": ", ".join(Fabric.values)}
+            )
         if field_errors:
             errors[f"islands[{index}]"] = field_errors
     if errors:
-        raise InvalidInputError("Some islands are invalid.", extra={"fields": errors})
+        raise InvalidInputError(_("Some islands are invalid."), extra={"fields": errors})
     _check_cluster_size(sum(spec.cards for spec in specs))
 
 
@@ -107,7 +115,8 @@ def _check_cluster_size(total_cards: int) -> None:
     limit = settings.CARDHOUR_MAX_CARDS_PER_CLUSTER
     if total_cards > limit:
         raise InvalidInputError(
-            f"A cluster may hold at most {limit} cards; this one would hold {total_cards}.",
+            _("A cluster may hold at most %(limit)d cards; this one would hold %(total)d.")
+            % {"limit": limit, "total": total_cards},
             code="cluster_too_large",
             extra={"total_cards": total_cards, "limit": limit},
         )
@@ -127,7 +136,8 @@ def _issue_identifiers(
     taken = list(IssuedIdentifier.objects.filter(cpi__in=wanted).values_list("cpi", flat=True)[:20])
     if taken:
         raise IdentifierTakenError(
-            f"Identifier already issued: {', '.join(sorted(taken))}. Identifiers are never reused.",
+            _("Identifier already issued: %(taken)s. Identifiers are never reused.")
+            % {"taken": ", ".join(sorted(taken))},
             extra={"taken": sorted(taken)},
         )
     try:
@@ -137,7 +147,7 @@ def _issue_identifiers(
             IssuedIdentifier.objects.bulk_create(rows)
     except IntegrityError as exc:
         raise IdentifierTakenError(
-            "Identifier already issued (claimed concurrently). Identifiers are never reused.",
+            _("Identifier already issued (claimed concurrently). Identifiers are never reused."),
             extra={"taken": wanted[:20]},
         ) from exc
 
@@ -240,7 +250,9 @@ def cluster_register_idempotent(
     endpoint_url_check(endpoint_url)
     hub = Hub.objects.filter(code=identifier.hub).first()
     if hub is None:
-        raise UnknownHubError(f"Unknown hub {identifier.hub!r}.", extra={"hub": identifier.hub})
+        raise UnknownHubError(
+            _("Unknown hub %(hub)r.") % {"hub": identifier.hub}, extra={"hub": identifier.hub}
+        )
     accelerator = accelerator_resolve(name=accelerator_slug)
     existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
     if existing is not None and _same_registration(
@@ -303,7 +315,7 @@ def cluster_update(
     """Change a cluster's site, dispatch endpoint or status (see cluster_status_set)."""
     cluster = _lock_cluster(cluster)
     if cluster.status == ClusterStatus.RETIRED:
-        raise ClusterRetiredError(f"{cluster.cpi} is retired and cannot change.", extra={"cpi": cluster.cpi})
+        raise ClusterRetiredError(_retired_unchangeable(cluster.cpi), extra={"cpi": cluster.cpi})
     fields = []
     if site is not None and site != cluster.site:
         cluster.site = site
@@ -324,7 +336,8 @@ def cluster_update(
 def _status_set_locked(*, cluster: Cluster, actor: Actor, status: str, reason: str) -> Cluster:
     if status not in _OPERATOR_TRANSITIONS.get(cluster.status, set()):
         raise InvalidStatusTransitionError(
-            f"{cluster.cpi} cannot go from {cluster.status} to {status}.",
+            _("%(cpi)s cannot go from %(from)s to %(to)s.")
+            % {"cpi": cluster.cpi, "from": cluster.status, "to": status},
             extra={"from": cluster.status, "to": status},
         )
     previous = cluster.status
@@ -351,7 +364,7 @@ def cluster_status_set(*, actor: Actor, cluster: Cluster, status: str, reason: s
     """
     cluster = _lock_cluster(cluster)
     if cluster.status == ClusterStatus.RETIRED:
-        raise ClusterRetiredError(f"{cluster.cpi} is retired and cannot change.", extra={"cpi": cluster.cpi})
+        raise ClusterRetiredError(_retired_unchangeable(cluster.cpi), extra={"cpi": cluster.cpi})
     return _status_set_locked(cluster=cluster, actor=actor, status=status, reason=reason)
 
 
@@ -360,7 +373,7 @@ def island_add(*, actor: Actor, cluster: Cluster, spec: IslandSpec) -> Island:
     """Add an island to a cluster. Raises InvalidIdentifierError, IdentifierTakenError, ClusterRetiredError."""
     cluster = _lock_cluster(cluster)
     if cluster.status == ClusterStatus.RETIRED:
-        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+        raise ClusterRetiredError(_("%(cpi)s is retired.") % {"cpi": cluster.cpi}, extra={"cpi": cluster.cpi})
     _validate_island_specs([spec])
     _check_cluster_size(cluster.total_cards + spec.cards)
     island_cpi = str(identifiers.parse(cluster.cpi).child(spec.name))
@@ -384,7 +397,7 @@ def island_update(
     """Change an island's card count (K1) or fabric. K2 and unhealthy cards are clamped to the new K1."""
     cluster = _lock_cluster(island.cluster)
     if cluster.status == ClusterStatus.RETIRED:
-        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+        raise ClusterRetiredError(_("%(cpi)s is retired.") % {"cpi": cluster.cpi}, extra={"cpi": cluster.cpi})
     island = Island.objects.get(pk=island.pk)
     _validate_island_specs(
         [
@@ -429,16 +442,17 @@ def heartbeat_record(
     now = now or timezone.now()
     if sent_at - now > HEARTBEAT_MAX_CLOCK_SKEW:
         raise InvalidHeartbeatError(
-            "sent_at is in the future; check the agent's clock.",
+            _("sent_at is in the future; check the agent's clock."),
             extra={"sent_at": sent_at.isoformat(), "server_time": now.isoformat()},
         )
     if health not in {Health.OK, Health.DEGRADED, Health.CRITICAL}:
         raise InvalidHeartbeatError(
-            f"Unknown health {health!r}.", extra={"fields": {"health": ["invalid choice"]}}
+            _("Unknown health %(health)r.") % {"health": health},
+            extra={"fields": {"health": [_("invalid choice")]}},
         )
     cluster = _lock_cluster(cluster)
     if cluster.status == ClusterStatus.RETIRED:
-        raise ClusterRetiredError(f"{cluster.cpi} is retired.", extra={"cpi": cluster.cpi})
+        raise ClusterRetiredError(_("%(cpi)s is retired.") % {"cpi": cluster.cpi}, extra={"cpi": cluster.cpi})
     if cluster.last_heartbeat_sent_at is not None and sent_at <= cluster.last_heartbeat_sent_at:
         return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=False, detail="stale")
 
@@ -447,22 +461,26 @@ def heartbeat_record(
     unknown = sorted(set(names) - by_name.keys())
     if unknown:
         raise UnknownIslandError(
-            f"{cluster.cpi} has no island(s) {', '.join(unknown)}.", extra={"islands": unknown}
+            _("%(cpi)s has no island(s) %(islands)s.") % {"cpi": cluster.cpi, "islands": ", ".join(unknown)},
+            extra={"islands": unknown},
         )
     if len(set(names)) != len(names):
-        raise InvalidHeartbeatError("An island is reported twice.", extra={"islands": names})
+        raise InvalidHeartbeatError(_("An island is reported twice."), extra={"islands": names})
     errors = {}
     for report in islands:
         island = by_name[report.name]
         if report.available_cards < 0 or report.unhealthy_cards < 0:
-            errors[report.name] = "counts must not be negative"
+            errors[report.name] = _("counts must not be negative")
         elif report.available_cards + report.unhealthy_cards > island.cards:
-            errors[report.name] = (
-                f"available ({report.available_cards}) + unhealthy ({report.unhealthy_cards}) "
-                f"exceeds the island's {island.cards} cards"
-            )
+            errors[report.name] = _(
+                "available (%(available)d) + unhealthy (%(unhealthy)d) exceeds the island's %(cards)d cards"
+            ) % {
+                "available": report.available_cards,
+                "unhealthy": report.unhealthy_cards,
+                "cards": island.cards,
+            }
     if errors:
-        raise InvalidHeartbeatError("Some island counts are impossible.", extra={"islands": errors})
+        raise InvalidHeartbeatError(_("Some island counts are impossible."), extra={"islands": errors})
 
     changed = []
     for report in islands:
@@ -562,7 +580,9 @@ def hub_latency_record(
     hubs = {hub.code: hub for hub in Hub.objects.filter(code__in=codes)}
     missing = sorted(codes - hubs.keys())
     if missing:
-        raise UnknownHubError(f"Unknown hub(s): {', '.join(missing)}.", extra={"hubs": missing})
+        raise UnknownHubError(
+            _("Unknown hub(s): %(hubs)s.") % {"hubs": ", ".join(missing)}, extra={"hubs": missing}
+        )
     if reporter is not None and not reporter.is_platform:
         operated = set(
             Cluster.objects.filter(operator=reporter)
@@ -572,7 +592,8 @@ def hub_latency_record(
         foreign = sorted({m.source for m in measurements} - operated)
         if foreign:
             raise LatencySourceNotOperatedError(
-                f"You run no cluster in {', '.join(foreign)}: report latencies measured from your own hubs.",
+                _("You run no cluster in %(hubs)s: report latencies measured from your own hubs.")
+                % {"hubs": ", ".join(foreign)},
                 extra={"hubs": foreign, "operated_hubs": sorted(operated)},
             )
     touched: dict[tuple[str, str], int] = {}
@@ -581,7 +602,7 @@ def hub_latency_record(
             [(m.target, m.source)] if symmetric and m.source != m.target else []
         )
         for source, target in pairs:
-            row, _ = HubLatency.objects.select_for_update().get_or_create(
+            row, _created = HubLatency.objects.select_for_update().get_or_create(
                 source=hubs[source],
                 target=hubs[target],
                 defaults={

@@ -59,6 +59,9 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import format_lazy
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from core.admin_tools import (
     BuyerFilter,
@@ -210,7 +213,7 @@ class _ReadOnlyInline(_ReadOnlyAdminMixin, admin.TabularInline):
 class UnitFilter(admin.SimpleListFilter):
     """Ledger units, listed from the accounts table (far smaller than the entries)."""
 
-    title = "unit"
+    title = gettext_lazy("unit")
     parameter_name = "unit"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
@@ -227,24 +230,25 @@ _WINDOW_LINE = re.compile(
     r"^(?P<band>[a-z_]+)\s+(?P<start>\d{1,2}:\d{2})\s*[-–]\s*(?P<end>\d{1,2}:\d{2})(?P<rest>.*)$"
 )
 _MASK_TOKEN = re.compile(r"\[?\s*(?P<key>weekdays|months)\s*=\s*(?P<value>[^\]\s]+)\s*\]?")
-_WINDOWS_HELP = (
-    "One window per line: <code>band HH:MM-HH:MM [weekdays=mon-fri] [months=7,8,9]</code>, e.g. "
-    "<code>peak 10:00-12:00 weekdays=mon,tue months=7-9</code>. Bands: "
-    + ", ".join(BANDS)
-    + ". The end 24:00 is midnight; an end at or before the start wraps past midnight (valley 22:30-06:30). "
-    "Without weekdays or months a window applies every day of every month. Every minute of every day must "
-    "belong to exactly one window. Lines starting with # are ignored."
+_WINDOWS_HELP = format_lazy(
+    gettext_lazy(
+        "One window per line: <code>band HH:MM-HH:MM [weekdays=mon-fri] [months=7,8,9]</code>, e.g. "
+        "<code>peak 10:00-12:00 weekdays=mon,tue months=7-9</code>. Bands: {bands}. The end 24:00 is "
+        "midnight; an end at or before the start wraps past midnight (valley 22:30-06:30). Without weekdays "
+        "or months a window applies every day of every month. Every minute of every day must belong to "
+        "exactly one window. Lines starting with # are ignored."
+    ),
+    bands=", ".join(BANDS),
 )
-_MULTIPLIERS_HELP = (
-    "The multiplier on the price card's rate for each band used, e.g. "
-    "<code>peak=1.7, flat=1, valley=0.38</code>."
+_MULTIPLIERS_HELP = gettext_lazy(
+    "The multiplier on the price card's rate for each band used, e.g. <code>peak=1.7, flat=1, valley=0.38</code>."
 )
 
 
 def _minute(text: str) -> int:
     hours, minutes = (int(part) for part in text.split(":"))
     if minutes > 59 or hours > 24 or (hours == 24 and minutes):
-        raise ValueError(f"{text} is not a time of day (00:00–24:00)")
+        raise ValueError(_("%(text)s is not a time of day (00:00–24:00)") % {"text": text})
     return hours * 60 + minutes
 
 
@@ -276,7 +280,7 @@ def _mask_items(value: str, *, names: Sequence[str], numbers: bool, what: str) -
         for index, name in enumerate(names):
             if len(token) >= 3 and name.startswith(token):
                 return index
-        raise ValueError(f"{token!r} is not a {what}")
+        raise ValueError(_("%(token)r is not a %(what)s") % {"token": token, "what": what})
 
     items: list[int] = []
     for part in value.split(","):
@@ -285,12 +289,14 @@ def _mask_items(value: str, *, names: Sequence[str], numbers: bool, what: str) -
         if "-" in part:
             low, high = (one(bound) for bound in part.split("-", 1))
             if high < low:
-                raise ValueError(f"the {what} range {part} runs backwards")
+                raise ValueError(
+                    _("the %(what)s range %(part)s runs backwards") % {"what": what, "part": part}
+                )
             items.extend(range(low, high + 1))
         else:
             items.append(one(part))
     if not items:
-        raise ValueError(f"no {what} given")
+        raise ValueError(_("no %(what)s given") % {"what": what})
     return items
 
 
@@ -305,7 +311,8 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
         match = _WINDOW_LINE.match(line.lower())
         if match is None:
             problems.append(
-                f"Line {number}: {raw.strip()!r} is not “band HH:MM-HH:MM [weekdays=…] [months=…]”."
+                _("Line %(number)d: %(text)r is not “band HH:MM-HH:MM [weekdays=…] [months=…]”.")
+                % {"number": number, "text": raw.strip()}
             )
             continue
         try:
@@ -314,16 +321,16 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
             rest = match["rest"]
             for token in _MASK_TOKEN.finditer(rest):
                 if token["key"] == "weekdays":
-                    days = _mask_items(token["value"], names=_WEEKDAY_FULL, numbers=False, what="weekday")
+                    days = _mask_items(token["value"], names=_WEEKDAY_FULL, numbers=False, what=_("weekday"))
                     weekdays = sum({1 << day for day in days})
                 else:
-                    chosen = _mask_items(token["value"], names=_MONTH_FULL, numbers=True, what="month")
+                    chosen = _mask_items(token["value"], names=_MONTH_FULL, numbers=True, what=_("month"))
                     months = sum({1 << month for month in chosen})
             leftover = _MASK_TOKEN.sub("", rest).strip()
             if leftover:
-                raise ValueError(f"unexpected {leftover!r}")
+                raise ValueError(_("unexpected %(text)r") % {"text": leftover})
         except ValueError as exc:
-            problems.append(f"Line {number}: {exc}.")
+            problems.append(_("Line %(number)d: %(problem)s.") % {"number": number, "problem": exc})
             continue
         windows.append(
             WindowSpec(
@@ -333,7 +340,7 @@ def parse_windows(text: str) -> tuple[WindowSpec, ...]:
     if problems:
         raise forms.ValidationError(problems)
     if not windows:
-        raise forms.ValidationError("Give at least one window.")
+        raise forms.ValidationError(_("Give at least one window."))
     return tuple(windows)
 
 
@@ -347,20 +354,23 @@ def parse_multipliers(text: str) -> dict[str, Decimal]:
         band, sep, value = part.partition("=")
         band = band.strip().lower()
         if not sep or not band:
-            problems.append(f"{part.strip()!r} is not “band=multiplier”.")
+            problems.append(_("%(text)r is not “band=multiplier”.") % {"text": part.strip()})
             continue
         try:
             amount = Decimal(value.strip())
         except InvalidOperation:
-            problems.append(f"The {band} multiplier {value.strip()!r} is not a number.")
+            problems.append(
+                _("The %(band)s multiplier %(value)r is not a number.")
+                % {"band": band, "value": value.strip()}
+            )
             continue
         if band in result:
-            problems.append(f"{band} is given twice.")
+            problems.append(_("%(band)s is given twice.") % {"band": band})
         result[band] = amount
     if problems:
         raise forms.ValidationError(problems)
     if not result:
-        raise forms.ValidationError("Give a multiplier for each band used.")
+        raise forms.ValidationError(_("Give a multiplier for each band used."))
     return result
 
 
@@ -404,7 +414,7 @@ class _ScheduleForm(forms.Form):
     effective_from = forms.SplitDateTimeField(
         widget=AdminSplitDateTime,
         required=False,
-        help_text="Empty: from now. Never in the past; after the tariff's newest version.",
+        help_text=gettext_lazy("Empty: from now. Never in the past; after the tariff's newest version."),
     )
 
     def clean_windows(self) -> tuple[WindowSpec, ...]:
@@ -417,13 +427,21 @@ class _ScheduleForm(forms.Form):
 class TariffCreateForm(_ScheduleForm):
     owner = forms.ModelChoiceField(
         queryset=Organisation.objects.filter(is_operator=True).order_by("slug"),
-        help_text="The operator that uses this tariff on its price cards. Presets come from code.",
+        help_text=gettext_lazy(
+            "The operator that uses this tariff on its price cards. Presets come from code."
+        ),
     )
-    code = forms.CharField(max_length=64, help_text="a–z, 0–9 and inner hyphens; unique per operator.")
+    code = forms.CharField(
+        max_length=64, help_text=gettext_lazy("a–z, 0–9 and inner hyphens; unique per operator.")
+    )
     name = forms.CharField(max_length=200)
-    time_zone = forms.CharField(max_length=64, initial="Asia/Shanghai", help_text="IANA time zone.")
+    time_zone = forms.CharField(
+        max_length=64, initial="Asia/Shanghai", help_text=gettext_lazy("IANA time zone.")
+    )
     source = forms.CharField(
-        max_length=500, required=False, help_text="The published tariff this schedule is taken from."
+        max_length=500,
+        required=False,
+        help_text=gettext_lazy("The published tariff this schedule is taken from."),
     )
 
     field_order = ["owner", "code", "name", "time_zone", "source", "windows", "multipliers", "effective_from"]
@@ -466,7 +484,7 @@ class _ServiceFormMixin:
 
 
 class PresetFilter(admin.SimpleListFilter):
-    title = "kind"
+    title = gettext_lazy("kind")
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
@@ -490,19 +508,19 @@ class TariffVersionInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[TariffVersion]:
         return super().get_queryset(request).prefetch_related("bands", "windows")
 
-    @admin.display(description="Version")
+    @admin.display(description=gettext_lazy("Version"))
     def version_link(self, obj: TariffVersion) -> SafeString:
         return _link(_change_url(obj), f"v{obj.version}")
 
-    @admin.display(description="In force from")
+    @admin.display(description=gettext_lazy("In force from"))
     def effective(self, obj: TariffVersion) -> str:
         return _local(obj.effective_from)
 
-    @admin.display(description="Bands × multiplier")
+    @admin.display(description=gettext_lazy("Bands × multiplier"))
     def bands_summary(self, obj: TariffVersion) -> SafeString:
         return _bands_html(obj)
 
-    @admin.display(description="Windows")
+    @admin.display(description=gettext_lazy("Windows"))
     def windows_summary(self, obj: TariffVersion) -> SafeString:
         return _windows_html(obj)
 
@@ -568,24 +586,24 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    @admin.display(description="Owner", ordering="owner__slug")
+    @admin.display(description=gettext_lazy("Owner"), ordering="owner__slug")
     def owner_label(self, obj: Tariff) -> str:
         return "platform preset" if obj.owner_id is None else obj.owner.slug  # type: ignore[union-attr]
 
-    @admin.display(description="Versions", ordering="version_count")
+    @admin.display(description=gettext_lazy("Versions"), ordering="version_count")
     def version_count(self, obj: Tariff) -> int:
         return getattr(obj, "version_count", 0)
 
-    @admin.display(description="Newest", ordering="latest_version")
+    @admin.display(description=gettext_lazy("Newest"), ordering="latest_version")
     def latest_version(self, obj: Tariff) -> str:
         latest = getattr(obj, "latest_version", None)
         return "—" if latest is None else f"v{latest}"
 
-    @admin.display(description="New version")
+    @admin.display(description=gettext_lazy("New version"))
     def new_version(self, obj: Tariff) -> str | SafeString:
         if obj.owner_id is None:
             return "A preset: it changes in code (metering.tariffs.PRESETS), not here."
-        return _link(reverse("admin:metering_tariff_new_version", args=[obj.pk]), "Add a new version →")
+        return _link(reverse("admin:metering_tariff_new_version", args=[obj.pk]), _("Add a new version →"))
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -614,10 +632,12 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
                 _domain_error_into_form(form, exc)
             else:
                 self.log_addition(request, tariff, "Created in the admin with version 1.")
-                messages.success(request, f"Tariff {tariff.code} created with version 1.")
+                messages.success(
+                    request, _("Tariff %(code)s created with version 1.") % {"code": tariff.code}
+                )
                 return HttpResponseRedirect(_change_url(tariff))
         return self._render_service_form(
-            request, form=form, title="Add an operator's tariff", submit_label="Create tariff"
+            request, form=form, title=_("Add an operator's tariff"), submit_label=_("Create tariff")
         )
 
     def new_version_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -628,7 +648,9 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
         tariff = get_object_or_404(Tariff.objects.select_related("owner"), pk=object_id)
         if tariff.owner_id is None:
             messages.error(
-                request, f"{tariff.code} is a platform preset: it changes in code, not in the admin."
+                request,
+                _("%(code)s is a platform preset: it changes in code, not in the admin.")
+                % {"code": tariff.code},
             )
             return HttpResponseRedirect(_change_url(tariff))
         latest = (
@@ -663,16 +685,17 @@ class TariffAdmin(_ServiceFormMixin, admin.ModelAdmin):
                 self.log_change(request, tariff, f"Added version {version.version} in the admin.")
                 messages.success(
                     request,
-                    f"{tariff.code} v{version.version} in force from {_local(version.effective_from)}.",
+                    _("%(code)s v%(version)s in force from %(at)s.")
+                    % {"code": tariff.code, "version": version.version, "at": _local(version.effective_from)},
                 )
                 return HttpResponseRedirect(_change_url(tariff))
         return self._render_service_form(
             request,
             form=form,
-            title=f"New version of {tariff.code} ({tariff.time_zone})",
-            submit_label="Create version",
+            title=_("New version of %(code)s (%(zone)s)") % {"code": tariff.code, "zone": tariff.time_zone},
+            submit_label=_("Create version"),
             original=tariff,
-            intro=(
+            intro=_(
                 "The form starts from the newest version. Price cards already set keep the version they "
                 "locked; setting a price again picks up the version in force then."
             ),
@@ -688,19 +711,19 @@ class TariffWindowInline(_ReadOnlyInline):
     model = TariffWindow
     fields = readonly_fields = ("band", "start", "end", "days", "in_months")
 
-    @admin.display(description="From")
+    @admin.display(description=gettext_lazy("From"))
     def start(self, obj: TariffWindow) -> str:
         return minute_label(obj.start_minute)
 
-    @admin.display(description="To")
+    @admin.display(description=gettext_lazy("To"))
     def end(self, obj: TariffWindow) -> str:
         return minute_label(obj.end_minute)
 
-    @admin.display(description="Weekdays")
+    @admin.display(description=gettext_lazy("Weekdays"))
     def days(self, obj: TariffWindow) -> str:
         return weekdays_label(obj.weekdays)
 
-    @admin.display(description="Months")
+    @admin.display(description=gettext_lazy("Months"))
     def in_months(self, obj: TariffWindow) -> str:
         return months_label(obj.months)
 
@@ -716,16 +739,16 @@ class TariffVersionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = readonly_fields = ("tariff", "version", "effective_from", "created_by", "created_at", "as_text")
     inlines = [TariffBandInline, TariffWindowInline]
 
-    @admin.display(description="Owner", ordering="tariff__owner__slug")
+    @admin.display(description=gettext_lazy("Owner"), ordering="tariff__owner__slug")
     def tariff_owner(self, obj: TariffVersion) -> str:
         owner = obj.tariff.owner
         return "platform preset" if owner is None else owner.slug
 
-    @admin.display(description="In force from", ordering="effective_from")
+    @admin.display(description=gettext_lazy("In force from"), ordering="effective_from")
     def effective(self, obj: TariffVersion) -> str:
         return _local(obj.effective_from)
 
-    @admin.display(description="As text (the new-version form's format)")
+    @admin.display(description=gettext_lazy("As text (the new-version form's format)"))
     def as_text(self, obj: TariffVersion) -> SafeString:
         windows = sorted(obj.windows.all(), key=lambda w: (w.start_minute, w.pk))
         multipliers = ", ".join(f"{b.band}={b.multiplier.normalize()}" for b in obj.bands.all())
@@ -737,29 +760,29 @@ class TariffVersionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 class PriceCardCreateForm(forms.Form):
     cluster = forms.CharField(
-        label="Cluster CPI",
+        label=gettext_lazy("Cluster CPI"),
         max_length=200,
-        help_text="e.g. cpi:cucc:nx:zw-ai01",
+        help_text=gettext_lazy("e.g. cpi:cucc:nx:zw-ai01"),
         widget=forms.TextInput({"size": 50}),
     )
     rate_per_card_hour = forms.DecimalField(
-        label="Rate per card-hour (CNY)", min_value=Decimal(0), max_digits=12, decimal_places=4
+        label=gettext_lazy("Rate per card-hour (CNY)"), min_value=Decimal(0), max_digits=12, decimal_places=4
     )
     tariff = forms.ModelChoiceField(
         queryset=Tariff.objects.select_related("owner").order_by("owner__slug", "code"),
-        help_text="A platform preset or one of the cluster operator's own tariffs.",
+        help_text=gettext_lazy("A platform preset or one of the cluster operator's own tariffs."),
     )
     effective_from = forms.SplitDateTimeField(
         widget=AdminSplitDateTime,
         required=False,
-        help_text="Empty: from now. Never in the past, never before the cluster's newest card.",
+        help_text=gettext_lazy("Empty: from now. Never in the past, never before the cluster's newest card."),
     )
 
     def clean_cluster(self) -> Cluster:
         cpi = self.cleaned_data["cluster"].strip()
         cluster = Cluster.objects.select_related("operator").filter(cpi=cpi).first()
         if cluster is None:
-            raise forms.ValidationError(f"No cluster {cpi}.")
+            raise forms.ValidationError(_("No cluster %(cpi)s.") % {"cpi": cpi})
         return cluster
 
     def clean(self) -> dict[str, Any]:
@@ -799,21 +822,21 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: PriceCard | None = None) -> bool:
         return False
 
-    @admin.display(description="Cluster", ordering="cluster__cpi")
+    @admin.display(description=gettext_lazy("Cluster"), ordering="cluster__cpi")
     def cluster_cpi(self, obj: PriceCard) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Rate per card-hour", ordering="rate_per_card_hour")
+    @admin.display(description=gettext_lazy("Rate per card-hour"), ordering="rate_per_card_hour")
     def rate(self, obj: PriceCard) -> SafeString:
         return _cny(obj.rate_per_card_hour)
 
-    @admin.display(description="In force from", ordering="effective_from")
+    @admin.display(description=gettext_lazy("In force from"), ordering="effective_from")
     def effective(self, obj: PriceCard) -> str:
         return _local(obj.effective_from)
 
-    @admin.display(description="Usage")
+    @admin.display(description=gettext_lazy("Usage"))
     def usage_link(self, obj: PriceCard) -> SafeString:
-        return _link(_changelist_url(UsageRecord, price_card__id__exact=obj.pk), "Usage priced with it →")
+        return _link(_changelist_url(UsageRecord, price_card__id__exact=obj.pk), _("Usage priced with it →"))
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -837,10 +860,14 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
                 _domain_error_into_form(form, exc)
             else:
                 self.log_addition(request, card, "Set in the admin.")
-                messages.success(request, f"{card.cluster.cpi}: price card v{card.version} set.")
+                messages.success(
+                    request,
+                    _("%(cpi)s: price card v%(version)s set.")
+                    % {"cpi": card.cluster.cpi, "version": card.version},
+                )
                 return HttpResponseRedirect(_change_url(card))
         return self._render_service_form(
-            request, form=form, title="Set a cluster's price", submit_label="Set price (new version)"
+            request, form=form, title=_("Set a cluster's price"), submit_label=_("Set price (new version)")
         )
 
 
@@ -884,11 +911,11 @@ class PackProductAdmin(admin.ModelAdmin):
         # The code names the product in orders and the portal's links: fixed once created.
         return ["currency", "created_at", *(["code"] if obj is not None else [])]
 
-    @admin.display(description="Card-hours of", ordering="accelerator__slug")
+    @admin.display(description=gettext_lazy("Card-hours of"), ordering="accelerator__slug")
     def chip(self, obj: PackProduct) -> str:
         return "standard cards" if obj.accelerator is None else obj.accelerator.slug
 
-    @admin.display(description="Price", ordering="price")
+    @admin.display(description=gettext_lazy("Price"), ordering="price")
     def price_cny(self, obj: PackProduct) -> SafeString:
         return _cny(obj.price)
 
@@ -982,15 +1009,15 @@ class PackOrderAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     )
     show_full_result_count = False
 
-    @admin.display(description="Product", ordering="product__code")
+    @admin.display(description=gettext_lazy("Product"), ordering="product__code")
     def product_code(self, obj: PackOrder) -> str:
         return obj.product.code
 
-    @admin.display(description="Amount", ordering="amount")
+    @admin.display(description=gettext_lazy("Amount"), ordering="amount")
     def amount_cny(self, obj: PackOrder) -> SafeString:
         return _cny(obj.amount)
 
-    @admin.display(description="Pack")
+    @admin.display(description=gettext_lazy("Pack"))
     def pack_link(self, obj: PackOrder) -> str | SafeString:
         pack = Pack.objects.filter(order=obj).first()
         return "none (not paid)" if pack is None else _link(_change_url(pack), pack)
@@ -1001,7 +1028,7 @@ class PackRefundInline(_ReadOnlyInline):
     fk_name = "pack"
     fields = readonly_fields = ("stripe_refund_id", "amount", "debited", "refunded_at")
 
-    @admin.display(description="Card-hours debited")
+    @admin.display(description=gettext_lazy("Card-hours debited"))
     def debited(self, obj: PackRefund) -> SafeString:
         return _amount_cell(obj.card_hours_debited, card_hour_unit(obj.pack.class_key))
 
@@ -1013,7 +1040,7 @@ class RefundReasonForm(forms.Form):
     reason = forms.CharField(
         max_length=400,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Kept in each pack's admin history with your name.",
+        help_text=gettext_lazy("Kept in each pack's admin history with your name."),
     )
 
 
@@ -1053,11 +1080,11 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     actions = ["refund_unused"]
     show_full_result_count = False
 
-    @admin.display(description="Class", ordering="accelerator__slug")
+    @admin.display(description=gettext_lazy("Class"), ordering="accelerator__slug")
     def class_label(self, obj: Pack) -> str:
         return obj.class_key
 
-    @admin.display(description="Remaining")
+    @admin.display(description=gettext_lazy("Remaining"))
     def remaining(self, obj: Pack) -> SafeString:
         try:
             account = obj.account
@@ -1065,11 +1092,11 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
             return format_html("{}", "—")
         return _amount_cell(account.balance, account.unit)
 
-    @admin.display(description="Price", ordering="price")
+    @admin.display(description=gettext_lazy("Price"), ordering="price")
     def price_cny(self, obj: Pack) -> SafeString:
         return _cny(obj.price)
 
-    @admin.display(description="Ledger")
+    @admin.display(description=gettext_lazy("Ledger"))
     def ledger_link(self, obj: Pack) -> str | SafeString:
         try:
             account = obj.account
@@ -1078,13 +1105,13 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         return format_html(
             "{} · {}",
             _link(_change_url(account), account.key),
-            _link(_changelist_url(LedgerEntry, account__id__exact=account.pk), "its entries →"),
+            _link(_changelist_url(LedgerEntry, account__id__exact=account.pk), _("its entries →")),
         )
 
     def has_refund_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("metering.add_packrefund")
 
-    @admin.action(description="Refund the unused part", permissions=["refund"])
+    @admin.action(description=gettext_lazy("Refund the unused part"), permissions=["refund"])
     def refund_unused(self, request: HttpRequest, queryset: QuerySet[Pack]) -> HttpResponse | None:
         packs = list(queryset.select_related("buyer", "accelerator", "account", "order").order_by("pk"))
         form = RefundReasonForm(request.POST if request.POST.get("confirm") == "yes" else None)
@@ -1098,20 +1125,25 @@ class PackAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 try:
                     pack_refund_request(pack=pack, actor=actor)
                 except DomainError as exc:
-                    messages.warning(request, f"Pack {pack.pk}: {exc.message}")
+                    messages.warning(
+                        request, _("Pack %(pack)s: %(message)s") % {"pack": pack.pk, "message": exc.message}
+                    )
                     continue
                 self.log_change(request, pack, f"Refund of the unused part requested: {reason}")
                 done += 1
             if done:
                 messages.success(
                     request,
-                    f"Refund requested for {done} pack(s); each pack is debited when Stripe confirms the refund.",
+                    _(
+                        "Refund requested for %(n)d pack(s); each pack is debited when Stripe confirms the refund."
+                    )
+                    % {"n": done},
                 )
             return None
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "title": "Refund the unused part of these packs?",
+            "title": _("Refund the unused part of these packs?"),
             "packs": [(pack, self.remaining(pack)) for pack in packs],
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -1132,20 +1164,20 @@ class PackRefundAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [PackBuyerFilter]
     list_select_related = ["pack", "pack__accelerator"]
 
-    @admin.display(description="Order", ordering="order_id")
+    @admin.display(description=gettext_lazy("Order"), ordering="order_id")
     def order_link(self, obj: PackRefund) -> SafeString:
         url = reverse("admin:metering_packorder_change", args=[obj.order_id])
         return _link(url, f"order {obj.order_id}")
 
-    @admin.display(description="Pack", ordering="pack_id")
+    @admin.display(description=gettext_lazy("Pack"), ordering="pack_id")
     def pack_link(self, obj: PackRefund) -> SafeString:
         return _link(_change_url(obj.pack), f"pack {obj.pack_id}")
 
-    @admin.display(description="Amount", ordering="amount")
+    @admin.display(description=gettext_lazy("Amount"), ordering="amount")
     def amount_cny(self, obj: PackRefund) -> SafeString:
         return _cny(obj.amount)
 
-    @admin.display(description="Card-hours debited")
+    @admin.display(description=gettext_lazy("Card-hours debited"))
     def debited(self, obj: PackRefund) -> SafeString:
         return _amount_cell(obj.card_hours_debited, card_hour_unit(obj.pack.class_key))
 
@@ -1173,14 +1205,14 @@ class StripeEventAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     actions = ["reprocess_failed"]
     show_full_result_count = False
 
-    @admin.display(description="Payload")
+    @admin.display(description=gettext_lazy("Payload"))
     def payload_pretty(self, obj: StripeEvent) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True, default=str))
 
     def has_reprocess_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("metering.change_stripeevent")
 
-    @admin.action(description="Re-process failed events", permissions=["reprocess"])
+    @admin.action(description=gettext_lazy("Re-process failed events"), permissions=["reprocess"])
     def reprocess_failed(self, request: HttpRequest, queryset: QuerySet[StripeEvent]) -> None:
         from metering.services.payments import stripe_event_process
 
@@ -1200,9 +1232,13 @@ class StripeEventAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         }
         if failed:
             summary = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
-            messages.success(request, f"Re-processed {len(failed)} failed event(s): now {summary}.")
+            messages.success(
+                request,
+                _("Re-processed %(n)d failed event(s): now %(summary)s.")
+                % {"n": len(failed), "summary": summary},
+            )
         if skipped:
-            messages.info(request, f"Skipped {skipped} event(s) that had not failed.")
+            messages.info(request, _("Skipped %(n)d event(s) that had not failed.") % {"n": skipped})
 
 
 # --- The ledger: strictly read-only ----------------------------------------------------------------
@@ -1226,17 +1262,19 @@ class LedgerAccountAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "entries_link",
     )
 
-    @admin.display(description="Unit", ordering="unit")
+    @admin.display(description=gettext_lazy("Unit"), ordering="unit")
     def unit_name(self, obj: LedgerAccount) -> str:
         return unit_label(obj.unit)
 
-    @admin.display(description="Balance", ordering="balance")
+    @admin.display(description=gettext_lazy("Balance"), ordering="balance")
     def balance_display(self, obj: LedgerAccount) -> SafeString:
         return _amount_cell(obj.balance, obj.unit)
 
-    @admin.display(description="Entries")
+    @admin.display(description=gettext_lazy("Entries"))
     def entries_link(self, obj: LedgerAccount) -> SafeString:
-        return _link(_changelist_url(LedgerEntry, account__id__exact=obj.pk), "All entries of this account →")
+        return _link(
+            _changelist_url(LedgerEntry, account__id__exact=obj.pk), _("All entries of this account →")
+        )
 
 
 class LedgerEntryInline(_ReadOnlyInline):
@@ -1249,15 +1287,15 @@ class LedgerEntryInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
         return super().get_queryset(request).select_related("account")
 
-    @admin.display(description="Account")
+    @admin.display(description=gettext_lazy("Account"))
     def account_link(self, obj: LedgerEntry) -> SafeString:
         return _link(_change_url(obj.account), obj.account.key)
 
-    @admin.display(description="Kind")
+    @admin.display(description=gettext_lazy("Kind"))
     def account_kind(self, obj: LedgerEntry) -> str:
         return obj.account.get_kind_display()
 
-    @admin.display(description="Amount")
+    @admin.display(description=gettext_lazy("Amount"))
     def amount_display(self, obj: LedgerEntry) -> SafeString:
         return _amount_cell(obj.amount, obj.unit, signed=True)
 
@@ -1281,11 +1319,11 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
 
-    @admin.display(description="Posted at", ordering="posted_at")
+    @admin.display(description=gettext_lazy("Posted at"), ordering="posted_at")
     def posted(self, obj: LedgerTransfer) -> str:
         return _local(obj.posted_at)
 
-    @admin.display(description="Totals per unit")
+    @admin.display(description=gettext_lazy("Totals per unit"))
     def totals(self, obj: LedgerTransfer) -> SafeString:
         rows = (
             LedgerEntry.objects.filter(transfer=obj)
@@ -1316,7 +1354,7 @@ class LedgerTransferAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
             format_html_join("", "<div>{}: {} entries, {} moved, sum {}</div>", lines),
         )
 
-    @admin.display(description="Entries")
+    @admin.display(description=gettext_lazy("Entries"))
     def entries_link(self, obj: LedgerTransfer) -> SafeString:
         return _link(
             _changelist_url(LedgerEntry, transfer__id__exact=obj.pk), "All entries of this transfer →"
@@ -1334,23 +1372,23 @@ class LedgerEntryAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
 
-    @admin.display(description="Transfer", ordering="transfer_id")
+    @admin.display(description=gettext_lazy("Transfer"), ordering="transfer_id")
     def transfer_link(self, obj: LedgerEntry) -> SafeString:
         return _link(_change_url(obj.transfer), obj.transfer_id)
 
-    @admin.display(description="Kind")
+    @admin.display(description=gettext_lazy("Kind"))
     def transfer_kind(self, obj: LedgerEntry) -> str:
         return obj.transfer.kind
 
-    @admin.display(description="Amount", ordering="amount")
+    @admin.display(description=gettext_lazy("Amount"), ordering="amount")
     def amount_display(self, obj: LedgerEntry) -> SafeString:
         return _amount_cell(obj.amount, obj.unit, signed=True)
 
-    @admin.display(description="Unit")
+    @admin.display(description=gettext_lazy("Unit"))
     def unit_name(self, obj: LedgerEntry) -> str:
         return unit_label(obj.unit)
 
-    @admin.display(description="Posted at")
+    @admin.display(description=gettext_lazy("Posted at"))
     def posted(self, obj: LedgerEntry) -> str:
         return _local(obj.transfer.posted_at)
 
@@ -1359,7 +1397,7 @@ class LedgerEntryAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 class RatedFilter(admin.SimpleListFilter):
-    title = "rated"
+    title = gettext_lazy("rated")
     parameter_name = "rated"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
@@ -1376,24 +1414,24 @@ class RatedFilter(admin.SimpleListFilter):
 class _SegmentAmountColumns:
     """The columns a rated segment shows wherever it is listed: its card-hours and its micro-unit amounts."""
 
-    @admin.display(description="Card-hours")
+    @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: RatedSegment) -> str:
         return _card_hours_of_seconds(obj.card_seconds)
 
-    @admin.display(description="Drawn")
+    @admin.display(description=gettext_lazy("Drawn"))
     def draw(self, obj: RatedSegment) -> SafeString:
         suffix = "" if obj.pack_id else " (arrears)"
         return format_html("{}{}", _amount_cell(obj.pack_draw, card_hour_unit(obj.pack_class)), suffix)
 
-    @admin.display(description="Gross")
+    @admin.display(description=gettext_lazy("Gross"))
     def gross_cny(self, obj: RatedSegment) -> SafeString:
         return _amount_cell(obj.gross, CNY_UNIT)
 
-    @admin.display(description="Commission")
+    @admin.display(description=gettext_lazy("Commission"))
     def commission_cny(self, obj: RatedSegment) -> SafeString:
         return _amount_cell(obj.commission, CNY_UNIT)
 
-    @admin.display(description="Buyer value")
+    @admin.display(description=gettext_lazy("Buyer value"))
     def value_cny(self, obj: RatedSegment) -> SafeString:
         return _amount_cell(obj.buyer_value, CNY_UNIT)
 
@@ -1425,21 +1463,24 @@ class RatedSegmentInline(_SegmentAmountColumns, _ReadOnlyInline):
             .select_related("pack", "pack__buyer", "pack__accelerator", "invoice", "settlement")
         )
 
-    @admin.display(description="From")
+    @admin.display(description=gettext_lazy("From"))
     def start(self, obj: RatedSegment) -> str:
         return _local(obj.start_at)
 
-    @admin.display(description="To")
+    @admin.display(description=gettext_lazy("To"))
     def end(self, obj: RatedSegment) -> str:
         return _local(obj.end_at)
 
 
 class UsageImportForm(forms.Form):
     csv_file = forms.FileField(
-        label="CSV file",
-        help_text=(
-            "UTF-8, header <code>" + ",".join(USAGE_CSV_COLUMNS) + "</code>; timestamps ISO-8601 with a UTC "
-            "offset (2025-07-01T10:00:00+08:00), whole seconds; price_card_version and reference may be empty."
+        label=gettext_lazy("CSV file"),
+        help_text=format_lazy(
+            gettext_lazy(
+                "UTF-8, header <code>{columns}</code>; timestamps ISO-8601 with a UTC offset "
+                "(2025-07-01T10:00:00+08:00), whole seconds; price_card_version and reference may be empty."
+            ),
+            columns=",".join(USAGE_CSV_COLUMNS),
         ),
     )
 
@@ -1475,9 +1516,9 @@ def _parse_timestamp(value: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError("is not an ISO-8601 timestamp") from None
+        raise ValueError(_("is not an ISO-8601 timestamp")) from None
     if timezone.is_naive(parsed):
-        raise ValueError("needs a UTC offset (e.g. +08:00 or Z)")
+        raise ValueError(_("needs a UTC offset (e.g. +08:00 or Z)"))
     return parsed
 
 
@@ -1488,18 +1529,21 @@ def parse_usage_csv(text: str) -> tuple[list[_CsvRow], list[_LineError]]:
     try:
         header = [name.strip().lower() for name in next(reader)]
     except StopIteration:
-        return [], [_LineError(1, "", "empty_file", "The file is empty.")]
+        return [], [_LineError(1, "", "empty_file", _("The file is empty."))]
     missing = [c for c in USAGE_CSV_COLUMNS if c not in header and c not in USAGE_CSV_OPTIONAL]
     unknown = [c for c in header if c not in USAGE_CSV_COLUMNS]
     if missing or unknown or len(set(header)) != len(header):
         header_problems = []
         if missing:
-            header_problems.append(f"missing {', '.join(missing)}")
+            header_problems.append(_("missing %(columns)s") % {"columns": ", ".join(missing)})
         if unknown:
-            header_problems.append(f"unknown {', '.join(unknown)}")
+            header_problems.append(_("unknown %(columns)s") % {"columns": ", ".join(unknown)})
         if len(set(header)) != len(header):
-            header_problems.append("a column is repeated")
-        message = f"The header must be {','.join(USAGE_CSV_COLUMNS)}: {'; '.join(header_problems)}."
+            header_problems.append(_("a column is repeated"))
+        message = _("The header must be %(columns)s: %(problems)s.") % {
+            "columns": ",".join(USAGE_CSV_COLUMNS),
+            "problems": "; ".join(header_problems),
+        }
         return [], [_LineError(1, "", "bad_header", message)]
 
     rows: list[_CsvRow] = []
@@ -1510,12 +1554,23 @@ def parse_usage_csv(text: str) -> tuple[list[_CsvRow], list[_LineError]]:
             continue
         if len(rows) + len(errors) >= USAGE_CSV_MAX_ROWS:
             errors.append(
-                _LineError(line, "", "too_many_rows", f"At most {USAGE_CSV_MAX_ROWS} rows per file.")
+                _LineError(
+                    line,
+                    "",
+                    "too_many_rows",
+                    _("At most %(max)d rows per file.") % {"max": USAGE_CSV_MAX_ROWS},
+                )
             )
             break
         if len(cells) != len(header):
             errors.append(
-                _LineError(line, "", "bad_row", f"{len(cells)} fields; the header has {len(header)}.")
+                _LineError(
+                    line,
+                    "",
+                    "bad_row",
+                    _("%(fields)d fields; the header has %(width)d.")
+                    % {"fields": len(cells), "width": len(header)},
+                )
             )
             continue
         values = {name: cell.strip() for name, cell in zip(header, cells, strict=True)}
@@ -1523,24 +1578,32 @@ def parse_usage_csv(text: str) -> tuple[list[_CsvRow], list[_LineError]]:
         problems: list[tuple[str, str]] = []
         for name in ("operator", "idempotency_key", "cluster", "buyer"):
             if not values[name]:
-                problems.append((name, f"{name} is empty"))
+                problems.append((name, _("%(column)s is empty") % {"column": name}))
         cards = 0
         try:
             cards = int(values["cards"])
         except ValueError:
-            problems.append(("cards", f"cards {values['cards']!r} is not a whole number"))
+            problems.append(
+                ("cards", _("cards %(value)r is not a whole number") % {"value": values["cards"]})
+            )
         stamps: dict[str, datetime] = {}
         for name in ("start_at", "end_at"):
             try:
                 stamps[name] = _parse_timestamp(values[name])
             except ValueError as exc:
-                problems.append((name, f"{name} {values[name]!r} {exc}"))
+                problems.append(
+                    (
+                        name,
+                        _("%(column)s %(value)r %(problem)s")
+                        % {"column": name, "value": values[name], "problem": exc},
+                    )
+                )
         version: int | None = None
         if values.get("price_card_version"):
             try:
                 version = int(values["price_card_version"])
             except ValueError:
-                problems.append(("price_card_version", "price_card_version is not a whole number"))
+                problems.append(("price_card_version", _("price_card_version is not a whole number")))
         for name, message in problems:
             errors.append(_LineError(line, key, "bad_value", message + ".", name))
         if problems:
@@ -1582,7 +1645,7 @@ def usage_csv_import(*, text: str, now: datetime | None = None) -> UsageImportRe
                     row.line,
                     row.record.idempotency_key,
                     "unknown_operator",
-                    f"No operator organisation {row.operator!r}.",
+                    _("No operator organisation %(operator)r.") % {"operator": row.operator},
                     "operator",
                 )
             )
@@ -1693,42 +1756,44 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         }
         return super().changelist_view(request, extra_context=context)
 
-    @admin.display(description="Operator", ordering="operator__slug")
+    @admin.display(description=gettext_lazy("Operator"), ordering="operator__slug")
     def operator_slug(self, obj: UsageRecord) -> str:
         return obj.operator.slug
 
-    @admin.display(description="Cluster", ordering="cluster__cpi")
+    @admin.display(description=gettext_lazy("Cluster"), ordering="cluster__cpi")
     def cluster_cpi(self, obj: UsageRecord) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Buyer", ordering="buyer__slug")
+    @admin.display(description=gettext_lazy("Buyer"), ordering="buyer__slug")
     def buyer_slug(self, obj: UsageRecord) -> str:
         return obj.buyer.slug
 
-    @admin.display(description="Start", ordering="start_at")
+    @admin.display(description=gettext_lazy("Start"), ordering="start_at")
     def start(self, obj: UsageRecord) -> str:
         return _local(obj.start_at)
 
-    @admin.display(description="End", ordering="end_at")
+    @admin.display(description=gettext_lazy("End"), ordering="end_at")
     def end(self, obj: UsageRecord) -> str:
         return _local(obj.end_at)
 
-    @admin.display(description="Rated", boolean=True, ordering="rated_at")
+    @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="rated_at")
     def is_rated(self, obj: UsageRecord) -> bool:
         return obj.rated_at is not None
 
-    @admin.display(description="Card-hours")
+    @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: UsageRecord) -> str:
         return _card_hours_of_seconds(obj.cards * int((obj.end_at - obj.start_at).total_seconds()))
 
-    @admin.display(description="Rated segments")
+    @admin.display(description=gettext_lazy("Rated segments"))
     def segments_link(self, obj: UsageRecord) -> SafeString:
-        return _link(_changelist_url(RatedSegment, usage_record__id__exact=obj.pk), "In the segment list →")
+        return _link(
+            _changelist_url(RatedSegment, usage_record__id__exact=obj.pk), _("In the segment list →")
+        )
 
     def has_rate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("metering.change_usagerecord")
 
-    @admin.action(description="Re-run rating for these buyers", permissions=["rate"])
+    @admin.action(description=gettext_lazy("Re-run rating for these buyers"), permissions=["rate"])
     def rerate_buyers(self, request: HttpRequest, queryset: QuerySet[UsageRecord]) -> None:
         from metering.services.rating import usage_rate_pending
 
@@ -1745,8 +1810,8 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         )
         messages.success(
             request,
-            f"Rating re-run for {len(buyers)} buyer(s) ({', '.join(b.slug for b in buyers)}): "
-            f"{rated} unrated record(s) rated.",
+            _("Rating re-run for %(n)d buyer(s) (%(buyers)s): %(rated)d unrated record(s) rated.")
+            % {"n": len(buyers), "buyers": ", ".join(b.slug for b in buyers), "rated": rated},
         )
 
     def import_csv_view(self, request: HttpRequest) -> HttpResponse:
@@ -1758,12 +1823,15 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
             upload = form.cleaned_data["csv_file"]
             text: str | None = None
             if upload.size > USAGE_CSV_MAX_BYTES:
-                form.add_error("csv_file", f"At most {USAGE_CSV_MAX_BYTES // (1024 * 1024)} MB per file.")
+                form.add_error(
+                    "csv_file",
+                    _("At most %(mb)d MB per file.") % {"mb": USAGE_CSV_MAX_BYTES // (1024 * 1024)},
+                )
             else:
                 try:
                     text = upload.read().decode("utf-8-sig")
                 except UnicodeDecodeError:
-                    form.add_error("csv_file", "The file is not UTF-8 text.")
+                    form.add_error("csv_file", _("The file is not UTF-8 text."))
             if text is not None:
                 result = usage_csv_import(text=text)
                 logger.info(
@@ -1778,18 +1846,27 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
                 if result.error_count:
                     messages.error(
                         request,
-                        f"{result.error_count} bad line(s): nothing was imported. Fix them and retry.",
+                        _("%(n)d bad line(s): nothing was imported. Fix them and retry.")
+                        % {"n": result.error_count},
                     )
                 else:
                     messages.success(
                         request,
-                        f"Imported {result.rows} row(s): {result.created} created, {result.duplicates} "
-                        f"duplicate(s), {len(result.conflicts)} conflict(s).",
+                        _(
+                            "Imported %(rows)d row(s): %(created)d created, %(duplicates)d duplicate(s), "
+                            "%(conflicts)d conflict(s)."
+                        )
+                        % {
+                            "rows": result.rows,
+                            "created": result.created,
+                            "duplicates": result.duplicates,
+                            "conflicts": len(result.conflicts),
+                        },
                     )
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "title": "Import usage records (CSV)",
+            "title": _("Import usage records (CSV)"),
             "form": form,
             "result": result,
             "errors_shown": result.errors[:USAGE_CSV_ERRORS_SHOWN] if result else [],
@@ -1846,24 +1923,24 @@ class RatedSegmentAdmin(_SegmentAmountColumns, _ReadOnlyAdminMixin, admin.ModelA
     paginator = _EstimatedCountPaginator
     show_full_result_count = False
 
-    @admin.display(description="Usage record", ordering="usage_record_id")
+    @admin.display(description=gettext_lazy("Usage record"), ordering="usage_record_id")
     def usage_link(self, obj: RatedSegment) -> SafeString:
         url = reverse("admin:metering_usagerecord_change", args=[obj.usage_record_id])
         return _link(url, f"usage {obj.usage_record_id}")
 
-    @admin.display(description="Start", ordering="start_at")
+    @admin.display(description=gettext_lazy("Start"), ordering="start_at")
     def start(self, obj: RatedSegment) -> str:
         return _local(obj.start_at)
 
-    @admin.display(description="Pack", ordering="pack_id")
+    @admin.display(description=gettext_lazy("Pack"), ordering="pack_id")
     def pack_number(self, obj: RatedSegment) -> str:
         return "arrears" if obj.pack_id is None else str(obj.pack_id)
 
-    @admin.display(description="Invoiced", boolean=True)
+    @admin.display(description=gettext_lazy("Invoiced"), boolean=True)
     def invoiced(self, obj: RatedSegment) -> bool:
         return obj.invoice_id is not None
 
-    @admin.display(description="Settled", boolean=True)
+    @admin.display(description=gettext_lazy("Settled"), boolean=True)
     def settled(self, obj: RatedSegment) -> bool:
         return obj.settlement_id is not None
 
@@ -1883,11 +1960,11 @@ class BuyerExhaustionAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "shortfall_display",
     )
 
-    @admin.display(description="Usage record", ordering="usage_record_id")
+    @admin.display(description=gettext_lazy("Usage record"), ordering="usage_record_id")
     def usage_number(self, obj: BuyerExhaustion) -> str:
         return "—" if obj.usage_record_id is None else str(obj.usage_record_id)
 
-    @admin.display(description="Shortfall", ordering="shortfall")
+    @admin.display(description=gettext_lazy("Shortfall"), ordering="shortfall")
     def shortfall_display(self, obj: BuyerExhaustion) -> SafeString:
         return _amount_cell(obj.shortfall, card_hour_unit(obj.pack_class))
 
@@ -1904,7 +1981,7 @@ class ReconciliationRunAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     date_hierarchy = "checked_at"
     fields = readonly_fields = ("checked_at", "ok", "breaches")
 
-    @admin.display(description="Breaches")
+    @admin.display(description=gettext_lazy("Breaches"))
     def breach_codes(self, obj: ReconciliationRun) -> str:
         return ", ".join(f"{b.get('code')} ({b.get('count')})" for b in obj.breaches) or "—"
 
@@ -1971,19 +2048,19 @@ class InvoiceLineInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[InvoiceLine]:
         return super().get_queryset(request).select_related("cluster")
 
-    @admin.display(description="Cluster")
+    @admin.display(description=gettext_lazy("Cluster"))
     def cluster_cpi(self, obj: InvoiceLine) -> str:
         return obj.cluster.cpi if obj.cluster else "—"
 
-    @admin.display(description="Pack")
+    @admin.display(description=gettext_lazy("Pack"))
     def pack_number(self, obj: InvoiceLine) -> str:
         return "—" if obj.pack_id is None else str(obj.pack_id)
 
-    @admin.display(description="Order")
+    @admin.display(description=gettext_lazy("Order"))
     def order_number(self, obj: InvoiceLine) -> str:
         return "—" if obj.order_id is None else str(obj.order_id)
 
-    @admin.display(description="Card-hours used")
+    @admin.display(description=gettext_lazy("Card-hours used"))
     def card_hours(self, obj: InvoiceLine) -> str:
         return _card_hours_of_seconds(obj.card_seconds) if obj.card_seconds else "—"
 
@@ -2006,11 +2083,11 @@ class SettlementLineInline(_ReadOnlyInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[SettlementLine]:
         return super().get_queryset(request).select_related("cluster")
 
-    @admin.display(description="Cluster")
+    @admin.display(description=gettext_lazy("Cluster"))
     def cluster_cpi(self, obj: SettlementLine) -> str:
         return obj.cluster.cpi
 
-    @admin.display(description="Card-hours")
+    @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: SettlementLine) -> str:
         return _card_hours_of_seconds(obj.card_seconds)
 
@@ -2033,7 +2110,7 @@ class _StatementDownloadsMixin:
             *super().get_urls(),  # type: ignore[misc]
         ]
 
-    @admin.display(description="Download")
+    @admin.display(description=gettext_lazy("Download"))
     def downloads(self, obj: Any) -> SafeString:
         name = f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_download"
         return format_html(
@@ -2127,7 +2204,7 @@ class InvoiceAdmin(_StatementDownloadsMixin, _ReadOnlyAdminMixin, admin.ModelAdm
             raise PermissionDenied
         return invoice_preview_page(request, model_admin=self)
 
-    @admin.action(description="Export fapiao data (CSV) — for the issuing system, not a fapiao")
+    @admin.action(description=gettext_lazy("Export fapiao data (CSV) — for the issuing system, not a fapiao"))
     def export_fapiao(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> HttpResponse:
         from metering import fapiao
         from metering.services import statements
@@ -2176,19 +2253,19 @@ class ArrearsSettlementAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         "invoice",
     )
 
-    @admin.display(description="Arrears cleared (card-hours of the chip)")
+    @admin.display(description=gettext_lazy("Arrears cleared (card-hours of the chip)"))
     def owed_card_hours(self, obj: ArrearsSettlement) -> Decimal:
         return from_micros(obj.arrears_card_hours)
 
-    @admin.display(description="Drawn from the pack (its card-hours)")
+    @admin.display(description=gettext_lazy("Drawn from the pack (its card-hours)"))
     def drawn_card_hours(self, obj: ArrearsSettlement) -> Decimal:
         return from_micros(obj.pack_draw)
 
-    @admin.display(description="Prepaid value used (CNY)")
+    @admin.display(description=gettext_lazy("Prepaid value used (CNY)"))
     def prepaid_value_cny(self, obj: ArrearsSettlement) -> Decimal:
         return from_micros(obj.prepaid_value)
 
-    @admin.display(description="Money owed cleared (CNY)")
+    @admin.display(description=gettext_lazy("Money owed cleared (CNY)"))
     def money(self, obj: ArrearsSettlement) -> Decimal:
         return from_micros(obj.money_cleared)
 

@@ -19,6 +19,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from core.models import Organisation
 from metering import rendering
@@ -31,8 +33,8 @@ logger = logging.getLogger("cardhour.billing")
 
 class CloseMonthForm(forms.Form):
     month = forms.CharField(
-        label="Month to close",
-        help_text="YYYY-MM, in the billing zone. Only a month that has ended can be closed.",
+        label=gettext_lazy("Month to close"),
+        help_text=gettext_lazy("YYYY-MM, in the billing zone. Only a month that has ended can be closed."),
         widget=forms.TextInput(attrs={"type": "month", "placeholder": "2026-10"}),
     )
 
@@ -42,7 +44,7 @@ class CloseMonthForm(forms.Form):
             year, month = (int(part) for part in raw.split("-"))
             return date(year, month, 1)
         except ValueError:
-            raise forms.ValidationError("Write the month as YYYY-MM, e.g. 2026-10.") from None
+            raise forms.ValidationError(_("Write the month as YYYY-MM, e.g. 2026-10.")) from None
 
 
 def close_month(request: HttpRequest, *, model_admin: admin.ModelAdmin) -> HttpResponse:
@@ -59,21 +61,28 @@ def close_month(request: HttpRequest, *, model_admin: admin.ModelAdmin) -> HttpR
             logger.info("billing close %s from the admin by %s", f"{period_start:%Y-%m}", request.user)
             messages.success(
                 request,
-                f"{period_start:%Y-%m} is closed: {run.invoices_issued} invoice(s) and "
-                f"{run.settlements_issued} settlement(s) issued for it (closing it again issues nothing).",
+                _(
+                    "%(month)s is closed: %(invoices)d invoice(s) and %(settlements)d settlement(s) issued for it "
+                    "(closing it again issues nothing)."
+                )
+                % {
+                    "month": f"{period_start:%Y-%m}",
+                    "invoices": run.invoices_issued,
+                    "settlements": run.settlements_issued,
+                },
             )
             return HttpResponseRedirect(reverse("admin:metering_billingcloserun_changelist"))
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.model._meta,
-        "title": "Close a month",
-        "intro": (
+        "title": _("Close a month"),
+        "intro": _(
             "Issues every buyer's invoice and every operator's settlement for the month, exactly as the "
             "monthly task does on the 1st: once per period, each statement final once issued. A month that "
             "has not ended yet is refused."
         ),
         "form": form,
-        "submit_label": "Close the month",
+        "submit_label": _("Close the month"),
         "media": model_admin.media + form.media,
     }
     return TemplateResponse(request, "admin/metering/service_form.html", context)
@@ -103,7 +112,7 @@ def invoice_preview_page(request: HttpRequest, *, model_admin: admin.ModelAdmin)
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.model._meta,
-        "title": "Preview a buyer's invoice for this month",
+        "title": _("Preview a buyer's invoice for this month"),
         "form": form,
         "preview": preview,
         "lines": lines,

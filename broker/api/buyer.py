@@ -11,6 +11,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.urls import path
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
@@ -42,7 +43,9 @@ class IsBuyer(IsOrganisationMember):
             return False
         organisation = actor_from_request(request).organisation
         if not organisation.is_buyer:
-            raise NotABuyerError(f"{organisation.slug} is not a buyer organisation.")
+            raise NotABuyerError(
+                _("%(organisation)s is not a buyer organisation.") % {"organisation": organisation.slug}
+            )
         return True
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.urls import URLPattern, path
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -156,7 +157,9 @@ class OperatorLeaseListApi(APIView):
         def validate_wait(self, value: int) -> int:
             limit = settings.CARDHOUR_LEASE_POLL_MAX_WAIT_SECONDS
             if value > limit:
-                raise serializers.ValidationError(f"Ensure this value is less than or equal to {limit}.")
+                raise serializers.ValidationError(
+                    _("Ensure this value is less than or equal to %(limit)d.") % {"limit": limit}
+                )
             return value
 
     class Output(serializers.Serializer):
@@ -476,7 +479,8 @@ class OperatorUsageCreateApi(APIView):
         limit = settings.CARDHOUR_USAGE_BATCH_MAX
         if isinstance(raw, list) and len(raw) > limit:
             raise UsageBatchTooLargeError(
-                f"A batch holds at most {limit} records, not {len(raw)}.", extra={"max": limit}
+                _("A batch holds at most %(limit)d records, not %(n)d.") % {"limit": limit, "n": len(raw)},
+                extra={"max": limit},
             )
         records = _usage_records_fast(request.data)
         if records is None:
@@ -512,8 +516,11 @@ class OperatorUsageCreateApi(APIView):
             # The batch is committed (metering stores the records that do not conflict); the 409 says some
             # keys were reused with a different body.
             raise UsageConflictError(
-                f"{result.conflicts} record(s) reuse an idempotency key with a different body; nothing was "
-                f"stored for them. {result.created} other record(s) were stored.",
+                _(
+                    "%(conflicts)d record(s) reuse an idempotency key with a different body; nothing was stored "
+                    "for them. %(created)d other record(s) were stored."
+                )
+                % {"conflicts": result.conflicts, "created": result.created},
                 extra=body,
             )
         return Response(body, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)

@@ -32,6 +32,7 @@ from django.db import connection, transaction
 from django.db.models import Case, Exists, F, Max, OuterRef, Prefetch, QuerySet, Subquery, Value, When
 from django.db.models import DateTimeField as DateTimeModelField
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from broker import selectors
 from broker.errors import (
@@ -198,14 +199,15 @@ def _lease_lock_for(*, operator: Organisation, lease_id: int) -> Lease:
         except Lease.DoesNotExist:
             lease = None
     if lease is None or lease.operator_id != operator.pk:
-        raise LeaseNotFoundError(f"No lease {lease_id}.", extra={"lease_id": lease_id})
+        raise LeaseNotFoundError(_("No lease %(id)s.") % {"id": lease_id}, extra={"lease_id": lease_id})
     return lease
 
 
 def _check_transition(*, lease: Lease, to_state: str) -> None:
     if to_state not in leases.TRANSITIONS[lease.state]:
         raise LeaseTransitionError(
-            f"Lease {lease.pk} is {lease.state}; it cannot become {to_state}.",
+            _("Lease %(lease)s is %(state)s; it cannot become %(to_state)s.")
+            % {"lease": lease.pk, "state": lease.state, "to_state": to_state},
             extra={"lease_id": lease.pk, "state": lease.state, "to_state": to_state},
         )
 
@@ -274,7 +276,7 @@ def lease_stop(
     """
     if outcome not in STOP_OUTCOMES:
         raise LeaseTransitionError(
-            f"A stop is reported as completed or failed, not {outcome!r}.",
+            _("A stop is reported as completed or failed, not %(outcome)r.") % {"outcome": outcome},
             extra={"lease_id": lease_id, "to_state": outcome},
         )
     lease = _lease_lock_for(operator=operator, lease_id=lease_id)
@@ -424,8 +426,17 @@ def _usage_overruns(
             o.key,
             usage_overlap.CODE,
             "cards",
-            f"Lease {o.lease_id} holds {o.lease_cards} cards; with this record {o.peak_cards} cards would be "
-            f"reported at once from {_at_micros(o.overlap_start_us)} to {_at_micros(o.overlap_end_us)}.",
+            _(
+                "Lease %(lease)s holds %(cards)d cards; with this record %(peak)d cards would be reported at once "
+                "from %(start)s to %(end)s."
+            )
+            % {
+                "lease": o.lease_id,
+                "cards": o.lease_cards,
+                "peak": o.peak_cards,
+                "start": _at_micros(o.overlap_start_us),
+                "end": _at_micros(o.overlap_end_us),
+            },
             {
                 "lease": o.lease_id,
                 "lease_cards": o.lease_cards,
@@ -506,7 +517,11 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
         key = record.idempotency_key
         lease = rows.get(record.lease_id)
         if lease is None:
-            errors.append(_UsageError(index, key, "lease_not_found", "lease", f"No lease {record.lease_id}."))
+            errors.append(
+                _UsageError(
+                    index, key, "lease_not_found", "lease", _("No lease %(id)s.") % {"id": record.lease_id}
+                )
+            )
             continue
         if not lease.has_run:
             errors.append(
@@ -515,7 +530,8 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "lease_not_started",
                     "lease",
-                    f"Lease {lease.id} is {lease.state} and never ran.",
+                    _("Lease %(lease)s is %(state)s and never ran.")
+                    % {"lease": lease.id, "state": lease.state},
                 )
             )
             continue
@@ -527,7 +543,8 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "cards_over_lease",
                     "cards",
-                    f"Lease {lease.id} holds {lease.cards} cards, not {cards}.",
+                    _("Lease %(lease)s holds %(cards)d cards, not %(reported)s.")
+                    % {"lease": lease.id, "cards": lease.cards, "reported": cards},
                 )
             )
         start, end = record.start_at, record.end_at
@@ -543,7 +560,8 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "before_lease_start",
                     "start_at",
-                    f"Lease {lease.id} starts at {_at_micros(lease.start_us)}.",
+                    _("Lease %(lease)s starts at %(at)s.")
+                    % {"lease": lease.id, "at": _at_micros(lease.start_us)},
                 )
             )
         if end_us > lease.end_us:
@@ -553,7 +571,8 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "after_lease_end",
                     "end_at",
-                    f"Lease {lease.id} ends at {_at_micros(lease.end_us)}.",
+                    _("Lease %(lease)s ends at %(at)s.")
+                    % {"lease": lease.id, "at": _at_micros(lease.end_us)},
                 )
             )
         elif lease.ended_us is not None and end_us > lease.ended_us:
@@ -563,7 +582,8 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "after_lease_ended",
                     "end_at",
-                    f"Lease {lease.id} stopped at {_at_micros(lease.ended_us)}.",
+                    _("Lease %(lease)s stopped at %(at)s.")
+                    % {"lease": lease.id, "at": _at_micros(lease.ended_us)},
                 )
             )
         elif lease.stop_requested_us is not None and end_us > lease.stop_requested_us + interval_us:
@@ -573,9 +593,15 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     key,
                     "after_stop_request",
                     "end_at",
-                    f"Lease {lease.id} was asked to stop at {_at_micros(lease.stop_requested_us)}; usage is "
-                    f"accepted up to {_at_micros(lease.stop_requested_us + interval_us)} (one reporting interval "
-                    "later).",
+                    _(
+                        "Lease %(lease)s was asked to stop at %(at)s; usage is accepted up to %(until)s (one "
+                        "reporting interval later)."
+                    )
+                    % {
+                        "lease": lease.id,
+                        "at": _at_micros(lease.stop_requested_us),
+                        "until": _at_micros(lease.stop_requested_us + interval_us),
+                    },
                 )
             )
     return errors
@@ -676,7 +702,8 @@ def lease_usage_report(
     limit = settings.CARDHOUR_USAGE_BATCH_MAX
     if len(records) > limit:
         raise UsageBatchTooLargeError(
-            f"A batch holds at most {limit} records, not {len(records)}.", extra={"max": limit}
+            _("A batch holds at most %(limit)d records, not %(n)d.") % {"limit": limit, "n": len(records)},
+            extra={"max": limit},
         )
     if not records:
         return UsageBatchResult(outcomes=())
@@ -691,15 +718,18 @@ def lease_usage_report(
         if errors:
             shown = errors[:100]
             raise LeaseUsageOverLeaseError(
-                f"{len(errors)} record(s) would report more cards at once than their lease holds; nothing "
-                f"was written. First: record {shown[0].index}: {shown[0].message}",
+                _(
+                    "%(n)d record(s) would report more cards at once than their lease holds; nothing was "
+                    "written. First: record %(index)d: %(message)s"
+                )
+                % {"n": len(errors), "index": shown[0].index, "message": shown[0].message},
                 extra={"error_count": len(errors), "errors": [_usage_error_document(e) for e in shown]},
             )
     if errors:
         shown = errors[:100]
         raise LeaseUsageInvalidError(
-            f"{len(errors)} fault(s) in the batch; nothing was written. First: record {shown[0].index}: "
-            f"{shown[0].message}",
+            _("%(n)d fault(s) in the batch; nothing was written. First: record %(index)d: %(message)s")
+            % {"n": len(errors), "index": shown[0].index, "message": shown[0].message},
             extra={
                 "error_count": len(errors),
                 "errors": [_usage_error_document(e) for e in shown],
@@ -1007,8 +1037,11 @@ def operator_endpoint_enabled_set(
     locked = OperatorEndpoint.objects.select_for_update().select_related("operator").get(pk=endpoint.pk)
     if enabled and not locked.secret:
         raise ConflictError(
-            f"{locked.operator.slug} has no signing secret: it turns lease events back on by rotating its "
-            "secret through the API.",
+            _(
+                "%(operator)s has no signing secret: it turns lease events back on by rotating its secret "
+                "through the API."
+            )
+            % {"operator": locked.operator.slug},
             code="endpoint_secret_missing",
             extra={"operator": locked.operator.slug},
         )

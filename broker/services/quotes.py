@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import connections, router
 from django.db.models import Field
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from broker.catalog import market
 from broker.draws import BuyerPacks, DrawPlan, buyer_packs_after_leases
@@ -101,7 +102,10 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     less its live leases' expected draws, cover the quote's expected draw. Raises JobClosedError for a
     job that is completed, failed or cancelled."""
     if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
-        raise JobClosedError(f"Job {job.pk} is {job.state}.", extra={"job_id": job.pk, "state": job.state})
+        raise JobClosedError(
+            _("Job %(job)s is %(state)s.") % {"job": job.pk, "state": job.state},
+            extra={"job_id": job.pk, "state": job.state},
+        )
     now = now or timezone.now()
     limit = min(max(limit or settings.CARDHOUR_QUOTE_LIMIT_DEFAULT, 1), settings.CARDHOUR_QUOTE_LIMIT_MAX)
     result = placements_find(spec=job_spec(job=job), buyer=job.buyer, now=now, limit=limit)

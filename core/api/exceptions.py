@@ -7,22 +7,32 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from core.errors import DomainError
 
-_DRF_CODES: dict[type[exceptions.APIException], tuple[str, str]] = {
-    exceptions.ParseError: ("parse_error", "The request body could not be parsed."),
-    exceptions.AuthenticationFailed: ("authentication_failed", "The credentials were not accepted."),
-    exceptions.NotAuthenticated: ("not_authenticated", "Authentication is required."),
-    exceptions.PermissionDenied: ("permission_denied", "You may not do this."),
-    exceptions.NotFound: ("not_found", "Not found."),
-    exceptions.MethodNotAllowed: ("method_not_allowed", "Method not allowed."),
-    exceptions.NotAcceptable: ("not_acceptable", "The requested representation is not available."),
-    exceptions.UnsupportedMediaType: ("unsupported_media_type", "Unsupported media type."),
-    exceptions.Throttled: ("throttled", "Too many requests."),
+# Messages follow the request's language (LocaleMiddleware applies to /api/ too: Accept-Language, else
+# English); codes never change. DRF's own details (str(exc.detail)) come translated by DRF's catalogue.
+_DRF_CODES: dict[type[exceptions.APIException], tuple[str, Any]] = {
+    exceptions.ParseError: ("parse_error", gettext_lazy("The request body could not be parsed.")),
+    exceptions.AuthenticationFailed: (
+        "authentication_failed",
+        gettext_lazy("The credentials were not accepted."),
+    ),
+    exceptions.NotAuthenticated: ("not_authenticated", gettext_lazy("Authentication is required.")),
+    exceptions.PermissionDenied: ("permission_denied", gettext_lazy("You may not do this.")),
+    exceptions.NotFound: ("not_found", gettext_lazy("Not found.")),
+    exceptions.MethodNotAllowed: ("method_not_allowed", gettext_lazy("Method not allowed.")),
+    exceptions.NotAcceptable: (
+        "not_acceptable",
+        gettext_lazy("The requested representation is not available."),
+    ),
+    exceptions.UnsupportedMediaType: ("unsupported_media_type", gettext_lazy("Unsupported media type.")),
+    exceptions.Throttled: ("throttled", gettext_lazy("Too many requests.")),
 }
 
 
@@ -37,7 +47,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DjangoValidationError):
         set_rollback()
         fields = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
-        return _error(400, "invalid", "The request has invalid fields.", {"fields": fields})
+        return _error(400, "invalid", _("The request has invalid fields."), {"fields": fields})
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -56,7 +66,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response = _error(
             status.HTTP_400_BAD_REQUEST,
             "invalid",
-            "The request has invalid fields.",
+            _("The request has invalid fields."),
             {"fields": exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}},
         )
     else:
@@ -64,7 +74,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             ((c, m) for cls, (c, m) in _DRF_CODES.items() if isinstance(exc, cls)),
             (str(exc.default_code), str(exc.default_detail)),
         )
-        message = str(exc.detail) if isinstance(exc.detail, str) else default_message
+        message = str(exc.detail) if isinstance(exc.detail, str) else str(default_message)
         extra: dict[str, Any] = {}
         wait = getattr(exc, "wait", None)
         if isinstance(exc, exceptions.Throttled) and wait is not None:

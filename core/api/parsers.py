@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from django.conf import settings
+from django.utils.translation import gettext as _
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
 
@@ -37,17 +38,21 @@ class InvalidTextError(InvalidInputError):
 
 
 def _reject_constant(name: str) -> Any:
-    raise ParseError(f"{name} is not valid JSON.")
+    raise ParseError(_("%(name)s is not valid JSON.") % {"name": name})
 
 
 def _bad_text(value: str) -> str | None:
     if "\x00" in value:
-        return "contains NUL (\\u0000)"
+        return _("contains NUL (\\u0000)")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return "contains a lone UTF-16 surrogate"
+        return _("contains a lone UTF-16 surrogate")
     return None
+
+
+def _too_deep(max_depth: int) -> str:
+    return _("The JSON document is nested deeper than %(max_depth)d levels.") % {"max_depth": max_depth}
 
 
 def text_check(document: Any, *, max_depth: int) -> None:
@@ -58,22 +63,30 @@ def text_check(document: Any, *, max_depth: int) -> None:
         if isinstance(value, str):
             problem = _bad_text(value)
             if problem:
+                where = path or _("the top level")
                 raise InvalidTextError(
-                    f"The text at {path or 'the top level'} {problem}.",
-                    extra={"fields": {path or "non_field_errors": [f"The text {problem}."]}},
+                    _("The text at %(where)s %(problem)s.") % {"where": where, "problem": problem},
+                    extra={
+                        "fields": {
+                            path or "non_field_errors": [_("The text %(problem)s.") % {"problem": problem}]
+                        }
+                    },
                 )
             continue
         if depth > max_depth:
-            raise PayloadTooDeepError(
-                f"The JSON document is nested deeper than {max_depth} levels.", extra={"max_depth": max_depth}
-            )
+            raise PayloadTooDeepError(_too_deep(max_depth), extra={"max_depth": max_depth})
         if isinstance(value, dict):
             for key, item in value.items():
                 problem = _bad_text(key)
                 if problem:
+                    where = path or _("the top level")
                     raise InvalidTextError(
-                        f"A key at {path or 'the top level'} {problem}.",
-                        extra={"fields": {path or "non_field_errors": [f"A key {problem}."]}},
+                        _("A key at %(where)s %(problem)s.") % {"where": where, "problem": problem},
+                        extra={
+                            "fields": {
+                                path or "non_field_errors": [_("A key %(problem)s.") % {"problem": problem}]
+                            }
+                        },
                     )
                 stack.append((item, f"{path}.{key}" if path else key, depth + 1))
         elif isinstance(value, list):
@@ -88,16 +101,14 @@ class JSONParser(BaseParser):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ParseError("The request body is not UTF-8.") from exc
+            raise ParseError(_("The request body is not UTF-8.")) from exc
         max_depth = settings.CARDHOUR_API_JSON_MAX_DEPTH
         try:
             document = json.loads(text, parse_constant=_reject_constant)
         except RecursionError as exc:
-            raise PayloadTooDeepError(
-                f"The JSON document is nested deeper than {max_depth} levels.", extra={"max_depth": max_depth}
-            ) from exc
+            raise PayloadTooDeepError(_too_deep(max_depth), extra={"max_depth": max_depth}) from exc
         except ValueError as exc:
-            raise ParseError(f"JSON parse error: {exc}") from exc
+            raise ParseError(_("JSON parse error: %(error)s") % {"error": exc}) from exc
         # Deep nesting needs at least max_depth opening brackets; text trouble needs an escape.
         if raw.count(b"[") + raw.count(b"{") > max_depth or _SUSPECT_ESCAPE.search(raw):
             text_check(document, max_depth=max_depth)

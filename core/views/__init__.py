@@ -51,13 +51,13 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     """404 for URLs no route matches. Under /api/ it keeps the one error shape, so a client sees the same
     body whether a route rejected the path or a view found no object."""
     if _is_api(request):
-        return JsonResponse({"code": "not_found", "message": "Not found.", "extra": {}}, status=404)
+        return JsonResponse({"code": "not_found", "message": _("Not found."), "extra": {}}, status=404)
     return defaults.page_not_found(request, exception or Http404())
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     if _is_api(request):
-        body = {"code": "server_error", "message": "Internal error; it has been logged.", "extra": {}}
+        body = {"code": "server_error", "message": _("Internal error; it has been logged."), "extra": {}}
         return JsonResponse(body, status=500)
     return defaults.server_error(request)
 

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.urls import path
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import parsers, serializers, status
@@ -41,6 +42,10 @@ def max_upload_bytes() -> int:
     return (settings.CARDHOUR_FLEET_IMPORT_MAX_ROWS + 1) * MAX_BYTES_PER_ROW
 
 
+def _too_large(limit: int) -> str:
+    return _("The inventory is larger than %(limit)d bytes.") % {"limit": limit}
+
+
 class CsvParser(parsers.BaseParser):
     """A ``text/csv`` body, handed on as an uploaded file named ``file`` so both forms are one path."""
 
@@ -50,7 +55,7 @@ class CsvParser(parsers.BaseParser):
         limit = max_upload_bytes()
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
-            raise ParseError(f"The inventory is larger than {limit} bytes.")
+            raise ParseError(_too_large(limit))
         return {"file": ContentFile(raw, name="inventory.csv")}
 
 
@@ -222,8 +227,8 @@ class FleetImportApi(APIView):
         upload = options.pop("file")
         if upload.size > max_upload_bytes():
             raise InvalidInputError(
-                f"The inventory is larger than {max_upload_bytes()} bytes.",
-                extra={"fields": {"file": ["Too large."]}},
+                _too_large(max_upload_bytes()),
+                extra={"fields": {"file": [_("Too large.")]}},
             )
         result = fleet_import(
             actor=actor,

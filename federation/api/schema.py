@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -45,7 +46,7 @@ def cluster_cpi_grammar(value: str) -> None:
         raise serializers.ValidationError(exc.detail, code="invalid_identifier") from None
     if parsed.level != identifiers.Level.CLUSTER:
         raise serializers.ValidationError(
-            "must name a cluster: cpi:<operator>:<hub>:<cluster>", code="invalid_identifier"
+            _("must name a cluster: cpi:<operator>:<hub>:<cluster>"), code="invalid_identifier"
         )
 
 

@@ -14,6 +14,7 @@ import django_filters
 from django.conf import settings
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.request import Request
@@ -100,7 +101,7 @@ class IsOperatorOrPlatform(IsOrganisationMember):
         organisation = actor_from_request(request).organisation
         if not (organisation.is_operator or organisation.is_platform):
             raise PermissionDeniedError(
-                "Only operators and the platform can report latencies.", code="not_an_operator"
+                _("Only operators and the platform can report latencies."), code="not_an_operator"
             )
         return True
 
@@ -125,9 +126,9 @@ class HubLatencyMeasureApi(APIView):
                 # (older ones are ignored); one before 2000 is a broken clock (and, in the platform's
                 # zone, a pre-1901 instant renders with a local-mean-time offset no client parses).
                 if value > timezone.now() + MEASUREMENT_CLOCK_SKEW:
-                    raise serializers.ValidationError("Is ahead of the server's clock.", code="in_future")
+                    raise serializers.ValidationError(_("Is ahead of the server's clock."), code="in_future")
                 if value < MEASUREMENT_EARLIEST:
-                    raise serializers.ValidationError("Is before 2000.", code="too_old")
+                    raise serializers.ValidationError(_("Is before 2000."), code="too_old")
                 return value
 
         measurements = Measurement(many=True, allow_empty=False, max_length=1000)  # type: ignore[call-arg]

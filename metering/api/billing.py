@@ -16,6 +16,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.urls import path
+from django.utils.translation import gettext as _
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, serializers
@@ -41,7 +42,7 @@ class IsBuyer(IsOrganisationMember):
         if not super().has_permission(request, view):
             return False
         if not actor_from_request(request).organisation.is_buyer:
-            raise NotABuyerError("Only buyer organisations have invoices.")
+            raise NotABuyerError(_("Only buyer organisations have invoices."))
         return True
 
 

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 from django.db.models import QuerySet
 from django.urls import path
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.permissions import BasePermission
@@ -108,7 +109,9 @@ class ScheduleInput(serializers.Serializer):
         names = [row["band"] for row in value]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise serializers.ValidationError(f"Each band once: {', '.join(duplicates)} repeated.")
+            raise serializers.ValidationError(
+                _("Each band once: %(bands)s repeated.") % {"bands": ", ".join(duplicates)}
+            )
         return value
 
 
@@ -348,7 +351,8 @@ class TariffStripApi(APIView):
         def validate_date(self, value: LocalDate) -> LocalDate:
             if not STRIP_FIRST_DATE <= value <= STRIP_LAST_DATE:
                 raise serializers.ValidationError(
-                    f"Must be between {STRIP_FIRST_DATE} and {STRIP_LAST_DATE}."
+                    _("Must be between %(first)s and %(last)s.")
+                    % {"first": STRIP_FIRST_DATE, "last": STRIP_LAST_DATE}
                 )
             return value
 

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.utils.translation import gettext as _
 from stripe import (
     APIConnectionError,
     CardError,
@@ -37,6 +38,7 @@ from stripe import (
 )
 
 from core.money import scaled_int
+from metering.declines import decline_message
 from metering.errors import PaymentProviderError, StripeSignatureError
 
 logger = logging.getLogger(__name__)
@@ -176,7 +178,7 @@ STRIPE_API_VERSION = "2026-10-28.endive"
 def _client() -> StripeClient:
     key = settings.STRIPE_SECRET_KEY
     if not key:
-        raise PaymentProviderError("Payments are not configured: STRIPE_SECRET_KEY is empty.")
+        raise PaymentProviderError(_("Payments are not configured: STRIPE_SECRET_KEY is empty."))
     base = settings.STRIPE_API_BASE
     local = stripe_mode() == MODE_LOCALSTRIPE
     return StripeClient(
@@ -190,12 +192,19 @@ def _client() -> StripeClient:
 
 
 def _provider_error(exc: StripeError, action: str) -> PaymentProviderError:
+    """``action`` is a translated phrase ("create the payment"), completing "Stripe could not …"."""
     logger.warning("Stripe call failed (%s): %s", action, exc)
-    # Stripe's user_message is written for end users; the raw text of a transport error names internal
-    # hosts and ports, so it stays in the log only.
-    detail = exc.user_message or ("Stripe is unreachable." if isinstance(exc, APIConnectionError) else "")
+    # Stripe's user_message is written for end users (in English: Stripe answers the server, not the
+    # buyer's browser); the raw text of a transport error names internal hosts and ports, so it stays in
+    # the log only. A known decline code is said in the reader's language (decline_message).
+    detail = (
+        decline_message(code=str(exc.code or ""), stripe_message=exc.user_message)
+        if exc.user_message
+        else (_("Stripe is unreachable.") if isinstance(exc, APIConnectionError) else "")
+    )
+    message = _("Stripe could not %(action)s.") % {"action": action}
     return PaymentProviderError(
-        f"Stripe could not {action}." + (f" {detail}" if detail else ""),
+        f"{message} {detail}" if detail else message,
         extra={"stripe_code": exc.code or "", "http_status": exc.http_status},
     )
 
@@ -208,7 +217,7 @@ def customer_create(*, name: str, email: str, metadata: Mapping[str, str], idemp
     try:
         customer = _client().v1.customers.create(params, {"idempotency_key": idempotency_key})  # type: ignore[arg-type]
     except StripeError as exc:
-        raise _provider_error(exc, "create the customer") from exc
+        raise _provider_error(exc, _("create the customer")) from exc
     return str(customer.id)
 
 
@@ -233,7 +242,7 @@ def payment_intent_create(
     try:
         intent = _client().v1.payment_intents.create(params, {"idempotency_key": idempotency_key})  # type: ignore[arg-type]
     except StripeError as exc:
-        raise _provider_error(exc, "create the payment") from exc
+        raise _provider_error(exc, _("create the payment")) from exc
     return payment_intent_from_object(intent.to_dict())
 
 
@@ -242,7 +251,7 @@ def payment_intent_retrieve(*, payment_intent_id: str) -> PaymentIntentInfo:
     try:
         intent = _client().v1.payment_intents.retrieve(payment_intent_id, {"expand": ["latest_charge"]})
     except StripeError as exc:
-        raise _provider_error(exc, f"read payment {payment_intent_id}") from exc
+        raise _provider_error(exc, _("read payment %(id)s") % {"id": payment_intent_id}) from exc
     return payment_intent_from_object(intent.to_dict())
 
 
@@ -252,7 +261,7 @@ def payment_intent_confirm_test(*, payment_intent_id: str, payment_method: str) 
     since localstripe's Stripe.js cannot confirm a card payment. A decline is not an error here: the
     returned PaymentIntent carries it."""
     if stripe_mode() == MODE_LIVE:
-        raise PaymentProviderError("Test payment methods cannot be used with live Stripe keys.")
+        raise PaymentProviderError(_("Test payment methods cannot be used with live Stripe keys."))
     client = _client()
     try:
         # localstripe refuses `payment_method` on /confirm, so set it first, then confirm.
@@ -261,7 +270,7 @@ def payment_intent_confirm_test(*, payment_intent_id: str, payment_method: str) 
     except CardError:
         pass  # declined: the PaymentIntent records it, and Stripe sends payment_intent.payment_failed
     except StripeError as exc:
-        raise _provider_error(exc, f"confirm payment {payment_intent_id}") from exc
+        raise _provider_error(exc, _("confirm payment %(id)s") % {"id": payment_intent_id}) from exc
     return payment_intent_retrieve(payment_intent_id=payment_intent_id)
 
 
@@ -282,7 +291,7 @@ def refund_create(
     try:
         refund = _client().v1.refunds.create(params, {"idempotency_key": idempotency_key})  # type: ignore[arg-type]
     except StripeError as exc:
-        raise _provider_error(exc, f"refund payment {payment_intent_id}") from exc
+        raise _provider_error(exc, _("refund payment %(id)s") % {"id": payment_intent_id}) from exc
     return refund_from_object(refund.to_dict(), payment_intent_id=payment_intent_id)
 
 
@@ -291,7 +300,9 @@ def refund_list(*, payment_intent_id: str) -> tuple[RefundInfo, ...]:
     try:
         page = _client().v1.refunds.list({"payment_intent": payment_intent_id, "limit": 100})
     except StripeError as exc:
-        raise _provider_error(exc, f"list the refunds of payment {payment_intent_id}") from exc
+        raise _provider_error(
+            exc, _("list the refunds of payment %(id)s") % {"id": payment_intent_id}
+        ) from exc
     return tuple(
         refund_from_object(item.to_dict(), payment_intent_id=payment_intent_id) for item in page.data
     )
@@ -302,7 +313,7 @@ def charge_payment_intent_id(*, charge_id: str) -> str:
     try:
         charge = _client().v1.charges.retrieve(charge_id)
     except StripeError as exc:
-        raise _provider_error(exc, f"read charge {charge_id}") from exc
+        raise _provider_error(exc, _("read charge %(id)s") % {"id": charge_id}) from exc
     return _id_of(charge.to_dict().get("payment_intent"))
 
 
@@ -316,16 +327,16 @@ def webhook_event_construct(*, payload: bytes, signature: str) -> WebhookEvent:
     secret, or a body that is not a Stripe event: nothing about such a request can be trusted."""
     secret = settings.STRIPE_WEBHOOK_SECRET
     if not secret:
-        raise StripeSignatureError("Webhooks are not configured: STRIPE_WEBHOOK_SECRET is empty.")
+        raise StripeSignatureError(_("Webhooks are not configured: STRIPE_WEBHOOK_SECRET is empty."))
     try:
         text = payload.decode("utf-8")
         WebhookSignature.verify_header(text, signature, secret, WEBHOOK_TOLERANCE_SECONDS)
     except (UnicodeDecodeError, SignatureVerificationError) as exc:
-        raise StripeSignatureError("The Stripe-Signature header does not match the payload.") from exc
+        raise StripeSignatureError(_("The Stripe-Signature header does not match the payload.")) from exc
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise StripeSignatureError("The payload is signed but is not JSON.") from exc
+        raise StripeSignatureError(_("The payload is signed but is not JSON.")) from exc
     return webhook_event_parse(data=data)
 
 
@@ -338,7 +349,7 @@ def webhook_event_parse(*, data: Any) -> WebhookEvent:
         if not isinstance(obj, dict) or not event_id or not event_type:
             raise ValueError("not an event")
     except (ValueError, KeyError, TypeError) as exc:
-        raise StripeSignatureError("The payload is signed but is not a Stripe event.") from exc
+        raise StripeSignatureError(_("The payload is signed but is not a Stripe event.")) from exc
 
     object_type = str(obj.get("object") or "")
     object_id = str(obj.get("id") or "")

@@ -8,6 +8,7 @@ from django.utils.translation import gettext_lazy as _
 
 from core.models import Organisation
 from federation.models import Accelerator
+from metering.declines import decline_message
 from metering.tax import validate_uscc
 
 STANDARD_CLASS = "std"
@@ -145,6 +146,13 @@ class PackOrder(models.Model):
 
     def __str__(self) -> str:
         return f"order {self.pk} of {self.buyer}: {self.card_hours} card-hours, {self.amount} CNY"
+
+    @property
+    def failure_text(self) -> str:
+        """The stored decline as the reader's language says it (metering.declines); "" if none."""
+        if not self.failure_message:
+            return ""
+        return decline_message(code=self.failure_code, stripe_message=self.failure_message)
 
 
 class Pack(models.Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from metering.errors import InvoiceNotFoundError, SettlementNotFoundError
@@ -26,7 +27,9 @@ def invoice_get_for(*, buyer: Organisation, invoice_id: int) -> Invoice:
     another organisation (the two are indistinguishable to the caller)."""
     invoice = invoice_list_for(buyer=buyer).filter(pk=invoice_id).first()
     if invoice is None:
-        raise InvoiceNotFoundError(f"Invoice {invoice_id} was not found.", extra={"invoice_id": invoice_id})
+        raise InvoiceNotFoundError(
+            _("Invoice %(id)s was not found.") % {"id": invoice_id}, extra={"invoice_id": invoice_id}
+        )
     return invoice
 
 
@@ -47,6 +50,7 @@ def settlement_get_for(*, operator: Organisation, settlement_id: int) -> Settlem
     settlement = settlement_list_for(operator=operator).filter(pk=settlement_id).first()
     if settlement is None:
         raise SettlementNotFoundError(
-            f"Settlement {settlement_id} was not found.", extra={"settlement_id": settlement_id}
+            _("Settlement %(id)s was not found.") % {"id": settlement_id},
+            extra={"settlement_id": settlement_id},
         )
     return settlement

@@ -14,6 +14,7 @@ from decimal import Decimal
 from django.db.models import Count, Min, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from core.money import from_micros
@@ -32,7 +33,9 @@ def pack_product_get_on_sale(*, code: str) -> PackProduct:
     """A product on sale by its code. Raises UnknownPackProductError (400: it is named in a body)."""
     product = pack_product_list().filter(code=code).first()
     if product is None:
-        raise UnknownPackProductError(f"No pack product {code!r} is on sale.", extra={"product": code})
+        raise UnknownPackProductError(
+            _("No pack product %(code)r is on sale.") % {"code": code}, extra={"product": code}
+        )
     return product
 
 
@@ -45,11 +48,15 @@ def pack_order_list_for(*, buyer: Organisation) -> QuerySet[PackOrder]:
     )
 
 
+def _pack_order_missing(order_id: object) -> str:
+    return _("Pack order %(order)s does not exist.") % {"order": order_id}
+
+
 def pack_order_get_for(*, buyer: Organisation, order_id: int) -> PackOrder:
     """One of the buyer's orders. Raises PackOrderNotFoundError, for another buyer's order too."""
     order = pack_order_list_for(buyer=buyer).filter(pk=order_id).first()
     if order is None:
-        raise PackOrderNotFoundError(f"Pack order {order_id} does not exist.", extra={"order": order_id})
+        raise PackOrderNotFoundError(_pack_order_missing(order_id), extra={"order": order_id})
     return order
 
 

@@ -10,6 +10,7 @@ from decimal import Decimal
 from django.db import connection
 from django.db.models import F, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from federation.models import Cluster
@@ -57,7 +58,7 @@ def tariff_get_for(*, organisation: Organisation, tariff_id: int) -> Tariff:
             .first()
         )
     if tariff is None:
-        raise TariffNotFoundError(f"No tariff {tariff_id}.", extra={"tariff_id": tariff_id})
+        raise TariffNotFoundError(_("No tariff %(id)s.") % {"id": tariff_id}, extra={"tariff_id": tariff_id})
     return tariff
 
 
@@ -72,7 +73,8 @@ def tariff_version_current(*, tariff: Tariff, at: datetime | None = None) -> Tar
     )
     if version is None:
         raise TariffNotFoundError(
-            f"Tariff {tariff.code} has no version in force at {at.isoformat()}.",
+            _("Tariff %(code)s has no version in force at %(at)s.")
+            % {"code": tariff.code, "at": at.isoformat()},
             extra={"tariff_id": tariff.pk, "at": at.isoformat()},
         )
     return version
@@ -126,7 +128,8 @@ def compiled_tariff(*, tariff_version_id: int) -> CompiledTariff:
     )
     if version is None:
         raise TariffNotFoundError(
-            f"No tariff version {tariff_version_id}.", extra={"tariff_version_id": tariff_version_id}
+            _("No tariff version %(id)s.") % {"id": tariff_version_id},
+            extra={"tariff_version_id": tariff_version_id},
         )
     compiled = tariff_compile(tariff_version_spec(version=version))
     with _compiled_lock:
@@ -146,7 +149,8 @@ def price_card_current(*, cluster: Cluster, at: datetime | None = None) -> Price
     )
     if card is None:
         raise PriceCardNotFoundError(
-            f"Cluster {cluster.cpi} has no price card in force at {at.isoformat()}.",
+            _("Cluster %(cpi)s has no price card in force at %(at)s.")
+            % {"cpi": cluster.cpi, "at": at.isoformat()},
             extra={"cpi": cluster.cpi, "at": at.isoformat()},
         )
     return card
@@ -162,7 +166,8 @@ def price_card_get(*, cluster: Cluster, version: int) -> PriceCard:
     card = _price_cards(cluster).filter(version=version).first() if 1 <= version <= 2**31 - 1 else None
     if card is None:
         raise PriceCardNotFoundError(
-            f"Cluster {cluster.cpi} has no price card version {version}.",
+            _("Cluster %(cpi)s has no price card version %(version)s.")
+            % {"cpi": cluster.cpi, "version": version},
             extra={"cpi": cluster.cpi, "version": version},
         )
     return card

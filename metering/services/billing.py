@@ -65,6 +65,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from core.money import from_micros, micros_to_fen
@@ -111,7 +112,8 @@ def billing_period_bounds(*, period_start: date) -> tuple[datetime, datetime]:
     """
     if period_start.day != 1:
         raise BillingPeriodInvalidError(
-            f"A billing period starts on the first day of a month, not {period_start.isoformat()}.",
+            _("A billing period starts on the first day of a month, not %(date)s.")
+            % {"date": period_start.isoformat()},
             extra={"period_start": period_start.isoformat()},
         )
     zone = billing_zone()
@@ -708,13 +710,16 @@ def billing_close_period(*, period_start: date, now: datetime | None = None) -> 
     period not starting on the 1st, BillingPeriodOpenError for a month that has not ended yet.
     """
     now = now or timezone.now()
-    _, end_at = billing_period_bounds(period_start=period_start)
+    _start_at, end_at = billing_period_bounds(period_start=period_start)
     if now < end_at:
         raise BillingPeriodOpenError(
-            f"The period {period_start:%Y-%m} ends at {end_at.isoformat()}; it cannot be closed before.",
+            _("The period %(month)s ends at %(end)s; it cannot be closed before.")
+            % {"month": f"{period_start:%Y-%m}", "end": end_at.isoformat()},
             extra={"period_start": period_start.isoformat(), "period_end_at": end_at.isoformat()},
         )
-    run, _ = BillingCloseRun.objects.get_or_create(period_start=period_start, defaults={"started_at": now})
+    run, _created = BillingCloseRun.objects.get_or_create(
+        period_start=period_start, defaults={"started_at": now}
+    )
     if run.finished_at is not None:
         return run
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from metering.errors import InsufficientBalanceError, LedgerUnbalancedError
@@ -155,7 +156,8 @@ def transfer_post(
         account = locked[account_id]
         if account.non_negative and account.balance + amount < 0:
             raise InsufficientBalanceError(
-                f"Account {account.key} holds {account.balance} micro-units; the transfer takes {-amount}.",
+                _("Account %(account)s holds %(balance)s micro-units; the transfer takes %(amount)s.")
+                % {"account": account.key, "balance": account.balance, "amount": -amount},
                 extra={"account": account.key, "balance": account.balance, "amount": amount},
             )
 

@@ -25,6 +25,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from core.money import MICROS, round_div, to_micros
@@ -76,7 +77,9 @@ def pack_issue(
             .get(pk=order.pk)
         )
     except PackOrder.DoesNotExist:
-        raise PackOrderNotFoundError(f"Pack order {order.pk} does not exist.") from None
+        raise PackOrderNotFoundError(
+            _("Pack order %(order)s does not exist.") % {"order": order.pk}
+        ) from None
     existing = Pack.objects.filter(order=order).first()
     if existing is not None:
         return existing, False

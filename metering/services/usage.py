@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from federation.models import Cluster
@@ -141,7 +142,7 @@ def _validate(
                 index,
                 str(key)[:50],
                 "invalid_idempotency_key",
-                "1–200 characters, no NUL.",
+                _("1–200 characters, no NUL."),
                 "idempotency_key",
             )
         if (
@@ -149,43 +150,71 @@ def _validate(
             or len(record.reference) > REFERENCE_MAX_LENGTH
             or ("\x00" in record.reference)
         ):
-            fail(index, key, "invalid_reference", "At most 200 characters, no NUL.", "reference")
+            fail(index, key, "invalid_reference", _("At most 200 characters, no NUL."), "reference")
         cards = record.cards
         if isinstance(cards, bool) or not isinstance(cards, int) or cards <= 0:
             fail(
-                index, key, "cards_not_positive", f"cards must be a positive integer, not {cards!r}.", "cards"
+                index,
+                key,
+                "cards_not_positive",
+                _("cards must be a positive integer, not %(cards)r.") % {"cards": cards},
+                "cards",
             )
         elif cards > settings.CARDHOUR_MAX_CARDS_PER_CLUSTER:
-            fail(index, key, "cards_too_many", f"{cards} cards is more than any cluster holds.", "cards")
+            fail(
+                index,
+                key,
+                "cards_too_many",
+                _("%(cards)d cards is more than any cluster holds.") % {"cards": cards},
+                "cards",
+            )
         start, end = record.start_at, record.end_at
         times_ok = True
         for name, value in (("start_at", start), ("end_at", end)):
             if not isinstance(value, datetime) or timezone.is_naive(value):
-                fail(index, key, "naive_timestamp", f"{name} must carry a time zone.", name)
+                fail(
+                    index,
+                    key,
+                    "naive_timestamp",
+                    _("%(field)s must carry a time zone.") % {"field": name},
+                    name,
+                )
                 times_ok = False
             elif value.microsecond:
-                fail(index, key, "subsecond_timestamp", f"{name} must be a whole second.", name)
+                fail(
+                    index,
+                    key,
+                    "subsecond_timestamp",
+                    _("%(field)s must be a whole second.") % {"field": name},
+                    name,
+                )
                 times_ok = False
         if times_ok:
             if end <= start:
-                fail(index, key, "end_not_after_start", "end_at must be after start_at.", "end_at")
+                fail(index, key, "end_not_after_start", _("end_at must be after start_at."), "end_at")
             elif end < oldest_end:
                 fail(
                     index,
                     key,
                     "usage_too_late",
-                    f"Usage ending before {oldest_end.isoformat()} is past the "
-                    f"{settings.CARDHOUR_LATE_USAGE_DAYS}-day late window.",
+                    _("Usage ending before %(at)s is past the %(days)d-day late window.")
+                    % {"at": oldest_end.isoformat(), "days": settings.CARDHOUR_LATE_USAGE_DAYS},
                     "end_at",
                 )
             elif end > newest_end:
-                fail(index, key, "usage_in_future", "end_at is in the future.", "end_at")
+                fail(index, key, "usage_in_future", _("end_at is in the future."), "end_at")
         cluster = clusters.get(record.cluster)
         price_card_id = 0
         if cluster is None:
-            fail(index, key, "unknown_cluster", f"No cluster {record.cluster!r}.", "cluster")
+            fail(index, key, "unknown_cluster", _("No cluster %(cpi)r.") % {"cpi": record.cluster}, "cluster")
         elif cluster[1] != operator.pk:
-            fail(index, key, "cluster_not_yours", f"{record.cluster} belongs to another operator.", "cluster")
+            fail(
+                index,
+                key,
+                "cluster_not_yours",
+                _("%(cpi)s belongs to another operator.") % {"cpi": record.cluster},
+                "cluster",
+            )
         else:
             cards_of_cluster = price_cards.get(cluster[0], [])
             version = record.price_card_version
@@ -196,7 +225,8 @@ def _validate(
                         index,
                         key,
                         "unknown_price_card",
-                        f"{record.cluster} has no price card version {version}.",
+                        _("%(cpi)s has no price card version %(version)s.")
+                        % {"cpi": record.cluster, "version": version},
                         "price_card_version",
                     )
                 else:
@@ -208,14 +238,21 @@ def _validate(
                         index,
                         key,
                         "no_price_card",
-                        f"{record.cluster} had no price card in force at {start.isoformat()}.",
+                        _("%(cpi)s had no price card in force at %(at)s.")
+                        % {"cpi": record.cluster, "at": start.isoformat()},
                         "price_card_version",
                     )
                 else:
                     price_card_id = in_force[-1]
         buyer_id = buyers.get(record.buyer)
         if buyer_id is None:
-            fail(index, key, "unknown_buyer", f"No buyer organisation {record.buyer!r}.", "buyer")
+            fail(
+                index,
+                key,
+                "unknown_buyer",
+                _("No buyer organisation %(buyer)r.") % {"buyer": record.buyer},
+                "buyer",
+            )
         if len(errors) == bad:
             assert cluster is not None and buyer_id is not None
             valid.append(
@@ -233,8 +270,8 @@ def _validate(
     if errors:
         shown = errors[:100]
         raise UsageBatchInvalidError(
-            f"{len(errors)} fault(s) in the batch; nothing was written. First: record {shown[0].index}: "
-            f"{shown[0].message}",
+            _("%(n)d fault(s) in the batch; nothing was written. First: record %(index)d: %(message)s")
+            % {"n": len(errors), "index": shown[0].index, "message": shown[0].message},
             extra={
                 "error_count": len(errors),
                 "errors": [
@@ -363,7 +400,8 @@ def usage_record_create_batch(
     limit = settings.CARDHOUR_USAGE_BATCH_MAX
     if len(records) > limit:
         raise UsageBatchTooLargeError(
-            f"A batch holds at most {limit} records, not {len(records)}.", extra={"max": limit}
+            _("A batch holds at most %(limit)d records, not %(n)d.") % {"limit": limit, "n": len(records)},
+            extra={"max": limit},
         )
     now = now or timezone.now()
     valid = _validate(operator=operator, records=records, now=now)

@@ -38,6 +38,7 @@ from core.errors import InvalidInputError
 from core.money import from_micros
 from core.portal import portal_view
 from federation.models import Accelerator
+from metering.declines import decline_message
 from metering.errors import (
     PackOrderConflictError,
     PaymentProviderError,
@@ -198,8 +199,13 @@ def _checkout(order: PackOrder, config: StripePublicConfig) -> Checkout:
         return Checkout(STEP_WAITING)
     if intent.status == "canceled":
         return Checkout(STEP_CLOSED)
-    decline = intent.failure_message or order.failure_message
-    if config.localstripe and (decline or order.status == PackOrder.Status.FAILED):
+    declined = bool(intent.failure_message or order.failure_message)
+    decline = (
+        decline_message(code=intent.failure_code, stripe_message=intent.failure_message)
+        if intent.failure_message
+        else order.failure_text
+    )
+    if config.localstripe and (declined or order.status == PackOrder.Status.FAILED):
         return Checkout(STEP_DECLINED, decline_message=decline or _("The payment failed."))
     return Checkout(STEP_PAY, decline_message=decline, client_secret=intent.client_secret)
 

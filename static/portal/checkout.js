@@ -76,7 +76,10 @@
     button.disabled = true;
     return;
   }
-  var stripe = window.Stripe(form.getAttribute("data-publishable-key"));
+  // Stripe.js words its own card errors in the page's language, not only the browser's.
+  var stripe = window.Stripe(form.getAttribute("data-publishable-key"), {
+    locale: form.getAttribute("data-stripe-locale") || "auto"
+  });
   var card = stripe.elements().create("card", { hidePostalCode: true });
   card.mount("#card-element");
   card.on("change", function (event) {
