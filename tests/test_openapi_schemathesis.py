@@ -43,7 +43,8 @@ of that, only where the schema cannot say what the server checks:
 
 * 400 — ``clusters_register``/``clusters_update``: the SSRF guard (``endpoint_url_forbidden``: the host must
   not resolve to a private address) and Django's URL rules (63-character labels) on ``endpoint_url``, and the
-  cluster's total cards (``cluster_too_large``, a sum over islands); ``islands_add``: the same total;
+  cluster's total cards (``cluster_too_large``, a sum over islands); ``clusters_heartbeat``: ``sent_at``
+  against the server's clock (the allowed skew); ``islands_add``: the same total;
   ``price_cards_create``: ``effective_from`` in the past; ``fleet_imports_create``: the CSV's content;
   ``hub_latencies_measure``: ``measured_at`` ahead of the server's clock or before 2000; ``jobs_create``:
   the job's rules across fields and against the clock and the catalog (``job_invalid``);
@@ -176,6 +177,7 @@ POSITIVE_ACCEPTED = ["2xx", "404"]
 POSITIVE_ACCEPTED_BY_OPERATION: dict[str, list[str]] = {
     "clusters_register": ["400", "403", "409"],
     "clusters_update": ["400"],
+    "clusters_heartbeat": ["400"],
     "islands_add": ["400", "409"],
     "price_cards_create": ["400"],
     "fleet_imports_create": ["400"],
