@@ -3,9 +3,9 @@
 Two paths in one process:
 
 - **Waiting requests** (the paths in ``CARDHOUR_ASYNC_PATHS``: the operators' lease feed long-poll) go to
-  Django's ASGI handler, whose middleware are all async-capable, so the view waits on the event loop for a
-  PostgreSQL NOTIFY holding neither a thread nor a database connection (core.api.longpoll). Hundreds of
-  agents can wait at once at the cost of a socket and a future each.
+  core.api.longpoll.LongPollASGIHandler: the middleware chain and the view run in one hop to a thread, then
+  the request waits on the event loop for a PostgreSQL NOTIFY holding neither a thread nor a database
+  connection. Hundreds of agents can wait at once at the cost of a socket and a future each.
 - **Everything else** goes to Django's WSGI handler on a fixed pool of ``CARDHOUR_WSGI_THREADS`` threads
   (a2wsgi): ordinary requests keep the cost they have under a threaded WSGI server — one thread hop, and a
   persistent database connection per thread — instead of paying a thread hop per middleware, which Django's
@@ -18,15 +18,17 @@ from __future__ import annotations
 from typing import Any
 
 from a2wsgi import WSGIMiddleware
-from django.core.asgi import get_asgi_application
 from django.core.wsgi import get_wsgi_application
 
 from config.entrypoint import use_settings
 
 use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
 
-_async_app = get_asgi_application()
-_wsgi_app = get_wsgi_application()
+_wsgi_app = get_wsgi_application()  # django.setup()
+
+from core.api.longpoll import LongPollASGIHandler  # noqa: E402  (after setup)
+
+_async_app = LongPollASGIHandler()
 
 from django.conf import settings  # noqa: E402  (after setup)
 

@@ -2,17 +2,19 @@
 
 A DRF view stays an ordinary synchronous view: it authenticates, throttles, validates and answers. When it
 has nothing to answer yet and the caller asked to wait, it returns its "nothing yet" response with a
-:class:`LongPoll` attached (``response.long_poll``) instead of sleeping. :func:`long_poll_view` turns the
-view into an async view: it runs the synchronous view in a thread, and on a ``long_poll`` gives the thread
-and the database connection back, subscribes to the view's wake-up keys (core.wakeups), re-checks once
-if a notification may have arrived since the view's check (so a change that committed before the
-subscription is not missed; core.wakeups.mark), then waits on the event loop — a future,
-no thread, no connection — and re-checks only when woken. The response object, already negotiated,
-authenticated and throttled, is answered with the re-check's data, or as it was when the wait runs out.
+:class:`LongPoll` attached (``response.long_poll``) instead of sleeping.
 
-Under the ASGI server every middleware is async-capable, so a waiting request holds only its socket and a
-future. Under WSGI (``runserver``, the test client) the same view runs via ``async_to_sync`` and holds its
-thread while it waits — correct, only not cheap.
+Under the production server the long-poll paths are served by :class:`LongPollASGIHandler` (config.asgi):
+the whole synchronous middleware chain and the view run in **one** hop to a long-poll thread, as a WSGI
+server would run them; the response comes back with its ``long_poll``, the thread and the database connection
+are given back, and only then does the request wait — on the event loop, a future, no thread, no connection —
+for the view's wake-up keys (core.wakeups). When something arrives, the same response (its headers already
+set by the middleware) gets the re-check's data as its body; when the wait runs out it goes as it was.
+(Django's own ASGI handler runs each synchronous middleware hook through its own thread hop — about a dozen
+per request here — which made a waiting poll cost eight times a ``/healthz``.)
+
+Under WSGI (``runserver``, the test client) the view waits itself, holding its thread: correct, only not
+cheap.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.views import APIView
@@ -92,36 +94,46 @@ def _recheck(poll: LongPoll) -> Any | None:
         _release_connection()
 
 
+ASYNC_WAIT_KEY = "cardhour.long_poll.handler_waits"  # request.META: the handler waits, not the view
+
+
+async def _wait_for_data(
+    poll: LongPoll,
+    *,
+    marked: wakeups.Mark | None,
+    in_thread: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> Any | None:
+    """Subscribe to the poll's keys, re-check once unless nothing can have been missed since ``marked``
+    (core.wakeups.mark; None: always), then wait and re-check on each wake-up until the deadline."""
+    async with wakeups.subscribe(topic=poll.topic, keys=poll.keys) as subscription:
+        missed = marked is None or subscription.missed_since(marked)
+        data = await in_thread(_recheck)(poll) if missed else None
+        while data is None:
+            remaining = poll.deadline - time.monotonic()
+            if remaining <= 0 or not await subscription.wait(remaining):
+                break
+            data = await in_thread(_recheck)(poll)
+    return data
+
+
 def long_poll_view(api_cls: type[APIView]) -> Callable[..., Any]:
-    """An async view for ``api_cls`` that waits on wake-ups when the view attaches a ``LongPoll``.
+    """A view for ``api_cls`` that waits when the view attaches a ``LongPoll``: under
+    :class:`LongPollASGIHandler` it returns at once and the handler waits on the event loop; elsewhere it
+    waits itself, holding its thread.
 
     The returned callable keeps ``cls`` and ``initkwargs`` like DRF's ``as_view`` so the schema generator
     and the URL resolver see the DRF view.
     """
     sync_view = api_cls.as_view()
 
-    def run_sync(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        response = sync_view(request, *args, **kwargs)
-        if getattr(response, "long_poll", None) is not None:
-            _release_connection()
-        return response
-
-    async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        in_thread = _runner(request)
-        marked = wakeups.mark()
-        response: HttpResponseBase = await in_thread(run_sync)(request, *args, **kwargs)
+    def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response: HttpResponseBase = sync_view(request, *args, **kwargs)
         poll: LongPoll | None = getattr(response, "long_poll", None)
-        if poll is None:
+        if poll is None or request.META.get(ASYNC_WAIT_KEY):
             return response
-        async with wakeups.subscribe(topic=poll.topic, keys=poll.keys) as subscription:
-            # The view checked after the mark: re-check only if a notification may have slipped in before
-            # the subscription (the first poll on a process, or any notification meanwhile).
-            data = await in_thread(_recheck)(poll) if subscription.missed_since(marked) else None
-            while data is None:
-                remaining = poll.deadline - time.monotonic()
-                if remaining <= 0 or not await subscription.wait(remaining):
-                    break
-                data = await in_thread(_recheck)(poll)
+        _release_connection()
+        # Re-checks run back on this thread (sync_to_async's default), with its connection.
+        data = async_to_sync(_wait_for_data)(poll, marked=None, in_thread=sync_to_async)
         if data is not None:
             response.data = data  # type: ignore[attr-defined]  # a DRF Response, rendered after this
         return response
@@ -130,3 +142,38 @@ def long_poll_view(api_cls: type[APIView]) -> Callable[..., Any]:
     view.initkwargs = {}  # type: ignore[attr-defined]
     view.csrf_exempt = True  # type: ignore[attr-defined]
     return view
+
+
+def _refresh(response: HttpResponseBase, data: Any) -> None:
+    """Give an answered (rendered, middleware-processed) DRF response new data as its body."""
+    response.data = data  # type: ignore[attr-defined]
+    response.content = response.rendered_content  # type: ignore[attr-defined]
+    if response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(response.content))  # type: ignore[attr-defined]
+
+
+class LongPollASGIHandler(ASGIHandler):
+    """Django's ASGI handler for the long-poll paths, with the middleware chain run synchronously in one
+    hop to a long-poll thread, and the wait done here on the event loop (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_middleware(is_async=False)
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        request.META[ASYNC_WAIT_KEY] = True
+        in_thread = _runner(request)
+        marked = wakeups.mark()
+        response: HttpResponseBase = await in_thread(self._respond)(request)
+        poll: LongPoll | None = getattr(response, "long_poll", None)
+        if poll is not None:
+            data = await _wait_for_data(poll, marked=marked, in_thread=in_thread)
+            if data is not None:
+                await in_thread(_refresh)(response, data)
+        return response
+
+    def _respond(self, request: HttpRequest) -> HttpResponseBase:
+        try:
+            return self.get_response(request)
+        finally:
+            _release_connection()
