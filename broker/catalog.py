@@ -14,6 +14,12 @@ Quoting is the hot path (hundreds per second over 100,000 islands), so each proc
   reloads the holds of those leases. Ids are taken at insert but become visible at commit, so a smaller id
   can appear after a larger one: the ids skipped over are remembered and asked for again for a minute.
 
+The catalogue also carries what the operators' heartbeats keep from sale (K2, see federation.selectors:
+``available_cards`` counts Cardhour's own leases as available, so the cards withheld are
+``cards - unhealthy - available``) until each report expires (last heartbeat + interval × missed limit):
+the matcher adds them as holds over ``[now, expiry)``, so they limit starts before the next expected
+heartbeat and leave later starts to the declared cards. Only islands with cards withheld are listed.
+
 Both are advisory. A quote may be a few seconds stale; ``lease_accept`` re-checks the cluster and every
 island's occupancy under row locks in the database, which is what guarantees no oversubscription.
 """
@@ -24,7 +30,7 @@ import gc
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -35,7 +41,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from broker.models import CapacityHold, LeaseTransition
-from federation.selectors import catalog_rows
+from federation.selectors import catalog_rows, heartbeat_report_ttl
 from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -82,6 +88,11 @@ class Catalogue:
     hub_codes: list[str]
     latency_ms: np.ndarray  # [source, target], inf where unknown
     latency_dec: dict[tuple[int, int], Decimal]
+    # Heartbeat reports (K2): the islands (catalogue positions) whose operator's unexpired report keeps
+    # cards from sale, how many, and until when (epoch seconds). Empty: only declared cards count.
+    withheld_island: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    withheld_cards: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    withheld_until: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def size(self) -> int:
@@ -139,13 +150,25 @@ def _load_catalogue() -> Catalogue:
             return 0
         return int((tflops / rows.standard_tflops).quantize(Decimal("0.0001")) * 10**4)
 
+    island_cluster = np.fromiter((cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands))
+    # What each island's last heartbeat keeps from sale, while the report binds (federation.selectors).
+    ttl = int(heartbeat_report_ttl().total_seconds())
+    report_until = np.fromiter(
+        (epoch(row[6]) + ttl if row[6] is not None else 0 for row in clusters),
+        dtype=np.int64,
+        count=len(clusters),
+    )
+    withheld = np.fromiter((row[3] - row[4] - row[6] for row in islands), dtype=np.int64, count=len(islands))
+    until = report_until[island_cluster] if len(islands) else np.zeros(0, dtype=np.int64)
+    # Expired reports are kept (a quote compares each expiry with its own first start); offline clusters'
+    # islands are never candidates anyway.
+    withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
+
     return Catalogue(
         loaded_at=time.monotonic(),
         island_id=np.fromiter((row[0] for row in islands), dtype=np.int64, count=len(islands)),
         island_cpi=[row[1] for row in islands],
-        island_cluster=np.fromiter(
-            (cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands)
-        ),
+        island_cluster=island_cluster,
         island_capacity=np.fromiter(
             (max(row[3] - row[4], 0) for row in islands), dtype=np.int64, count=len(islands)
         ),
@@ -174,6 +197,9 @@ def _load_catalogue() -> Catalogue:
         hub_codes=hub_codes,
         latency_ms=latency,
         latency_dec=latency_dec,
+        withheld_island=withheld_island,
+        withheld_cards=withheld[withheld_island],
+        withheld_until=until[withheld_island],
     )
 
 

@@ -6,8 +6,11 @@ sorting and pagination happen in the database over any number of clusters), one 
 and one grouped query for the summaries. No read issues a query per row.
 
 "Cards held now" follows the capacity calendar (broker.models): the cards of the *active* capacity holds
-whose ``[start_at, end_at)`` contains the instant. Free cards of an island are its cards minus its
-unhealthy cards minus that, never below zero; a cluster's free cards are the sum over its islands.
+whose ``[start_at, end_at)`` contains the instant. "Withheld" are the cards the operator's last heartbeat
+keeps from sale while it binds (federation.selectors: healthy cards not reported available; Cardhour's own
+leases count as available, so they are not withheld twice). Free cards of an island are its cards minus its
+unhealthy cards minus withheld minus held, never below zero — the matcher's and acceptance's rule for a
+start now; a cluster's free cards are the sum over its islands.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db.models import (
+    Case,
     Count,
     DecimalField,
     Exists,
@@ -35,8 +39,10 @@ from django.db.models import (
     Subquery,
     Sum,
     Value,
+    When,
 )
 from django.db.models.functions import Coalesce, Greatest, TruncDate
+from django.db.models.lookups import GreaterThan
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
@@ -53,6 +59,7 @@ from federation.models import (
     HubLatency,
     Island,
 )
+from federation.selectors import heartbeat_report_ttl
 from metering.models import PriceCard, RatedSegment, ReconciliationRun
 from metering.selectors.tariffs import compiled_tariff
 from metering.tariffs import MULTIPLIER_PLACES
@@ -127,16 +134,35 @@ def _held_now(at: datetime, island_ref: str = "pk") -> Coalesce:
     return Coalesce(Subquery(holds, output_field=IntegerField()), Value(0), output_field=IntegerField())
 
 
-def _island_free(held: Any) -> Greatest:
-    return Greatest(F("cards") - F("unhealthy_cards") - held, Value(0), output_field=IntegerField())
+def _island_withheld(at: datetime) -> Case:
+    """Per island row of a cluster subquery: the cards its operator's heartbeat keeps from sale at ``at``
+    (0 once the report has expired, or when the cluster never beat)."""
+    return Case(
+        When(
+            GreaterThan(OuterRef("last_heartbeat_at"), Value(at - heartbeat_report_ttl())),
+            then=Greatest(
+                F("cards") - F("unhealthy_cards") - F("available_cards"),
+                Value(0),
+                output_field=IntegerField(),
+            ),
+        ),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
 
 
-def _cluster_sum(at: datetime, what: Literal["free", "held", "unhealthy"]) -> Coalesce:
-    """Per cluster row: the sum over its islands of free cards, held cards or unhealthy cards at ``at``."""
+def _cluster_sum(at: datetime, what: Literal["free", "held", "unhealthy", "withheld"]) -> Coalesce:
+    """Per cluster row: the sum over its islands of free, held, unhealthy or withheld cards at ``at``."""
     islands = Island.objects.filter(cluster_id=OuterRef("pk")).order_by().annotate(held=_held_now(at))
     value: Any
     if what == "free":
-        value = _island_free(F("held"))
+        value = Greatest(
+            F("cards") - F("unhealthy_cards") - _island_withheld(at) - F("held"),
+            Value(0),
+            output_field=IntegerField(),
+        )
+    elif what == "withheld":
+        value = _island_withheld(at)
     elif what == "held":
         value = F("held")
     else:
@@ -163,7 +189,7 @@ class MarketQuery:
 
 def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> QuerySet[Cluster]:
     """The marketplace's clusters, filtered and sorted in SQL, each annotated with ``free_cards``,
-    ``held_cards`` and ``unhealthy`` (now), ``market_price_card_id`` and ``rate_per_card_hour`` (the
+    ``held_cards``, ``unhealthy`` and ``withheld_cards`` (now: see the module docstring), ``market_price_card_id`` and ``rate_per_card_hour`` (the
     price card in force at ``at``: the newest effective_from at or before it, the newer version on a
     tie — metering's rule) and ``latency_ms`` (from ``origin_hub``; NULL where no latency is known).
 
@@ -185,6 +211,7 @@ def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> Que
             free_cards=_cluster_sum(at, "free"),
             held_cards=_cluster_sum(at, "held"),
             unhealthy=_cluster_sum(at, "unhealthy"),
+            withheld_cards=_cluster_sum(at, "withheld"),
             market_price_card_id=Subquery(in_force.values("pk")[:1]),
             rate_per_card_hour=Subquery(
                 in_force.values("rate_per_card_hour")[:1],
@@ -237,6 +264,7 @@ class MarketRow:
     price_card: PriceCard | None
     latency_ms: Decimal | None
     strip: TariffStrip | None
+    withheld_cards: int = 0  # kept from sale by the operator's last heartbeat (K2), now
 
     @property
     def placeable(self) -> bool:
@@ -297,6 +325,7 @@ def market_rows(*, clusters: Sequence[Cluster], at: datetime) -> list[MarketRow]
                 free_cards=cluster.free_cards,  # type: ignore[attr-defined]
                 held_cards=cluster.held_cards,  # type: ignore[attr-defined]
                 unhealthy_cards=cluster.unhealthy,  # type: ignore[attr-defined]
+                withheld_cards=cluster.withheld_cards,  # type: ignore[attr-defined]
                 price_card=card,
                 latency_ms=cluster.latency_ms,  # type: ignore[attr-defined]
                 strip=tariff_strip(price_card=card, at=at, cache=strips) if card is not None else None,
@@ -336,6 +365,7 @@ class CapacityCell:
     unhealthy_cards: int
     held_cards: int
     free_cards: int
+    withheld_cards: int = 0  # kept from sale by operators' heartbeats (K2), now
 
 
 _CELL_KEYS = (
@@ -350,10 +380,11 @@ _CELL_KEYS = (
 
 
 def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, CapacityCell]]:
-    """(cluster status, cell) for each hub, chip and status of the clusters in ``statuses``. Three grouped
-    queries: the clusters' cards, the unhealthy cards of the islands that have any, and the holds live at
-    ``at`` per island (few: only islands holding cards now). An island whose holds exceed its healthy cards (unhealthy cards reported after a lease
-    took them) counts zero free cards, never fewer."""
+    """(cluster status, cell) for each hub, chip and status of the clusters in ``statuses``. Four grouped
+    queries: the clusters' cards, the unhealthy cards of the islands that have any, the cards withheld by
+    heartbeats binding at ``at``, and the holds live at ``at`` per island (few: only islands holding cards
+    now). An island whose holds and withheld cards exceed its healthy cards (unhealthy cards reported, or
+    the operator's own work started, after a lease took them) counts zero free cards, never fewer."""
     statuses = list(statuses)
     # Cluster totals are kept equal to the sum of their islands' cards by the federation services.
     rows = (
@@ -374,6 +405,23 @@ def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, 
         )
         for row in unhealthy_rows
     }
+    # Cards kept from sale by heartbeats that still bind at ``at`` (see the module docstring).
+    report_cutoff = at - heartbeat_report_ttl()
+    withheld_expression = F("cards") - F("unhealthy_cards") - F("available_cards")
+    withheld_rows = (
+        Island.objects.filter(cluster__status__in=statuses, cluster__last_heartbeat_at__gt=report_cutoff)
+        .annotate(withheld=withheld_expression)
+        .filter(withheld__gt=0)
+        .order_by()
+        .values("cluster__hub__code", "cluster__accelerator__slug", "cluster__status")
+        .annotate(total=Sum("withheld"))
+    )
+    withheld_of = {
+        (row["cluster__hub__code"], row["cluster__accelerator__slug"], row["cluster__status"]): int(
+            row["total"]
+        )
+        for row in withheld_rows
+    }
     held_rows = (
         CapacityHold.objects.filter(
             active=True, start_at__lte=at, end_at__gt=at, island__cluster__status__in=statuses
@@ -383,6 +431,8 @@ def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, 
             "island_id",
             "island__cards",
             "island__unhealthy_cards",
+            "island__available_cards",
+            "island__cluster__last_heartbeat_at",
             "island__cluster__hub__code",
             "island__cluster__accelerator__slug",
             "island__cluster__status",
@@ -397,13 +447,22 @@ def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, 
             row["island__cluster__status"],
         )
         cards = int(row["held"])
+        capacity = row["island__cards"] - row["island__unhealthy_cards"]
+        beat = row["island__cluster__last_heartbeat_at"]
+        withheld = (
+            max(capacity - row["island__available_cards"], 0)
+            if beat is not None and beat > report_cutoff
+            else 0
+        )
         held[key][0] += cards
-        held[key][1] += max(cards - (row["island__cards"] - row["island__unhealthy_cards"]), 0)
+        # What the island's free figure (never below zero) does not subtract.
+        held[key][1] += max(cards + withheld - capacity, 0)
     out = []
     for row in rows:
         key = (row["hub__code"], row["accelerator__slug"], row["status"])
         cards, unhealthy = int(row["cards_total"] or 0), unhealthy_of.get(key, 0)
         held_cards, excess = held.get(key, (0, 0))
+        withheld_cards = withheld_of.get(key, 0)
         cell = CapacityCell(
             hub=key[0],
             hub_name=row["hub__name"],
@@ -414,7 +473,8 @@ def capacity_cells(*, statuses: Iterable[str], at: datetime) -> list[tuple[str, 
             cards=cards,
             unhealthy_cards=unhealthy,
             held_cards=held_cards,
-            free_cards=cards - unhealthy - held_cards + excess,
+            free_cards=cards - unhealthy - withheld_cards - held_cards + excess,
+            withheld_cards=withheld_cards,
         )
         out.append((key[2], cell))
     return out
@@ -433,6 +493,7 @@ def _merge(cells: Iterable[CapacityCell]) -> list[CapacityCell]:
                 unhealthy_cards=seen.unhealthy_cards + cell.unhealthy_cards,
                 held_cards=seen.held_cards + cell.held_cards,
                 free_cards=seen.free_cards + cell.free_cards,
+                withheld_cards=seen.withheld_cards + cell.withheld_cards,
             )
         merged[(cell.hub, cell.chip)] = cell
     return sorted(merged.values(), key=lambda c: (c.hub_order, c.hub, c.chip))

@@ -15,7 +15,9 @@ For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts ar
 3. **Capacity**: only islands whose holds in the window could leave too few cards are examined: their
    occupancy per 15-minute slot comes from prefix sums of hold edges, and a start is feasible when no slot
    of its run is short (a sliding window over a prefix count of short slots). Holds are rounded outward to
-   whole slots here, so the quote errs on the safe side; acceptance checks exactly.
+   whole slots here, so the quote errs on the safe side; acceptance checks exactly. The cards an
+   operator's unexpired heartbeat keeps from sale (K2) are one more hold per island, over
+   ``[t0, report expiry)``: they limit the starts before the next expected heartbeat, never later ones.
 4. **Rank** one placement per island (or per cluster when the job may span islands) at that island's
    cheapest feasible start (the earliest on a tie), by the job's preference, and price the top ones exactly
    in Decimal, band by band. The islands of a cluster share its cost and latency until a hold moves one's
@@ -180,6 +182,7 @@ def match(
         reason[reason == 0] = _R["window"]
         return _result(reason, [], window, n)
     need = cluster_need[cluster]
+    holds = with_withheld(c, holds, window, reason == 0)
 
     if spec.gang == "cluster":
         return _match_spanning(spec, c, holds, window, reason, need, latency, delta, limit, tariff_of)
@@ -253,6 +256,30 @@ def match(
             )
         )
     return _result(reason, placements, window, n, feasible=int(live.sum()))
+
+
+def with_withheld(
+    c: Catalogue,
+    holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    window: Window,
+    live: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``holds`` plus, for every ``live`` island whose operator's heartbeat report still binds at the
+    window's first start, the cards it withholds as a hold over ``[t0, expiry)``. Work is proportional to
+    the islands with cards withheld (a sparse list in the catalogue), not to every island."""
+    if not len(c.withheld_island):
+        return holds
+    binding = (c.withheld_until > window.t0) & live[c.withheld_island]
+    if not binding.any():
+        return holds
+    islands = c.withheld_island[binding]
+    hold_island, hold_start, hold_end, hold_cards = holds
+    return (
+        np.concatenate([hold_island, c.island_id[islands]]),
+        np.concatenate([hold_start, np.full(len(islands), window.t0, dtype=np.int64)]),
+        np.concatenate([hold_end, c.withheld_until[binding]]),
+        np.concatenate([hold_cards, c.withheld_cards[binding]]),
+    )
 
 
 def _live_members(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -301,18 +302,52 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     )
 
 
+# --- What an operator's heartbeat reports (K2) and how long it binds -------------------------------
+#
+# ``available_cards`` in a heartbeat is, per island, the cards Cardhour may have: the island's healthy cards
+# minus those busy with anything that is NOT a Cardhour lease (the operator's own work, another market).
+# Cards running or reserved for Cardhour leases count as available: the platform subtracts its own holds
+# itself, exactly once, so an agent never has to know which of its leases the platform thinks have started.
+# What the report keeps from sale ("withheld") is therefore ``cards - unhealthy - available``, and it binds
+# every instant before the report expires: the cluster's last heartbeat (server time) plus the interval
+# times the missed-beat limit, the moment the heartbeat monitor would take the cluster offline. A newer beat
+# replaces the figures and moves the expiry on; islands a beat does not name keep their last figures.
+# After the expiry, and for instants after it, the declared cards (minus unhealthy) are what counts.
+
+
+def heartbeat_report_ttl() -> timedelta:
+    """How long a heartbeat's figures bind sales: CARDHOUR_HEARTBEAT_INTERVAL_SECONDS ×
+    CARDHOUR_HEARTBEAT_MISSED_LIMIT (the heartbeat monitor's own limit)."""
+    return timedelta(
+        seconds=settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS * settings.CARDHOUR_HEARTBEAT_MISSED_LIMIT
+    )
+
+
+def heartbeat_report_expires_at(*, last_heartbeat_at: datetime | None) -> datetime | None:
+    """The instant a cluster's last heartbeat stops binding sales (None: it never beat, so only its
+    declared cards count)."""
+    if last_heartbeat_at is None:
+        return None
+    return last_heartbeat_at + heartbeat_report_ttl()
+
+
+def island_withheld_cards(*, cards: int, unhealthy_cards: int, available_cards: int) -> int:
+    """Cards of an island its operator's last report keeps from Cardhour: healthy cards not available."""
+    return max(cards - unhealthy_cards - available_cards, 0)
+
+
 @dataclass(frozen=True)
 class CatalogRows:
     """Flat rows of the whole capacity catalogue, for a matcher to index in memory.
 
-    ``islands``: (island id, island CPI, cluster id, cards, unhealthy cards, fabric);
-    ``clusters``: (cluster id, CPI, operator id, hub code, status, accelerator slug);
+    ``islands``: (island id, island CPI, cluster id, cards, unhealthy cards, fabric, available cards (K2));
+    ``clusters``: (cluster id, CPI, operator id, hub code, status, accelerator slug, last heartbeat or None);
     ``accelerators``: (slug, dense FP16 TFLOPS or None, memory GB or None);
     ``latencies``: (source hub code, target hub code, latency ms).
     """
 
-    islands: list[tuple[int, str, int, int, int, str]]
-    clusters: list[tuple[int, str, int, str, str, str]]
+    islands: list[tuple[int, str, int, int, int, str, int]]
+    clusters: list[tuple[int, str, int, str, str, str, datetime | None]]
     accelerators: list[tuple[str, Decimal | None, Decimal | None]]
     latencies: list[tuple[str, str, Decimal]]
     standard_tflops: Decimal
@@ -323,13 +358,13 @@ def catalog_rows() -> CatalogRows:
     standard card in force: four flat queries, no joins per row."""
     clusters = list(
         Cluster.objects.exclude(status="retired").values_list(
-            "pk", "cpi", "operator_id", "hub__code", "status", "accelerator__slug"
+            "pk", "cpi", "operator_id", "hub__code", "status", "accelerator__slug", "last_heartbeat_at"
         )
     )
     islands = list(
         Island.objects.exclude(cluster__status="retired")
         .order_by()
-        .values_list("pk", "cpi", "cluster_id", "cards", "unhealthy_cards", "fabric")
+        .values_list("pk", "cpi", "cluster_id", "cards", "unhealthy_cards", "fabric", "available_cards")
     )
     return CatalogRows(
         islands=islands,

@@ -44,6 +44,7 @@ from core.models import Organisation
 from core.types import Actor
 from core.wakeups import wake_after_commit
 from federation.models import Cluster, ClusterStatus, Island
+from federation.selectors import heartbeat_report_expires_at, island_withheld_cards
 from metering.errors import InsufficientBalanceError
 from metering.models import PriceCard
 
@@ -201,6 +202,40 @@ def peak_occupancy(
     return peak
 
 
+def _check_reported(
+    *, island: Island, cards: int, start_at: datetime, end_at: datetime, expires_at: datetime | None
+) -> None:
+    """Refuse a placement that would use cards the operator's unexpired heartbeat keeps from sale: until
+    the report expires, Cardhour's holds on the island may occupy at most its reported available cards
+    (which count Cardhour's own leases as available). The island row is locked, and a heartbeat updates
+    it under the same lock, so the figure cannot change while this is decided."""
+    if expires_at is None or start_at >= expires_at:
+        return
+    withheld = island_withheld_cards(
+        cards=island.cards, unhealthy_cards=island.unhealthy_cards, available_cards=island.available_cards
+    )
+    if not withheld:
+        return
+    reported = island.cards - island.unhealthy_cards - withheld
+    taken = peak_occupancy(island_id=island.pk, start_at=start_at, end_at=min(end_at, expires_at))
+    if taken + cards > reported:
+        free = max(reported - taken, 0)
+        raise CapacityTakenError(
+            _(
+                "Island %(island)s has %(free)s free cards until its operator's next heartbeat is due "
+                "(the operator reports %(available)s cards available), the placement needs %(cards)s."
+            )
+            % {"island": island.cpi, "free": free, "available": reported, "cards": cards},
+            extra={
+                "island": island.cpi,
+                "free_cards": free,
+                "cards": cards,
+                "reported_available_cards": reported,
+                "report_expires_at": expires_at.isoformat(),
+            },
+        )
+
+
 def _lock_islands(island_ids: Iterable[int]) -> dict[int, Island]:
     islands = Island.objects.select_for_update().filter(pk__in=sorted(set(island_ids))).order_by("pk")
     return {island.pk: island for island in islands}
@@ -229,7 +264,8 @@ def lease_create(
     Must run inside a transaction. Takes the buyer row lock (so one buyer's acceptances cannot together
     spend the same balance), then the island locks in id order. Raises ClusterUnavailableError when the
     cluster is no longer active, CapacityTakenError when an island would exceed its cards minus its
-    unhealthy cards at any instant, InsufficientBalanceError (402) when the buyer's packs less its live
+    unhealthy cards at any instant, or, before the operator's last heartbeat expires, the cards that
+    heartbeat reports available (federation.selectors), InsufficientBalanceError (402) when the buyer's packs less its live
     leases cannot pay the expected draw.
     """
     now = timezone.now()
@@ -273,6 +309,8 @@ def lease_create(
             _("Cluster %(cpi)s is %(status)s.") % {"cpi": cluster.cpi, "status": cluster.status},
             extra={"cpi": cluster.cpi, "status": cluster.status},
         )
+    # The operator's last heartbeat binds the starts before it expires (federation.selectors).
+    expires_at = heartbeat_report_expires_at(last_heartbeat_at=cluster.last_heartbeat_at)
     for island_id, cards in allocation:
         island = islands.get(island_id)
         if island is None or island.cluster_id != cluster_id:
@@ -289,6 +327,7 @@ def lease_create(
                 % {"island": island.cpi, "free": max(capacity - taken, 0), "cards": cards},
                 extra={"island": island.cpi, "free_cards": max(capacity - taken, 0), "cards": cards},
             )
+        _check_reported(island=island, cards=cards, start_at=start_at, end_at=end_at, expires_at=expires_at)
     lease = Lease.objects.create(
         job=job,
         quote=quote,

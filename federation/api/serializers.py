@@ -62,10 +62,25 @@ class AcceleratorOutput(serializers.ModelSerializer):
         return None if factor is None else str(factor)
 
 
+# What K2 means, for every field that carries it (federation.selectors has the rule in code).
+K2_HELP = (
+    "K2, as the operator's agent last reported it: the healthy cards Cardhour may hold, i.e. the cards minus "
+    "the unhealthy ones minus those busy with anything that is not a Cardhour lease. Cards running (or "
+    "reserved for) Cardhour leases count as available: the platform subtracts its own holds itself, once. "
+    "It binds every lease start before the report expires (last heartbeat + "
+    "CARDHOUR_HEARTBEAT_INTERVAL_SECONDS × CARDHOUR_HEARTBEAT_MISSED_LIMIT, 90 s by default); later starts "
+    "use the declared cards."
+)
+
+
 class IslandOutput(serializers.ModelSerializer):
     class Meta:
         model = Island
         fields = ["cpi", "name", "cards", "fabric", "available_cards", "unhealthy_cards", "reported_at"]
+        extra_kwargs = {
+            "available_cards": {"help_text": K2_HELP},
+            "reported_at": {"help_text": "The sent_at of the heartbeat that last reported this island."},
+        }
 
 
 class ClusterOutput(serializers.ModelSerializer):
@@ -95,6 +110,7 @@ class ClusterOutput(serializers.ModelSerializer):
             "updated_at",
             "islands",
         ]
+        extra_kwargs = {"available_cards": {"help_text": "K2: the sum over the islands (see an island's)."}}
 
 
 class ClusterSummaryOutput(serializers.ModelSerializer):
@@ -116,6 +132,7 @@ class ClusterSummaryOutput(serializers.ModelSerializer):
             "available_cards",
             "last_heartbeat_at",
         ]
+        extra_kwargs = {"available_cards": {"help_text": "K2: the sum over the islands (see an island's)."}}
 
 
 class StatusChangeOutput(serializers.ModelSerializer):
@@ -146,7 +163,7 @@ class IslandDescriptionOutput(serializers.Serializer):
     name = serializers.CharField()
     fabric = serializers.CharField()
     cards = serializers.IntegerField(help_text="K1: cards in the island.")
-    available_cards = serializers.IntegerField(help_text="K2: free cards at the last heartbeat.")
+    available_cards = serializers.IntegerField(help_text=K2_HELP)
     unhealthy_cards = serializers.IntegerField()
     standard_cards = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
     reported_at = serializers.DateTimeField(allow_null=True)
@@ -162,7 +179,7 @@ class ClusterDescriptionOutput(serializers.Serializer):
     status = serializers.CharField()
     health = serializers.CharField()
     total_cards = serializers.IntegerField(help_text="K1: total cards.")
-    available_cards = serializers.IntegerField(help_text="K2: free cards at the last heartbeat.")
+    available_cards = serializers.IntegerField(help_text="K2: the sum over the islands (see an island's).")
     total_standard_cards = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
     available_standard_cards = serializers.DecimalField(max_digits=14, decimal_places=2, allow_null=True)
     last_heartbeat_at = serializers.DateTimeField(allow_null=True)

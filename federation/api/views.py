@@ -416,10 +416,14 @@ class IslandUpdateApi(APIView):
 
 
 class HeartbeatApi(APIView):
-    """An operator agent's periodic report: the cluster is alive, with K2 (free) and unhealthy cards
-    per island. Send every CARDHOUR_HEARTBEAT_INTERVAL_SECONDS (30 s by default); a cluster that misses
-    three in a row goes offline and comes back with the next beat. Safe to retry: a beat not newer than
-    the last applied one is acknowledged with `applied: false`."""
+    """An operator agent's periodic report: the cluster is alive, with K2 (available) and unhealthy cards
+    per island. `available_cards` is the island's healthy cards minus those busy with anything that is
+    not a Cardhour lease: cards running (or reserved for) Cardhour leases count as available, because
+    the platform subtracts its own holds itself. Until the report expires (this beat + interval × missed
+    limit, 90 s by default) no lease may start on more than that; later starts use the declared cards.
+    Islands not named keep their last figures. Send every CARDHOUR_HEARTBEAT_INTERVAL_SECONDS (30 s by
+    default); a cluster that misses three in a row goes offline and comes back with the next beat. Safe to
+    retry: a beat not newer than the last applied one is acknowledged with `applied: false`."""
 
     throttle_purpose = "heartbeat"  # its own budget per token (core.api.throttling)
 
@@ -429,8 +433,10 @@ class HeartbeatApi(APIView):
         class IslandLine(serializers.Serializer):
             # Checked here, before a stale beat is acknowledged without reading its islands.
             name = SegmentField(max_length=32, validators=[segment_grammar])
-            available_cards = serializers.IntegerField(min_value=0)
-            unhealthy_cards = serializers.IntegerField(min_value=0, default=0)
+            available_cards = serializers.IntegerField(min_value=0, help_text=out.K2_HELP)
+            unhealthy_cards = serializers.IntegerField(
+                min_value=0, default=0, help_text="Cards out of service; available + unhealthy ≤ cards."
+            )
 
         sent_at = AwareDateTimeField(help_text="The agent's clock when it sent the beat (with offset).")
         health = serializers.ChoiceField(choices=REPORTABLE_HEALTH)

@@ -1,4 +1,5 @@
-"""The matcher's sparse capacity arithmetic against a brute force over every (island, start, slot)."""
+"""The matcher's sparse capacity arithmetic against a brute force over every (island, start, slot),
+including the cards an operator's heartbeat withholds until the report expires (K2)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.catalog import Catalogue
-from broker.matching import _blocked_starts, integrated_multiplier, match, window_of
+from broker.matching import _blocked_starts, integrated_multiplier, match, window_of, with_withheld
 from broker.types import JobSpec
 from metering.selectors.tariffs import PriceCardRow
 from metering.tariffs import PRESETS, tariff_compile
@@ -21,9 +22,11 @@ NOW = datetime(2027, 3, 10, 1, 7, 13, tzinfo=UTC)  # not on a slot edge, on purp
 TARIFFS = {1: tariff_compile(PRESETS["cn-gd"].spec), 2: tariff_compile(PRESETS["cn-nx"].spec)}
 
 
-def catalogue(capacities: list[int]) -> Catalogue:
+def catalogue(capacities: list[int], reports: list[tuple[int, int]] | None = None) -> Catalogue:
+    """One single-island cluster per capacity; ``reports``: (cards withheld, expiry) per island."""
     n = len(capacities)
     hubs = ["nx", "yrd"]
+    reported = [i for i, (cards, _) in enumerate(reports or []) if cards > 0]
     return Catalogue(
         loaded_at=time.monotonic(),
         island_id=np.arange(1, n + 1),
@@ -49,6 +52,9 @@ def catalogue(capacities: list[int]) -> Catalogue:
         hub_codes=hubs,
         latency_ms=np.array([[5.0, 20.0], [20.0, 5.0]]),
         latency_dec={(i, j): Decimal("5" if i == j else "20") for i in range(2) for j in range(2)},
+        withheld_island=np.array(reported, dtype=np.int64),
+        withheld_cards=np.array([(reports or [])[i][0] for i in reported], dtype=np.int64),
+        withheld_until=np.array([(reports or [])[i][1] for i in reported], dtype=np.int64),
     )
 
 
@@ -93,32 +99,66 @@ def _hold_arrays(holds: list[tuple[int, int, int, int]], t0: int) -> tuple[np.nd
     )
 
 
+reports_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 10),  # cards the operator's report withholds (0: none)
+        st.integers(-600, 3 * 3600),  # its expiry, seconds from now (≤ 0: expired)
+    ),
+    min_size=4,
+    max_size=4,
+)
+
+
 @settings(max_examples=150, deadline=None)
+@example(  # the report binds only the first step: 8 free cards from 00:15 on, 2 before
+    capacities=[8, 8, 8, 8],
+    holds=[],
+    cards=8,
+    duration=3600,
+    reports=[(6, 60), (0, 0), (8, -1), (1, 2 * 3600)],
+)
 @given(
     capacities=st.lists(st.integers(1, 16), min_size=4, max_size=4),
     holds=holds_strategy,
     cards=st.integers(1, 10),
     duration=st.integers(600, 6 * 3600),
+    reports=reports_strategy,
 )
 def test_feasible_starts_and_best_start_match_a_brute_force(
-    capacities: list[int], holds: list[tuple[int, int, int, int]], cards: int, duration: int
+    capacities: list[int],
+    holds: list[tuple[int, int, int, int]],
+    cards: int,
+    duration: int,
+    reports: list[tuple[int, int]],
 ) -> None:
-    cat = catalogue(capacities)
     t0 = int(NOW.timestamp())
+    window = window_of(_spec(cards=cards, duration=duration), now=NOW, step=STEP)
+    # Withheld cards are at most the island's capacity (the heartbeat's own check).
+    reports = [
+        (min(withheld, capacity), window.t0 + offset)
+        for (withheld, offset), capacity in zip(reports, capacities, strict=True)
+    ]
+    cat = catalogue(capacities, reports)
     spec = _spec(cards=cards, duration=duration)
     arrays = _hold_arrays(holds, t0)
     result = match(
         spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
     )
-    window = window_of(spec, now=NOW, step=STEP)
     run = -(-duration // STEP)
     expected: dict[str, datetime] = {}
     candidates = np.array([i for i, capacity in enumerate(capacities) if capacity >= cards], dtype=np.int64)
-    blocked = _blocked_starts(cat, arrays, window, candidates, np.full(4, cards, dtype=np.int64))
+    blocked = _blocked_starts(
+        cat,
+        with_withheld(cat, arrays, window, np.ones(4, dtype=bool)),
+        window,
+        candidates,
+        np.full(4, cards, dtype=np.int64),
+    )
     for island, capacity in enumerate(capacities):
         values = integrated_multiplier(TARIFFS[1 + island % 2], window)
         best = None
         feasible = blocked.feasible(island) if blocked.has(island) else np.ones(window.starts, dtype=bool)
+        withheld, expiry = reports[island]
         for k in range(window.starts):
             fits = capacity >= cards
             for slot in range(k, k + run):
@@ -130,7 +170,9 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
                     and _slot_floor(t0 + s, window.t0) < hi
                     and _slot_ceil(t0 + s + length, window.t0) > lo
                 )
-                if used > capacity - cards:
+                # Before the report expires the operator's figure rules (the slot is rounded outward).
+                limit = capacity - withheld if lo < expiry else capacity
+                if used > limit - cards:
                     fits = False
                     break
             if capacity >= cards:
@@ -152,11 +194,19 @@ def _slot_ceil(at: int, t0: int) -> int:
     return t0 + max(-(-(at - t0) // STEP), 0) * STEP
 
 
-def clustered_catalogue(islands_per_cluster: list[int], capacity: list[int], rates: list[int]) -> Catalogue:
-    """Clusters of several islands (the matcher ranks them a cluster at a time), on two hubs."""
+def clustered_catalogue(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    rates: list[int],
+    reports: list[tuple[int, int]] | None = None,
+) -> Catalogue:
+    """Clusters of several islands (the matcher ranks them a cluster at a time), on two hubs; ``reports``:
+    (cards withheld, expiry) per island, as in ``catalogue``."""
     m = len(islands_per_cluster)
     island_cluster = np.repeat(np.arange(m), islands_per_cluster)
     n = len(island_cluster)
+    reports = (reports or [])[:n]
+    reported = [i for i, (cards, _) in enumerate(reports) if cards > 0]
     return Catalogue(
         loaded_at=time.monotonic(),
         island_id=np.arange(1, n + 1),
@@ -182,6 +232,9 @@ def clustered_catalogue(islands_per_cluster: list[int], capacity: list[int], rat
         hub_codes=["nx", "yrd"],
         latency_ms=np.array([[5.0, 20.0], [20.0, 5.0]]),
         latency_dec={(i, j): Decimal("5" if i == j else "20") for i in range(2) for j in range(2)},
+        withheld_island=np.array(reported, dtype=np.int64),
+        withheld_cards=np.array([reports[i][0] for i in reported], dtype=np.int64),
+        withheld_until=np.array([reports[i][1] for i in reported], dtype=np.int64),
     )
 
 
@@ -195,6 +248,7 @@ def clustered_catalogue(islands_per_cluster: list[int], capacity: list[int], rat
     duration=3600,
     preference="price",
     limit=1,
+    reports=[(0, 0)] * 20,
 )
 @given(
     islands_per_cluster=st.lists(st.integers(1, 4), min_size=1, max_size=5),
@@ -210,6 +264,7 @@ def clustered_catalogue(islands_per_cluster: list[int], capacity: list[int], rat
     duration=st.integers(600, 6 * 3600),
     preference=st.sampled_from(["price", "latency"]),
     limit=st.integers(1, 6),
+    reports=st.lists(st.tuples(st.integers(0, 8), st.integers(-600, 2 * 3600)), min_size=20, max_size=20),
 )
 def test_ranking_by_cluster_matches_ranking_every_island(
     islands_per_cluster: list[int],
@@ -220,12 +275,15 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     duration: int,
     preference: str,
     limit: int,
+    reports: list[tuple[int, int]],
 ) -> None:
     """The matcher ranks whole clusters first; the answer must be the ranking of every island on its own
-    at its exact cheapest feasible start (ties: earliest start, then island id)."""
-    cat = clustered_catalogue(islands_per_cluster, capacity, rates)
-    n = cat.size
+    at its exact cheapest feasible start (ties: earliest start, then island id), heartbeat reports
+    included (their withheld cards move the starts they block, as holds do)."""
     t0 = int(NOW.timestamp())
+    reports = [(min(w, c), t0 + offset) for (w, offset), c in zip(reports, capacity, strict=True)]
+    cat = clustered_catalogue(islands_per_cluster, capacity, rates, reports)
+    n = cat.size
     spec = _spec(cards=cards, duration=duration, preference=preference)
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = _hold_arrays(holds, t0)
@@ -234,7 +292,13 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     )
     window = window_of(spec, now=NOW, step=STEP)
     candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
-    blocked = _blocked_starts(cat, arrays, window, candidates, np.full(n, cards, dtype=np.int64))
+    blocked = _blocked_starts(
+        cat,
+        with_withheld(cat, arrays, window, np.ones(n, dtype=bool)),
+        window,
+        candidates,
+        np.full(n, cards, dtype=np.int64),
+    )
     rows = []  # (latency, cost, island, start) of every island at its exact best feasible start
     for island in candidates:
         cluster = int(cat.island_cluster[island])

@@ -15,13 +15,14 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from broker.market import buyer_home_hub
+from broker.market import buyer_home_hub, capacity_by_hub_and_chip
 from broker.models import BuyerPreference
 from broker.services.preferences import buyer_home_hub_set
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster
-from federation.services import cluster_status_set
+from federation.services import cluster_status_set, heartbeat_record
+from federation.types import IslandReport
 from metering.selectors.tariffs import price_card_current
 from tests.broker.factories import make_job, make_lease
 from tests.factories import make_cluster
@@ -403,3 +404,56 @@ def test_a_chip_pack_expiring_first_is_the_price(
         Decimal("9.00"),
         None,
     )
+
+
+# --- What the operator reports (K2) -------------------------------------------------------------------
+
+TTL = timedelta(seconds=90)  # CARDHOUR_HEARTBEAT_INTERVAL_SECONDS 30 × CARDHOUR_HEARTBEAT_MISSED_LIMIT 3
+
+
+def beat(cluster: Cluster, *, now: Any, **available: int) -> None:
+    """A heartbeat received at ``now`` reporting ``available`` cards per island name (isl_01=2 …)."""
+    heartbeat_record(
+        actor=Actor(organisation=cluster.operator, system_label="test agent"),
+        cluster=cluster,
+        sent_at=now,
+        health="ok",
+        islands=[
+            IslandReport(name=name.replace("_", "-"), available_cards=n) for name, n in available.items()
+        ],
+        now=now,
+    )
+
+
+def test_market_free_now_shows_the_reported_figure(
+    buyer_client: Client, buyer: Organisation, east_cluster: Cluster
+) -> None:
+    now = timezone.now()
+    beat(east_cluster, now=now, isl_01=4, isl_02=8)
+
+    row = {row.cluster.cpi: row for row in buyer_client.get("/market/").context["rows"]}[east_cluster.cpi]
+    assert (row.free_cards, row.withheld_cards, row.held_cards) == (12, 4, 0)
+
+    # A lease now counts against the report once: 4 − 2 on isl-01, 8 on isl-02.
+    make_lease(job=make_job(buyer=buyer, cards=2), cluster=east_cluster, start_at=now - timedelta(minutes=1))
+    response = buyer_client.get("/market/")
+    row = {row.cluster.cpi: row for row in response.context["rows"]}[east_cluster.cpi]
+    assert (row.free_cards, row.withheld_cards, row.held_cards) == (10, 4, 2)
+    assert "4 busy (operator)" in response.content.decode()
+    [cell] = [c for c in capacity_by_hub_and_chip(statuses=["active"], at=now) if c.hub == "yrd"]
+    assert (cell.free_cards, cell.withheld_cards, cell.held_cards) == (10, 4, 2)
+
+    # Once the report has expired, the declared cards again.
+    later = now + TTL
+    [cell] = [c for c in capacity_by_hub_and_chip(statuses=["active"], at=later) if c.hub == "yrd"]
+    assert (cell.free_cards, cell.withheld_cards) == (14, 0)
+
+
+def test_market_never_counts_an_island_below_zero_when_the_operator_takes_leased_cards(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    now = timezone.now()
+    make_lease(job=make_job(buyer=buyer, cards=6), cluster=east_cluster, start_at=now - timedelta(minutes=1))
+    beat(east_cluster, now=now, isl_01=2)  # less than Cardhour holds: the operator's work took 4 of them
+    [cell] = [c for c in capacity_by_hub_and_chip(statuses=["active"], at=now) if c.hub == "yrd"]
+    assert (cell.free_cards, cell.withheld_cards, cell.held_cards) == (8, 6, 6)  # isl-01 0, isl-02 8

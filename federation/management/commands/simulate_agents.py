@@ -1,6 +1,6 @@
 """``manage.py simulate_agents``: the demo operators' agents, beating over the REST API.
 
-Every heartbeat interval each demo cluster reports its islands' free (K2) and unhealthy cards to
+Every heartbeat interval each demo cluster reports its islands' available (K2) and unhealthy cards to
 ``POST /api/v1/clusters/<cpi>/heartbeats`` with its operator's API token — exactly what a real agent
 does — so the demo's clusters stay online and their capacity moves. The figures are a deterministic
 random walk per island (a fixed seed, and the island's identifier), so two runs tell the same story.
@@ -61,11 +61,13 @@ CRITICAL_AT = 0.10
 
 @dataclass
 class IslandWalk:
-    """One island's state: free and unhealthy cards, moving a little every tick.
+    """One island's state: available and unhealthy cards, moving a little every tick.
 
-    Free cards drift around a target utilisation with some mean reversion, so an island neither fills
-    up nor drains for good; cards fail now and then and come back after a few ticks (a failure every
-    few hours is routine at this scale).
+    The walk stands for the operator's own work on the island (work that is not a Cardhour lease), so
+    ``available`` is what K2 means: healthy cards not busy with that work, Cardhour's leases included (the
+    platform subtracts its own holds). It drifts around a target with some mean reversion, so an island
+    neither fills up nor drains for good; cards fail now and then and come back after a few ticks (a
+    failure every few hours is routine at this scale).
     """
 
     name: str
