@@ -98,6 +98,16 @@ class Catalogue:
     def size(self) -> int:
         return len(self.island_id)
 
+    @property
+    def withheld_until_max(self) -> int:
+        """The latest expiry of any heartbeat report (0 when none): no report binds a later start."""
+        latest = self.__dict__.get("_withheld_until_max")
+        if latest is None:
+            latest = self.__dict__["_withheld_until_max"] = (
+                int(self.withheld_until.max()) if len(self.withheld_until) else 0
+            )
+        return latest
+
     def island_index(self, island_ids: np.ndarray) -> np.ndarray:
         """Catalogue positions of ``island_ids``; -1 for an island the catalogue does not know (yet)."""
         lookup = self._lookup

@@ -182,14 +182,19 @@ def match(
         reason[reason == 0] = _R["window"]
         return _result(reason, [], window, n)
     need = cluster_need[cluster]
-    holds = with_withheld(c, holds, window, reason == 0)
+
+    reports = binding_reports(c, window, reason == 0)
 
     if spec.gang == "cluster":
+        if reports is not None:
+            holds = tuple(  # type: ignore[assignment]
+                np.concatenate([h, r]) for h, r in zip(holds, reports.as_holds(c, window), strict=True)
+            )
         return _match_spanning(spec, c, holds, window, reason, need, latency, delta, limit, tariff_of)
 
     reason[(reason == 0) & (c.island_capacity < need)] = _R["capacity"]
     candidates = np.nonzero(reason == 0)[0]
-    blocked = _blocked_starts(c, holds, window, candidates, need)
+    blocked = _blocked_starts(c, holds, window, candidates, need, reports)
     reason[blocked.full] = _R["capacity"]
     live = reason == 0
     # Every island of a cluster has the cluster's cost and latency at the tariff-best start, so ranking
@@ -258,28 +263,30 @@ def match(
     return _result(reason, placements, window, n, feasible=int(live.sum()))
 
 
-def with_withheld(
-    c: Catalogue,
-    holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    window: Window,
-    live: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``holds`` plus, for every ``live`` island whose operator's heartbeat report still binds at the
-    window's first start, the cards it withholds as a hold over ``[t0, expiry)``. Work is proportional to
-    the islands with cards withheld (a sparse list in the catalogue), not to every island."""
-    if not len(c.withheld_island):
-        return holds
+@dataclass(frozen=True)
+class Reports:
+    """The operators' heartbeat reports binding a quote's first start, on its live islands: catalogue
+    positions, the cards each withholds, and when each expires (epoch seconds)."""
+
+    island: np.ndarray
+    cards: np.ndarray
+    until: np.ndarray
+
+    def as_holds(self, c: Catalogue, window: Window) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The reports as holds (island id, start, end, cards) over ``[t0, expiry)``."""
+        starts = np.full(len(self.island), window.t0, dtype=np.int64)
+        return c.island_id[self.island], starts, self.until, self.cards
+
+
+def binding_reports(c: Catalogue, window: Window, live: np.ndarray) -> Reports | None:
+    """The reports of ``live`` islands that still bind at the window's first start (None: none do).
+    Work is proportional to the islands with cards withheld, and nothing for a start past every expiry."""
+    if window.t0 >= c.withheld_until_max:
+        return None
     binding = (c.withheld_until > window.t0) & live[c.withheld_island]
     if not binding.any():
-        return holds
-    islands = c.withheld_island[binding]
-    hold_island, hold_start, hold_end, hold_cards = holds
-    return (
-        np.concatenate([hold_island, c.island_id[islands]]),
-        np.concatenate([hold_start, np.full(len(islands), window.t0, dtype=np.int64)]),
-        np.concatenate([hold_end, c.withheld_until[binding]]),
-        np.concatenate([hold_cards, c.withheld_cards[binding]]),
-    )
+        return None
+    return Reports(c.withheld_island[binding], c.withheld_cards[binding], c.withheld_until[binding])
 
 
 def _live_members(
@@ -396,27 +403,91 @@ def _blocked_starts(
     window: Window,
     candidates: np.ndarray,
     need: np.ndarray,
+    reports: Reports | None = None,
 ) -> BlockedStarts:
     """Sparse occupancy: per candidate island, the hold edges (rounded outward to the slot grid) sorted
     and summed give the occupied card count between consecutive edges; each stretch where fewer than
     ``need`` cards are free blocks the starts whose run would touch it. Work is proportional to the
-    holds in the window, not to islands × slots."""
+    holds in the window, not to islands × slots.
+
+    ``reports`` (binding heartbeat reports) are holds over ``[t0, expiry)``. A report that ends within
+    the first slot (always, with the default settings: it expires within 90 s, a slot is 15 minutes)
+    can block only the first start, the one run touching that slot, and does exactly when it, the
+    holds touching the slot (every one occupies all of it, rounded outward) and ``need`` exceed the
+    island's cards: decided per island without adding edges to sort. Other reports join the holds."""
     empty = np.zeros(0, dtype=np.int64)
     none = BlockedStarts(empty, empty, empty, empty, window.starts)
     hold_island, hold_start, hold_end, hold_cards = holds
-    if not len(hold_island) or not len(candidates):
+    if not len(candidates) or (not len(hold_island) and reports is None):
         return none
+    capacity = c.island_capacity
     index = c.island_index(hold_island)
     is_candidate = np.zeros(c.size + 1, dtype=bool)  # the last entry stands for unknown islands (-1)
     is_candidate[candidates] = True
     of_candidate = is_candidate[index]
     # Only islands whose holds together could leave too few cards (one pass, one selection).
     held = np.bincount(index[of_candidate], weights=hold_cards[of_candidate], minlength=c.size)
+    first_only = r_island = r_cards = r_until = empty
+    if reports is not None:
+        mine = is_candidate[reports.island]
+        r_island, r_cards, r_until = reports.island[mine], reports.cards[mine], reports.until[mine]
+        one_slot = r_until <= window.t0 + window.step
+        if one_slot.any():
+            near = of_candidate & (hold_start < window.t0 + window.step) & (hold_end > window.t0)
+            touching = np.bincount(index[near], weights=hold_cards[near], minlength=c.size)
+            island = r_island[one_slot]
+            first_only = island[r_cards[one_slot] + touching[island] + need[island] > capacity[island]]
+            r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
+        if len(r_island):
+            held = held.copy()
+            np.add.at(held, r_island, r_cards)
     position = np.where(of_candidate, index, 0)
-    keep = of_candidate & (held[position] + need[position] > c.island_capacity[position])
-    index, hold_start, hold_end, hold_cards = index[keep], hold_start[keep], hold_end[keep], hold_cards[keep]
-    if not len(index):
+    keep = of_candidate & (held[position] + need[position] > capacity[position])
+    index = np.concatenate([index[keep], r_island])
+    hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
+    hold_end = np.concatenate([hold_end[keep], r_until])
+    hold_cards = np.concatenate([hold_cards[keep], r_cards])
+    blocked_island, a, b = _short_ranges(c, window, need, index, hold_start, hold_end, hold_cards)
+    if len(first_only):
+        # The first start of these islands too (a range may repeat one above: harmless), kept in order
+        # by island, then a.
+        blocked_island = np.concatenate([blocked_island, first_only])
+        a = np.concatenate([a, np.zeros(len(first_only), dtype=np.int64)])
+        b = np.concatenate([b, np.ones(len(first_only), dtype=np.int64)])
+        order = np.lexsort((a, blocked_island))
+        blocked_island, a, b = blocked_island[order], a[order], b[order]
+    if not len(blocked_island):
         return none
+    # Sorted by island, then a. An island is full when its blocked ranges cover [0, starts): walk the ranges with a running
+    # maximum of their ends (offset per island so one pass serves all islands).
+    offset = blocked_island * (window.starts + 1)
+    reach = np.maximum.accumulate(b + offset) - offset
+    first_of_island = np.concatenate([[True], blocked_island[1:] != blocked_island[:-1]])
+    last_of_island = np.concatenate([blocked_island[1:] != blocked_island[:-1], [True]])
+    previous_reach = np.concatenate([[0], reach[:-1]])
+    gap = np.where(first_of_island, a > 0, a > previous_reach)
+    has_gap = np.zeros(c.size, dtype=bool)
+    has_gap[blocked_island[gap]] = True
+    has_gap[blocked_island[last_of_island & (reach < window.starts)]] = True
+    involved = blocked_island[first_of_island]
+    return BlockedStarts(blocked_island, a, b, involved[~has_gap[involved]], window.starts)
+
+
+def _short_ranges(
+    c: Catalogue,
+    window: Window,
+    need: np.ndarray,
+    index: np.ndarray,
+    hold_start: np.ndarray,
+    hold_end: np.ndarray,
+    hold_cards: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(island, a, b): the start ranges ``[a, b)`` that the holds (catalogue positions ``index``) make
+    infeasible, sorted by island, then a (the edges are sorted by island and slot, and a grows with
+    slot)."""
+    if not len(index):
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
     first, last, _slots = _hold_slots(window, hold_start, hold_end)
     islands = np.concatenate([index, index])
     slots = np.concatenate([first, last])
@@ -433,23 +504,7 @@ def _blocked_starts(
     b = np.minimum(next_slot[short], window.starts)
     blocked_island = islands[short]
     useful = a < b
-    blocked_island, a, b = blocked_island[useful], a[useful], b[useful]
-    if not len(blocked_island):
-        return none
-    # Already sorted by island, then a: the edges were sorted by island and slot, and a grows with slot.
-    # An island is full when its blocked ranges cover [0, starts): walk the ranges with a running
-    # maximum of their ends (offset per island so one pass serves all islands).
-    offset = blocked_island * (window.starts + 1)
-    reach = np.maximum.accumulate(b + offset) - offset
-    first_of_island = np.concatenate([[True], blocked_island[1:] != blocked_island[:-1]])
-    last_of_island = np.concatenate([blocked_island[1:] != blocked_island[:-1], [True]])
-    previous_reach = np.concatenate([[0], reach[:-1]])
-    gap = np.where(first_of_island, a > 0, a > previous_reach)
-    has_gap = np.zeros(c.size, dtype=bool)
-    has_gap[blocked_island[gap]] = True
-    has_gap[blocked_island[last_of_island & (reach < window.starts)]] = True
-    involved = blocked_island[first_of_island]
-    return BlockedStarts(blocked_island, a, b, involved[~has_gap[involved]], window.starts)
+    return blocked_island[useful], a[useful], b[useful]
 
 
 def _match_spanning(

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from broker.catalog import Catalogue
-from broker.matching import _blocked_starts, integrated_multiplier, match, window_of, with_withheld
+from broker.matching import _blocked_starts, binding_reports, integrated_multiplier, match, window_of
 from broker.types import JobSpec
 from metering.selectors.tariffs import PriceCardRow
 from metering.tariffs import PRESETS, tariff_compile
@@ -102,7 +102,9 @@ def _hold_arrays(holds: list[tuple[int, int, int, int]], t0: int) -> tuple[np.nd
 reports_strategy = st.lists(
     st.tuples(
         st.integers(0, 10),  # cards the operator's report withholds (0: none)
-        st.integers(-600, 3 * 3600),  # its expiry, seconds from now (≤ 0: expired)
+        # Its expiry, seconds from now (≤ 0: expired); mostly within the first 15-minute slot, as with
+        # the default settings (a report binds for 90 s), sometimes further.
+        st.one_of(st.integers(-600, 900), st.integers(901, 3 * 900), st.integers(-600, 3 * 3600)),
     ),
     min_size=4,
     max_size=4,
@@ -116,6 +118,13 @@ reports_strategy = st.lists(
     cards=8,
     duration=3600,
     reports=[(6, 60), (0, 0), (8, -1), (1, 2 * 3600)],
+)
+@example(  # a report reaching into the second slot blocks the first two starts, not just the first
+    capacities=[8, 8, 8, 8],
+    holds=[],
+    cards=5,
+    duration=600,
+    reports=[(4, 1000), (0, 0), (0, 0), (0, 0)],
 )
 @given(
     capacities=st.lists(st.integers(1, 16), min_size=4, max_size=4),
@@ -149,10 +158,11 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
     candidates = np.array([i for i, capacity in enumerate(capacities) if capacity >= cards], dtype=np.int64)
     blocked = _blocked_starts(
         cat,
-        with_withheld(cat, arrays, window, np.ones(4, dtype=bool)),
+        arrays,
         window,
         candidates,
         np.full(4, cards, dtype=np.int64),
+        binding_reports(cat, window, np.ones(4, dtype=bool)),
     )
     for island, capacity in enumerate(capacities):
         values = integrated_multiplier(TARIFFS[1 + island % 2], window)
@@ -264,7 +274,14 @@ def clustered_catalogue(
     duration=st.integers(600, 6 * 3600),
     preference=st.sampled_from(["price", "latency"]),
     limit=st.integers(1, 6),
-    reports=st.lists(st.tuples(st.integers(0, 8), st.integers(-600, 2 * 3600)), min_size=20, max_size=20),
+    reports=st.lists(
+        st.tuples(
+            st.integers(0, 8),
+            st.one_of(st.integers(-600, 900), st.integers(901, 3 * 900), st.integers(-600, 2 * 3600)),
+        ),
+        min_size=20,
+        max_size=20,
+    ),
 )
 def test_ranking_by_cluster_matches_ranking_every_island(
     islands_per_cluster: list[int],
@@ -294,10 +311,11 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
     blocked = _blocked_starts(
         cat,
-        with_withheld(cat, arrays, window, np.ones(n, dtype=bool)),
+        arrays,
         window,
         candidates,
         np.full(n, cards, dtype=np.int64),
+        binding_reports(cat, window, np.ones(n, dtype=bool)),
     )
     rows = []  # (latency, cost, island, start) of every island at its exact best feasible start
     for island in candidates:
