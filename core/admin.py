@@ -6,7 +6,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from core import services
 from core.admin_tools import ReadOnlyAdminMixin
 from core.errors import ConflictError
-from core.models import ApiToken, Invitation, Membership, Organisation
+from core.models import ApiToken, DemoRecord, Invitation, Membership, Organisation
 
 
 class MembershipInline(admin.TabularInline):
@@ -118,3 +118,12 @@ class InvitationAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             request,
             ngettext("Revoked %(n)d invitation.", "Revoked %(n)d invitations.", revoked) % {"n": revoked},
         )
+
+
+@admin.register(DemoRecord)
+class DemoRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """What the demo seeds created (core.demo): the only objects a seed may create, and never touches again."""
+
+    list_display = ["key", "model", "object_pk", "created_at"]
+    list_filter = ["model"]
+    search_fields = ["key"]

@@ -199,3 +199,20 @@ class TaskRun(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class DemoRecord(models.Model):
+    """What a demo seed (``manage.py seed_demo``, ``seed_billing_demo``, ``seed_broker_demo``) created:
+    one row per object, or per step that made several. A seed creates only what has no record yet and
+    never touches an object with a record again, nor any object without one (core.demo has the rule)."""
+
+    key = models.CharField(max_length=200, unique=True)  # "<seed>:<kind>:<natural key>"
+    model = models.CharField(max_length=100, blank=True)  # "app_label.model_name"; "" for a step
+    object_pk = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return self.key

@@ -242,9 +242,9 @@ def _active_token_by_prefix(*, prefix: str) -> ApiToken | None:
     return token
 
 
-def api_token_authenticate(*, raw: str) -> ApiToken | None:
+def api_token_authenticate(*, raw: str, touch: bool = True) -> ApiToken | None:
     """Return the active token for the wire value ``raw``, or None. Touches ``last_used_at`` at most once
-    per CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS."""
+    per CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS (never with ``touch=False``: a check, not a use)."""
     parts = raw.split("_", 2)
     # Check the prefix's shape before it reaches SQL: PostgreSQL rejects NUL bytes with a DataError.
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not _PREFIX_RE.fullmatch(parts[1]):
@@ -254,7 +254,7 @@ def api_token_authenticate(*, raw: str) -> ApiToken | None:
         return None
     now = timezone.now()
     resolution = timedelta(seconds=settings.CARDHOUR_TOKEN_LAST_USED_RESOLUTION_SECONDS)
-    if token.last_used_at is None or now - token.last_used_at >= resolution:
+    if touch and (token.last_used_at is None or now - token.last_used_at >= resolution):
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
     return token

@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from core.demo import demo_record_add
 from core.models import Organisation
 from core.services import api_token_create, invitation_create
 from core.types import Actor
@@ -62,6 +63,7 @@ def fleet(operator: Organisation) -> list[Cluster]:
     invitation_create(
         actor=Actor(organisation=operator, user=owner.user), email="new@example.com", role="member"
     )
+    demo_record_add(key=f"seed_demo:cluster:{a800.cpi}", obj=a800)
     return [a800, unknown_chip]
 
 

@@ -1,11 +1,13 @@
 """``manage.py seed_broker_demo``: the broker half of the demo that ``make run`` starts with.
 
-Run after ``seed_demo`` and ``seed_billing_demo``. Idempotent (every job carries an idempotency key, and a
-job that already has a lease is left alone). The demo buyer submits, through the same services as the
-API:
+Run after ``seed_demo`` and ``seed_billing_demo``. Idempotent, and it touches only what the seeds created
+(core.demo): only the demo buyer's jobs, each submitted once and recorded — a job the buyer has cancelled,
+re-quoted or left since stays as it is, and nothing is done for a ``demo-buyer`` the seeds did not create.
+The demo buyer submits, through the same services as the API:
 
 - ``demo: pretrain 8×A800`` — 8 A800 cards from the Yangtze River Delta, 30 ms budget, 4 hours within the
-  next day: quoted and accepted, so it holds a reserved lease (usually shifted into a valley);
+  next day: quoted and accepted, so it holds a reserved lease (shifted into a valley when the cheapest
+  island is on a time-of-use tariff);
 - ``demo: fine-tune 12 standard cards`` — any chip, counted by its standard-card factor, may span the
   islands of one cluster: quoted and accepted;
 - ``demo: inference burst`` — 4 cards, 10 ms budget from the Greater Bay Area, left open for the portal to
@@ -27,6 +29,7 @@ from broker.models import Job
 from broker.services.jobs import JobInput, job_create
 from broker.services.leases import lease_accept
 from broker.services.quotes import quote_create
+from core.demo import demo_object, demo_record_add, demo_record_exists
 from core.models import Organisation
 from core.types import Actor
 from metering.errors import InsufficientBalanceError
@@ -85,19 +88,22 @@ class Command(BaseCommand):
     help = "Give the demo buyer a few jobs, two of them placed on leases (idempotent)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        buyer = Organisation.objects.filter(slug=BUYER_SLUG).first()
+        buyer = demo_object(key=f"seed_billing_demo:organisation:{BUYER_SLUG}", model=Organisation)
         if buyer is None:
-            self.stderr.write("No demo buyer: run seed_billing_demo first.")
+            self.stderr.write("No demo buyer (created by seed_billing_demo): nothing to do.")
             return
         actor = Actor(organisation=buyer, system_label="seed_broker_demo")
         now = timezone.now().replace(microsecond=0)
         placed = 0
         for data, place in _jobs(now):
-            existing = Job.objects.filter(buyer=buyer, idempotency_key=data.idempotency_key).first()
-            if existing is not None:
+            key = f"seed_broker_demo:job:{data.idempotency_key}"
+            if demo_record_exists(key=key):
                 continue
+            if Job.objects.filter(buyer=buyer, idempotency_key=data.idempotency_key).exists():
+                continue  # the buyer's own job under that key: not the seed's
             with transaction.atomic():
                 job, _ = job_create(buyer=buyer, data=data, actor=actor, now=now)
+                demo_record_add(key=key, obj=job)
             if not place:
                 continue
             for quote in quote_create(job=job, limit=5).quotes:
