@@ -433,10 +433,13 @@ def _blocked_starts(
         r_island, r_cards, r_until = reports.island[mine], reports.cards[mine], reports.until[mine]
         one_slot = r_until <= window.t0 + window.step
         if one_slot.any():
+            island = r_island[one_slot]  # ascending: the catalogue lists them in position order
             near = of_candidate & (hold_start < window.t0 + window.step) & (hold_end > window.t0)
-            touching = np.bincount(index[near], weights=hold_cards[near], minlength=c.size)
-            island = r_island[one_slot]
-            first_only = island[r_cards[one_slot] + touching[island] + need[island] > capacity[island]]
+            near_island, near_cards = index[near], hold_cards[near]
+            row = np.minimum(np.searchsorted(island, near_island), len(island) - 1)
+            on = island[row] == near_island
+            touching = np.bincount(row[on], weights=near_cards[on], minlength=len(island))
+            first_only = island[r_cards[one_slot] + touching + need[island] > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
         if len(r_island):
             held = held.copy()
