@@ -88,7 +88,7 @@ class Catalogue:
     hub_codes: list[str]
     latency_ms: np.ndarray  # [source, target], inf where unknown
     latency_dec: dict[tuple[int, int], Decimal]
-    # Heartbeat reports (K2): the islands (catalogue positions) whose operator's unexpired report keeps
+    # Heartbeat reports (K2): the islands (catalogue positions, ascending) whose operator's report keeps
     # cards from sale, how many, and until when (epoch seconds). Empty: only declared cards count.
     withheld_island: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     withheld_cards: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
