@@ -33,6 +33,8 @@ from itertools import pairwise
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from django.utils.translation import gettext as _
+
 from metering.errors import TariffInvalidError
 
 # The same values as metering.models.tariffs (a test keeps them equal); repeated here so this module
@@ -163,19 +165,19 @@ def time_zone_is_valid(name: str) -> bool:
 
 def _multiplier_fault(value: Any) -> str | None:
     if isinstance(value, float | bool):
-        return "must be a Decimal (or an integer), not a float"
+        return _("must be a Decimal (or an integer), not a float")
     try:
         amount = Decimal(value)
     except (InvalidOperation, TypeError, ValueError):
-        return "is not a number"
+        return _("is not a number")
     if not amount.is_finite():
-        return "is not a finite number"
+        return _("is not a finite number")
     if amount <= 0:
-        return "must be greater than 0"
+        return _("must be greater than 0")
     if amount > MULTIPLIER_MAX:
-        return f"must be at most {MULTIPLIER_MAX}"
+        return _("must be at most %(max)s") % {"max": MULTIPLIER_MAX}
     if amount != amount.quantize(Decimal(1).scaleb(-MULTIPLIER_PLACES)):
-        return f"has more than {MULTIPLIER_PLACES} decimal places"
+        return _("has more than %(places)d decimal places") % {"places": MULTIPLIER_PLACES}
     return None
 
 
@@ -183,19 +185,22 @@ def _window_faults(window: WindowSpec) -> list[str]:
     faults = []
     for name in ("start_minute", "end_minute", "weekdays", "months"):
         if not isinstance(getattr(window, name), int) or isinstance(getattr(window, name), bool):
-            faults.append(f"{name} must be an integer")
+            faults.append(_("%(name)s must be an integer") % {"name": name})
     if faults:
         return faults
     if not 0 <= window.start_minute < MINUTES_PER_DAY:
-        faults.append(f"start_minute must be 0–{MINUTES_PER_DAY - 1} (00:00–23:59)")
+        faults.append(_("start_minute must be 0–%(last)d (00:00–23:59)") % {"last": MINUTES_PER_DAY - 1})
     if not 1 <= window.end_minute <= MINUTES_PER_DAY:
-        faults.append(f"end_minute must be 1–{MINUTES_PER_DAY} (00:01–24:00); midnight as an end is 24:00")
+        faults.append(
+            _("end_minute must be 1–%(last)d (00:01–24:00); midnight as an end is 24:00")
+            % {"last": MINUTES_PER_DAY}
+        )
     if not faults and window.start_minute == window.end_minute:
-        faults.append("start and end are equal; for the whole day use 00:00–24:00")
+        faults.append(_("start and end are equal; for the whole day use 00:00–24:00"))
     if not 1 <= window.weekdays <= ALL_WEEKDAYS:
-        faults.append("weekdays must select at least one day (mask 1–127, bit 0 = Monday)")
+        faults.append(_("weekdays must select at least one day (mask 1–127, bit 0 = Monday)"))
     if not 1 <= window.months <= ALL_MONTHS:
-        faults.append("months must select at least one month (mask 1–4095, bit 0 = January)")
+        faults.append(_("months must select at least one month (mask 1–4095, bit 0 = January)"))
     return faults
 
 
@@ -282,7 +287,9 @@ def tariff_spec_validate(spec: TariffSpec) -> None:
 
     if not time_zone_is_valid(spec.time_zone):
         extra["time_zone"] = spec.time_zone
-        sentences.append(f"{spec.time_zone!r} is not an IANA time zone (e.g. Asia/Shanghai).")
+        sentences.append(
+            _("%(zone)r is not an IANA time zone (e.g. Asia/Shanghai).") % {"zone": spec.time_zone}
+        )
 
     multiplier_faults = {}
     for band, value in spec.multipliers.items():
@@ -290,25 +297,36 @@ def tariff_spec_validate(spec: TariffSpec) -> None:
             continue
         fault = _multiplier_fault(value)
         if fault is not None:
-            multiplier_faults[band] = f"multiplier {fault}"
+            multiplier_faults[band] = fault  # "must be greater than 0", …
     if multiplier_faults:
-        extra["multipliers"] = multiplier_faults
-        sentences.extend(f"The {band} {fault}." for band, fault in multiplier_faults.items())
+        extra["multipliers"] = {
+            band: _("multiplier %(fault)s") % {"fault": fault} for band, fault in multiplier_faults.items()
+        }
+        sentences.extend(
+            _("The %(band)s multiplier %(fault)s.") % {"band": band, "fault": fault}
+            for band, fault in multiplier_faults.items()
+        )
 
     windows = tuple(spec.windows)
     if not windows:
-        extra["windows"] = [{"index": None, "errors": ["at least one window is required"]}]
-        sentences.append("A tariff needs at least one window.")
+        extra["windows"] = [{"index": None, "errors": [_("at least one window is required")]}]
+        sentences.append(_("A tariff needs at least one window."))
     elif len(windows) > MAX_WINDOWS:
-        extra["windows"] = [{"index": None, "errors": [f"at most {MAX_WINDOWS} windows"]}]
-        sentences.append(f"A tariff may have at most {MAX_WINDOWS} windows; this one has {len(windows)}.")
+        extra["windows"] = [{"index": None, "errors": [_("at most %(max)d windows") % {"max": MAX_WINDOWS}]}]
+        sentences.append(
+            _("A tariff may have at most %(max)d windows; this one has %(count)d.")
+            % {"max": MAX_WINDOWS, "count": len(windows)}
+        )
     else:
         window_faults = []
         for index, window in enumerate(windows):
             faults = _window_faults(window)
             if faults:
                 window_faults.append({"index": index, "errors": faults})
-                sentences.append(f"Window {index + 1} ({window.band}): {'; '.join(faults)}.")
+                sentences.append(
+                    _("Window %(number)d (%(band)s): %(faults)s.")
+                    % {"number": index + 1, "band": window.band, "faults": "; ".join(faults)}
+                )
         if window_faults:
             extra["windows"] = window_faults
 
@@ -317,18 +335,26 @@ def tariff_spec_validate(spec: TariffSpec) -> None:
     )
     if unknown:
         extra["unknown_bands"] = unknown
-        sentences.append(f"Unknown band {', '.join(unknown)}; bands are {', '.join(BANDS)}.")
+        sentences.append(
+            _("Unknown band %(unknown)s; bands are %(bands)s.")
+            % {"unknown": ", ".join(unknown), "bands": ", ".join(BANDS)}
+        )
     missing = sorted(
         {w.band for w in windows if w.band in BANDS and w.band not in spec.multipliers}, key=_band_order
     )
     if missing:
         extra["missing_multipliers"] = missing
-        sentences.append(f"No multiplier for {', '.join(missing)}, which a window uses.")
+        sentences.append(
+            _("No multiplier for %(bands)s, which a window uses.") % {"bands": ", ".join(missing)}
+        )
     used = {w.band for w in windows}
     unused = sorted((b for b in spec.multipliers if b in BANDS and b not in used), key=_band_order)
     if unused:
         extra["unused_bands"] = unused
-        sentences.append(f"No window uses {', '.join(unused)}; drop its multiplier or give it a window.")
+        sentences.append(
+            _("No window uses %(bands)s; drop its multiplier or give it a window.")
+            % {"bands": ", ".join(unused)}
+        )
 
     # Coverage only means something once every window is well-formed.
     if windows and "windows" not in extra:
@@ -352,16 +378,18 @@ def tariff_spec_validate(spec: TariffSpec) -> None:
         ]
         if gap_rows or overlap_rows:
             described = [
-                f"{row['from']}–{row['to']} on {row['weekdays']} in {row['months']} has no band"
-                for row in gap_rows
+                _("%(from)s–%(to)s on %(weekdays)s in %(months)s has no band") % row for row in gap_rows
             ] + [
-                f"{row['from']}–{row['to']} on {row['weekdays']} in {row['months']} is in both "
-                f"{' and '.join(row['bands'])}"
+                _("%(from)s–%(to)s on %(weekdays)s in %(months)s is in both %(bands)s")
+                % {**row, "bands": _(" and ").join(row["bands"])}
                 for row in overlap_rows
             ]
             shown = "; ".join(described[:5])
-            more = f" (and {len(described) - 5} more)" if len(described) > 5 else ""
-            sentences.append(f"Every minute must belong to exactly one band: {shown}{more}.")
+            more = _(" (and %(count)d more)") % {"count": len(described) - 5} if len(described) > 5 else ""
+            sentences.append(
+                _("Every minute must belong to exactly one band: %(faults)s%(more)s.")
+                % {"faults": shown, "more": more}
+            )
         if gap_rows:
             extra["gaps"] = gap_rows[:_MAX_FAULTS]
         if overlap_rows:
