@@ -186,7 +186,9 @@ def test_a_gap_is_named_in_the_readers_language():
         unused = invalid(spec(w("flat", "00:00", "24:00"), flat="1", peak="1.5"))
     assert error.message == "每一分钟必须恰好属于一个时段：Jan–Dec Mon–Sun 的 12:00–14:00 不属于任何时段。"
     assert unused.message == "没有时间窗口使用 peak；请删除其系数或为其设置时间窗口。"
-    assert error.extra["gaps"] == [{"months": "Jan–Dec", "weekdays": "Mon–Sun", "from": "12:00", "to": "14:00"}]
+    assert error.extra["gaps"] == [
+        {"months": "Jan–Dec", "weekdays": "Mon–Sun", "from": "12:00", "to": "14:00"}
+    ]
 
 
 def test_an_overlap_names_its_bands_and_where():
