@@ -141,6 +141,20 @@ def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
     return cluster
 
 
+def cluster_get_listed(*, cpi: str) -> Cluster | None:
+    """The cluster named ``cpi`` if it is listed on the market (any operator's, not retired), else None:
+    what a buyer may pin a job to."""
+    valid = identifiers.is_valid(cpi) and identifiers.parse(cpi).level == identifiers.Level.CLUSTER
+    if not valid:
+        return None
+    return (
+        Cluster.objects.exclude(status="retired")
+        .select_related("hub", "accelerator", "operator")
+        .filter(cpi=cpi)
+        .first()
+    )
+
+
 def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> Island:
     cluster = cluster_get_for_operator(operator=operator, cpi=cpi)
     island = None
