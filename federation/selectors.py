@@ -155,6 +155,18 @@ def cluster_get_listed(*, cpi: str) -> Cluster | None:
     )
 
 
+def hub_latencies_to_listed_clusters(*, origin_hub: str, above_ms: Decimal) -> list[Decimal]:
+    """The distinct latencies over ``above_ms`` from ``origin_hub`` to hubs where a cluster is listed,
+    smallest first: the latency budgets that would let another hub's clusters in."""
+    return sorted(
+        set(
+            HubLatency.objects.filter(source__code=origin_hub, latency_ms__gt=above_ms)
+            .filter(target__clusters__status__in=["active", "draining", "offline"])
+            .values_list("latency_ms", flat=True)
+        )
+    )
+
+
 def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> Island:
     cluster = cluster_get_for_operator(operator=operator, cpi=cpi)
     island = None

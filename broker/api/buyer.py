@@ -11,6 +11,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.urls import path
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
@@ -126,7 +127,23 @@ class JobDetailOutput(JobOutput):
 
     @extend_schema_field(QuoteSummaryOutput(allow_null=True))
     def get_quote_summary(self, job: Job) -> Any:
-        return QuoteSummaryOutput(job.quote_summary).data if job.quote_summary else None
+        if not job.quote_summary:
+            return None
+        return QuoteSummaryOutput(_with_datetimes(job.quote_summary)).data
+
+
+_SUMMARY_TIMES = ("quoted_at", "expires_at", "window_start_at", "window_end_at")
+
+
+def _with_datetimes(summary: dict[str, Any]) -> dict[str, Any]:
+    """A stored summary (JSON: times as ISO strings in UTC) with its times parsed, so they are rendered in
+    the API's time zone like every other time it answers with."""
+    out = {key: parse_datetime(value) if key in _SUMMARY_TIMES else value for key, value in summary.items()}
+    out["relaxations"] = [
+        {**item, "start_at": parse_datetime(str(item.get("start_at", "")))}
+        for item in summary.get("relaxations", [])
+    ]
+    return out
 
 
 class JobFilter(django_filters.FilterSet):
@@ -526,7 +543,10 @@ class JobQuoteApi(APIView):
             "feasible": result.feasible,
             "window": {"start_at": result.window_start_at, "end_at": result.window_end_at},
             "expires_at": quote_set.expires_at,
-            "relaxations": [relaxation_json(relaxation) for relaxation in quote_set.relaxations],
+            "relaxations": [
+                {**relaxation_json(relaxation), "start_at": relaxation.start_at}
+                for relaxation in quote_set.relaxations
+            ],
         }
         return Response(_QUOTE_SET_OUTPUT.to_representation(body), status=status.HTTP_201_CREATED)
 

@@ -21,14 +21,14 @@ from django.conf import settings
 from django.utils import timezone
 
 from broker.types import JobSpec, MatchResult, Placement, Relaxation
-from federation.selectors import hub_latency_list
+from federation.selectors import hub_latencies_to_listed_clusters
 
 # Matcher runs at most, per job without a quote (each is one in-memory match, a few ms at design load).
 MAX_TRIES = 10
 # Latency budgets tried, from the next latency up.
 LATENCY_STEPS = 3
 # Tries of the binary search for the most cards that fit.
-CARD_STEPS = 3
+CARD_STEPS = 4
 
 Find = Callable[[JobSpec], MatchResult]
 
@@ -99,9 +99,9 @@ def _candidates(spec: JobSpec, rejected: set[str], now: datetime) -> Iterator[tu
         budgets = sorted(
             {
                 math.ceil(ms)
-                for ms in hub_latency_list()
-                .filter(source__code=spec.origin_hub, latency_ms__gt=spec.latency_budget_ms)
-                .values_list("latency_ms", flat=True)
+                for ms in hub_latencies_to_listed_clusters(
+                    origin_hub=spec.origin_hub, above_ms=Decimal(spec.latency_budget_ms)
+                )
             }
         )[:LATENCY_STEPS]
         yield "latency", [(replace(spec, latency_budget_ms=ms), {"latency_budget_ms": ms}) for ms in budgets]

@@ -461,25 +461,25 @@ def _chart(job: Job, rows: list[QuoteRow], *, now: datetime, expired: bool) -> d
         )
     if not lines or len(starts) < 2:
         return None
-    ticks = _ticks(starts)
-    svg = series_svg(
-        [series for series, _row in lines],
-        title=_("Cost at list price against start time, for the best offers"),
-        ticks=ticks,
-        prefix="¥",
-    )
+    title = _("Cost at list price against start time, for the best offers")
+    series = [line for line, _row in lines]
     return {
-        "svg": svg,
+        # The same chart twice: wide for a desktop, narrow (taller, fewer ticks) for a phone, where a
+        # scaled-down wide one would have unreadable text; CSS shows one.
+        "svg": series_svg(series, title=title, ticks=_ticks(starts), prefix="¥"),
+        "svg_narrow": series_svg(
+            series, title=title, ticks=_ticks(starts, narrow=True), prefix="¥", width=360, height=220
+        ),
         "legend": [(series.colour, row) for series, row in lines],
         "first": starts[0],
         "last": starts[-1],
     }
 
 
-def _ticks(starts: tuple[datetime, ...]) -> list[tuple[int, str]]:
+def _ticks(starts: tuple[datetime, ...], *, narrow: bool = False) -> list[tuple[int, str]]:
     """Tick positions and labels where local time passes a multiple of 6, 12 or 24 hours (by the window's
-    length): the date at midnight, else the hour."""
-    span_hours = (starts[-1] - starts[0]).total_seconds() / 3600
+    length; twice as far apart on a narrow chart): the date at midnight, else the hour."""
+    span_hours = (starts[-1] - starts[0]).total_seconds() / 3600 * (2 if narrow else 1)
     every = 6 if span_hours <= 48 else 12 if span_hours <= 96 else 24
     ticks = []
     previous = None
