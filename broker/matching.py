@@ -875,8 +875,9 @@ def start_costs(
 ) -> StartCosts | None:
     """What a placement of ``cards`` cards on any one of ``island_ids`` (of ``cluster_id``) would cost at
     each start of the job's window, from the same integrated multiplier the matcher ranks with, and where
-    the holds leave too few cards (rounded outward to the slot grid, as the matcher does). None when the
-    cluster is not priced or not in the catalogue, or no start fits the window."""
+    the holds leave too few cards (rounded outward to the slot grid, as the matcher does). With no
+    ``island_ids`` (a placement spanning islands) every start is priced and none is left out. None when
+    the cluster is not priced or not in the catalogue, or no start fits the window."""
     c = catalogue
     window = window_of(spec, now=now, step=step)
     where = np.nonzero(c.cluster_id == cluster_id)[0]
@@ -890,7 +891,7 @@ def start_costs(
     positions = c.island_index(np.array(sorted(island_ids), dtype=np.int64))
     positions = positions[positions >= 0]
     positions = positions[c.island_capacity[positions] >= cards]
-    free = np.zeros(window.starts, dtype=bool)
+    free = np.zeros(window.starts, dtype=bool) if island_ids else np.ones(window.starts, dtype=bool)
     if len(positions):
         # The operators' reported available cards bind the first starts too, as in the matcher.
         considered = np.zeros(c.size, dtype=bool)

@@ -435,8 +435,12 @@ def _chart(job: Job, rows: list[QuoteRow], *, now: datetime, expired: bool) -> d
         if quote.cluster_id in seen or len(lines) == CHART_OFFERS:
             continue
         seen.add(quote.cluster_id)
-        islands = tuple(int(i) for i, _cards in quote.allocation[:1]) + tuple(
-            int(i) for i, _cards in quote.alternatives or ()
+        # An island-gang offer: its islands; a placement spanning islands: no per-island check.
+        islands = (
+            ()
+            if len(quote.allocation) > 1
+            else tuple(int(i) for i, _cards in quote.allocation)
+            + tuple(int(i) for i, _cards in quote.alternatives or ())
         )
         curve = quote_services.start_costs_find(
             spec=spec, cluster_id=quote.cluster_id, island_ids=islands, cards=quote.cards, now=quoted_at

@@ -351,3 +351,24 @@ def test_start_costs_price_every_start_and_leave_out_the_held_ones(
         else:  # runs of two hours that touch 00:00–01:00: from 22:15 to 00:45
             assert held == [at(22, 15) + timedelta(minutes=15 * k) for k in range(11)]
     assert start_costs_find(spec=spec, cluster_id=0, island_ids=islands, cards=8, now=at(10)) is None
+
+
+def test_a_spanning_placements_costs_are_priced_at_every_start(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    job = make_job(
+        buyer=buyer,
+        cards=16,
+        gang="cluster",
+        earliest_start_at=at(10),
+        deadline_at=at(10, days=1),
+        duration_seconds=7200,
+    )
+    curve = start_costs_find(
+        spec=job_spec(job=job), cluster_id=east_cluster.pk, island_ids=(), cards=16, now=at(10)
+    )
+    assert curve is not None and None not in curve.costs
+    assert (curve.costs[0], dict(zip(curve.starts, curve.costs, strict=True))[at(0, days=1)]) == (
+        Decimal("652.80"),
+        Decimal("145.92"),
+    )
