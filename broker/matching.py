@@ -105,8 +105,15 @@ def match(
     step: int,
     limit: int,
     tariff_of: Callable[[int], CompiledTariff],
+    distinct: bool = False,
 ) -> MatchResult:
-    """Rank the job's feasible placements (see the module docstring). Pure: reads only its arguments."""
+    """Rank the job's feasible placements (see the module docstring). Pure: reads only its arguments.
+
+    With ``distinct``, an island-gang job's placements are *offers*: the islands of a cluster that can
+    take the job at the same start (and so at the same cards, price, cost and latency) are one placement,
+    its lowest-id island in ``allocation`` and the others in ``alternatives``; ``limit`` counts offers.
+    The offers are the island ranking grouped by (cluster, start), in the order of each group's best
+    island (tests/broker/test_matching_property.py)."""
     c = catalogue
     window = window_of(spec, now=now, step=step)
     n, m = c.size, len(c.cluster_id)
@@ -120,6 +127,8 @@ def match(
 
     if spec.exclude_clusters:
         before[np.isin(c.cluster_id, np.fromiter(spec.exclude_clusters, dtype=np.int64))] = _EXCLUDED
+    if spec.only_cluster is not None:  # a job pinned to one cluster: the others are not considered
+        before[c.cluster_id != spec.only_cluster] = _EXCLUDED
     reject(before, ~c.cluster_active, "offline")
     chip_ok = np.ones(len(c.chip_slugs), dtype=bool)
     if spec.accelerators:
@@ -197,6 +206,36 @@ def match(
     blocked = _blocked_starts(c, holds, window, candidates, need, reports)
     reason[blocked.full] = _R["capacity"]
     live = reason == 0
+    if distinct:
+        offers = _rank_offers(
+            spec,
+            c,
+            window,
+            live=live,
+            blocked=blocked,
+            cluster_best_k=cluster_best_k,
+            cluster_cost=c.cluster_rate * cluster_need * cluster_best_value,
+            cluster_need=cluster_need,
+            latency=latency,
+            delta=delta,
+            limit=limit,
+        )
+        placements = [
+            _placement(
+                spec,
+                c,
+                window,
+                tariff_of,
+                cluster_index=cl,
+                allocation=[(int(islands[0]), int(cluster_need[cl]))],
+                k=k,
+                first_k=first_k,
+                origin=max(origin, 0),
+                alternatives=[(int(island), int(cluster_need[cl])) for island in islands[1:]],
+            )
+            for cl, k, islands, first_k in offers
+        ]
+        return _result(reason, placements, window, n, feasible=int(live.sum()))
     # Every island of a cluster has the cluster's cost and latency at the tariff-best start, so ranking
     # is done per cluster (10× fewer rows), and only the islands of the clusters that can reach the top
     # are ranked one by one. Islands whose tariff-best start is blocked count at that start's value (a
@@ -287,6 +326,104 @@ def binding_reports(c: Catalogue, window: Window, live: np.ndarray) -> Reports |
     if not binding.any():
         return None
     return Reports(c.withheld_island[binding], c.withheld_cards[binding], c.withheld_until[binding])
+
+
+def _rank_offers(
+    spec: JobSpec,
+    c: Catalogue,
+    window: Window,
+    *,
+    live: np.ndarray,
+    blocked: BlockedStarts,
+    cluster_best_k: np.ndarray,
+    cluster_cost: np.ndarray,
+    cluster_need: np.ndarray,
+    latency: np.ndarray,
+    delta: dict[int, np.ndarray],
+    limit: int,
+) -> list[tuple[int, int, np.ndarray, int]]:
+    """The best ``limit`` offers of an island-gang job, best first, as (cluster index, start index, its
+    islands in catalogue order, the earliest start any of them could take).
+
+    An offer is a (cluster, start) with every island of the cluster whose cheapest feasible start it is.
+    As in the island ranking, the live islands of a cluster are first taken together at the cluster's
+    tariff-best start (one entry, its cost a lower bound for any island a hold blocks there); an offer
+    that reaches the top has its blocked islands priced on their own, at their exact best feasible start,
+    and the ranking is done again, until the top offers hold only exact islands. Ties go to the offer
+    whose best island comes first in the catalogue (the island ranking's order)."""
+    n, m = c.size, len(c.cluster_id)
+    cluster = c.island_cluster
+    first_of_cluster, cluster_islands = c.islands_by_cluster
+    blocked_at_best = np.zeros(n, dtype=bool)
+    blocked_at_best[blocked.islands_blocking(cluster_best_k[cluster[blocked.island]])] = True
+    members = np.bincount(cluster[live], minlength=m)
+    own = np.zeros(n, dtype=bool)
+    exact_k = np.full(n, -1, dtype=np.int64)  # islands priced on their own: their best feasible start
+    exact_value = np.zeros(n, dtype=np.float64)
+    never = np.iinfo(np.int64).max
+    while True:
+        groups = np.nonzero(members)[0]
+        alone = np.nonzero(own)[0]  # ascending: the first of each (cluster, start) is its lowest island
+        pair = cluster[alone] * (window.starts + 1) + exact_k[alone]
+        _pairs, first_index = np.unique(pair, return_index=True)
+        alone_first = alone[first_index]
+        alone_cluster = cluster[alone_first]
+        cost = np.concatenate(
+            [
+                cluster_cost[groups],
+                c.cluster_rate[alone_cluster] * cluster_need[alone_cluster] * exact_value[alone_first],
+            ]
+        )
+        if not len(cost):
+            return []
+        keys = _rank_keys(spec, cost, np.concatenate([latency[groups], latency[alone_cluster]]))
+        keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)
+        lowest = np.array(
+            [
+                int(_live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)[0])
+                if e < len(groups)
+                else int(alone_first[e - len(groups)])
+                for e in keep
+            ],
+            dtype=np.int64,
+        )
+        top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
+        pending = [
+            island
+            for e in top
+            if e < len(groups)
+            for island in _live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)
+            if blocked_at_best[island]
+        ]
+        if not pending:
+            break
+        islands = np.array(sorted(pending), dtype=np.int64)
+        ok = blocked.feasible_many(islands)
+        for row, island in enumerate(islands):
+            values = delta[int(c.cluster_tariff[cluster[island]])]
+            k = int(np.argmin(np.where(ok[row], values, never)))
+            exact_k[island], exact_value[island] = k, float(values[k])
+        own[islands] = True
+        np.subtract.at(members, cluster[islands], 1)
+    offers = []
+    for e in top:
+        if e < len(groups):
+            cl = int(groups[e])
+            islands = _live_members(cl, first_of_cluster, cluster_islands, live, own)
+            k = int(cluster_best_k[cl])
+        else:
+            first = int(alone_first[e - len(groups)])
+            cl, k = int(cluster[first]), int(exact_k[first])
+            islands = alone[(cluster[alone] == cl) & (exact_k[alone] == k)]
+        offers.append((cl, k, islands, _first_feasible(blocked, islands)))
+    return offers
+
+
+def _first_feasible(blocked: BlockedStarts, islands: np.ndarray) -> int:
+    """The earliest start index any of ``islands`` (feasible somewhere) can take."""
+    if not np.isin(islands, blocked.island).all():
+        return 0  # an island no hold touches can start at the window's first start
+    return int(np.argmax(blocked.feasible_many(islands).any(axis=0)))
 
 
 def _live_members(
@@ -390,6 +527,18 @@ class BlockedStarts:
         for a, b in zip(self.a[lo:hi], self.b[lo:hi], strict=True):
             ok[a:b] = False
         return ok
+
+    def feasible_many(self, islands: np.ndarray) -> np.ndarray:
+        """``feasible`` of each of ``islands`` (ascending, distinct), as the rows of one matrix."""
+        lo = np.searchsorted(self.island, islands, side="left")
+        hi = np.searchsorted(self.island, islands, side="right")
+        counts = hi - lo
+        rows = np.repeat(np.arange(len(islands)), counts)
+        ranges = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        edges = np.zeros((len(islands), self.starts + 1), dtype=np.int32)
+        np.add.at(edges, (rows, self.a[ranges]), 1)
+        np.add.at(edges, (rows, self.b[ranges]), -1)
+        return np.cumsum(edges, axis=1)[:, : self.starts] == 0
 
     def islands_blocking(self, k: np.ndarray) -> np.ndarray:
         """The islands whose start ``k`` (one per blocked range, aligned with ``self.island``) falls in
@@ -634,6 +783,7 @@ def _placement(
     k: int,
     first_k: int,
     origin: int,
+    alternatives: list[tuple[int, int]] | None = None,
 ) -> Placement:
     price = c.cluster_price[cluster_index]
     assert price is not None
@@ -682,6 +832,9 @@ def _placement(
         standard_card_factor=factor,
         expected_draw=draw.quantize(_MICRO, ROUND_HALF_EVEN),
         expected_standard_draw=(draw * factor).quantize(_MICRO, ROUND_HALF_EVEN) if factor else None,
+        alternatives=tuple((int(c.island_id[i]), cards) for i, cards in alternatives or ()),
+        alternative_cpis=tuple(c.island_cpi[i] for i, _ in alternatives or ()),
+        earliest_feasible_start_at=_at(earliest),
     )
 
 
@@ -696,4 +849,65 @@ def _result(
         feasible=feasible,
         window_start_at=_at(window.t0),
         window_end_at=_at(window.t0 + max(window.starts - 1, 0) * window.step + window.duration),
+    )
+
+
+@dataclass(frozen=True)
+class StartCosts:
+    """The cost of a placement at every start of a job's window: ``costs[k]`` (CNY at the list price,
+    to the fen) for the start ``starts[k]``, None where none of its islands has the cards free."""
+
+    starts: tuple[datetime, ...]
+    costs: tuple[Decimal | None, ...]
+
+
+def start_costs(
+    *,
+    spec: JobSpec,
+    catalogue: Catalogue,
+    holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    now: datetime,
+    step: int,
+    cluster_id: int,
+    island_ids: tuple[int, ...],
+    cards: int,
+    tariff_of: Callable[[int], CompiledTariff],
+) -> StartCosts | None:
+    """What a placement of ``cards`` cards on any one of ``island_ids`` (of ``cluster_id``) would cost at
+    each start of the job's window, from the same integrated multiplier the matcher ranks with, and where
+    the holds leave too few cards (rounded outward to the slot grid, as the matcher does). With no
+    ``island_ids`` (a placement spanning islands) every start is priced and none is left out. None when
+    the cluster is not priced or not in the catalogue, or no start fits the window."""
+    c = catalogue
+    window = window_of(spec, now=now, step=step)
+    where = np.nonzero(c.cluster_id == cluster_id)[0]
+    if not window.starts or not len(where):
+        return None
+    cl = int(where[0])
+    price = c.cluster_price[cl]
+    if price is None:
+        return None
+    values = integrated_multiplier(tariff_of(price.tariff_version_id), window)
+    positions = c.island_index(np.array(sorted(island_ids), dtype=np.int64))
+    positions = positions[positions >= 0]
+    positions = positions[c.island_capacity[positions] >= cards]
+    free = np.zeros(window.starts, dtype=bool) if island_ids else np.ones(window.starts, dtype=bool)
+    if len(positions):
+        # The operators' reported available cards bind the first starts too, as in the matcher.
+        considered = np.zeros(c.size, dtype=bool)
+        considered[positions] = True
+        reports = binding_reports(c, window, considered)
+        need = np.full(c.size, cards, dtype=np.int64)
+        blocked = _blocked_starts(c, holds, window, positions, need, reports)
+        if np.isin(positions, blocked.island).all():
+            free = np.asarray(blocked.feasible_many(positions).any(axis=0), dtype=bool)
+        else:
+            free[:] = True
+    scale = price.rate_per_card_hour * cards / (3600 * _E4)
+    return StartCosts(
+        starts=tuple(_at(window.start(k)) for k in range(window.starts)),
+        costs=tuple(
+            (Decimal(int(value)) * scale).quantize(_CENT, ROUND_HALF_EVEN) if ok else None
+            for value, ok in zip(values, free, strict=True)
+        ),
     )

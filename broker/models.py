@@ -72,8 +72,21 @@ class Job(models.Model):
         default=1,
         help_text=_("For a weighted preference: 1 = price only, 0 = latency only."),
     )
+    cluster = models.ForeignKey(
+        Cluster,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text=_("Pinned to this cluster: only its islands are considered; empty = any cluster."),
+    )
     state = models.CharField(max_length=12, choices=State.choices, default=State.OPEN)
     failure_reason = models.CharField(max_length=500, blank=True)
+    # What the job's latest quote request found (broker.services.quotes.quote_create): when, how many
+    # islands were examined and feasible, the islands rejected per reason, the window searched and, when
+    # nothing fitted, the nearest relaxations that would produce a quote. Kept so the job page and the API
+    # can say why, whoever asked for the quotes.
+    quote_summary = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -116,6 +129,9 @@ class Quote(models.Model):
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
     # [[island_id, cards], ...]: one pair for gang placement in one island, several when spanning.
     allocation = models.JSONField()
+    # [[island_id, cards], ...]: the other islands of the cluster that can take the same offer (same start,
+    # cards, price and latency), in id order; accepting takes the first of allocation + these still free.
+    alternatives = models.JSONField(default=list, blank=True)
     cards = models.PositiveIntegerField()
     start_at = models.DateTimeField()
     end_at = models.DateTimeField()

@@ -24,7 +24,9 @@ _DRAW_QUANTUM = Decimal("0.000001")
 
 
 def job_list_for(*, buyer: Organisation) -> QuerySet[Job]:
-    return Job.objects.filter(buyer=buyer).select_related("origin_hub").order_by("-created_at", "-id")
+    return (
+        Job.objects.filter(buyer=buyer).select_related("origin_hub", "cluster").order_by("-created_at", "-id")
+    )
 
 
 def job_get_for(*, buyer: Organisation, job_id: int) -> Job:

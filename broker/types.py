@@ -27,6 +27,8 @@ class JobSpec:
     preference: str  # "price" | "latency" | "weighted"
     price_weight: Decimal = Decimal(1)
     exclude_clusters: frozenset[int] = field(default_factory=frozenset)
+    # A job pinned to one cluster: only that cluster's islands are considered (None: any cluster).
+    only_cluster: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,35 @@ class Placement:
     standard_card_factor: Decimal | None
     expected_draw: Decimal  # card-hours × multiplier of the chip's class
     expected_standard_draw: Decimal | None  # the same, in standard card-hours
+    # When the matcher groups identical islands into one offer: the other islands of the cluster that can
+    # take the same placement (same start, cards, price and latency), (island_id, cards) in id order, and
+    # their CPIs. Accepting the offer takes the first of allocation + alternatives still free.
+    alternatives: tuple[tuple[int, int], ...] = ()
+    alternative_cpis: tuple[str, ...] = ()
+    # The earliest start any island of the offer could take the job at (``earliest_feasible_cost`` is the
+    # cost there): what "starting at the earliest possible time" means for this offer.
+    earliest_feasible_start_at: datetime | None = None
+
+    @property
+    def islands_available(self) -> int:
+        """Islands that can take this offer: 1 + the alternatives (a spanning placement is one offer)."""
+        return 1 + len(self.alternatives)
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """The nearest change to a job that would produce a quote, found by re-running the matcher.
+
+    ``kind`` is one of latency, chip, memory, fabric, price, window, cards, gang, cluster; ``changes``
+    maps job fields to their relaxed values (as the API spells them, in strings or lists); the placement
+    found with the change is summarised by its cluster, chip, start and cost."""
+
+    kind: str
+    changes: dict[str, object]
+    cluster_cpi: str
+    accelerator: str
+    start_at: datetime
+    cost: Decimal
 
 
 @dataclass(frozen=True)

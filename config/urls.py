@@ -34,5 +34,6 @@ urlpatterns = [
     path("", include("broker.urls")),
 ]
 
+handler403 = "core.views.permission_denied"
 handler404 = "core.views.not_found"
 handler500 = "core.views.server_error"

@@ -230,3 +230,89 @@ def _short(value: Decimal) -> str:
     if value == value.to_integral_value():
         return f"{value:.0f}"
     return f"{value:.2f}"
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a :func:`series_svg` chart: a value per x position (None leaves a gap), and marks
+    (position, kind, tooltip) drawn on it: ``"chosen"`` a filled dot, ``"earliest"`` a ring."""
+
+    label: str
+    colour: str
+    values: Sequence[Decimal | None]
+    marks: Sequence[tuple[int, str, str]] = ()
+
+
+SERIES_COLOURS = ("#2f5fb3", "#c2410c", "#1b7f5a", "#7a4fa8")
+
+
+def series_svg(
+    series: Sequence[Series],
+    *,
+    title: str,
+    ticks: Sequence[tuple[int, str]],
+    prefix: str = "",
+    width: int = 720,
+    height: int = 200,
+) -> SafeString:
+    """Lines over a shared x axis of evenly spaced positions (every series has the same number of values),
+    on a y axis from 0 to the largest value (labelled with ``prefix``, e.g. "¥"), with ``ticks``
+    (position, label) under the axis. The chart
+    keeps its aspect ratio when scaled, so its text stays legible on a phone."""
+    left, bottom, top, right = 52, 22, 10, 8
+    plot_w, plot_h = width - left - right, height - bottom - top
+    count = max((len(s.values) for s in series), default=0)
+    values = [v for s in series for v in s.values if v is not None]
+    peak = max(values, default=Decimal(0)) or Decimal(1)
+
+    def x(i: int) -> float:
+        return left + (i / max(count - 1, 1)) * plot_w
+
+    def y(value: Decimal) -> float:
+        return top + plot_h - float(value / peak) * plot_h
+
+    body = [
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" stroke="#777"/>',
+        f'<line x1="{left}" y1="{top}" x2="{width - right}" y2="{top}" stroke="#e3e7ee"/>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end" class="axis">'
+        f"{escape(prefix + _short(peak))}</text>",
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end" class="axis">0</text>',
+    ]
+    for position, label in ticks:
+        # A label near either end is anchored inside the chart, not cut off by its edge.
+        anchor = (
+            "start" if x(position) < left + 20 else "end" if x(position) > width - right - 20 else "middle"
+        )
+        body.append(
+            f'<line x1="{_n(x(position))}" y1="{top + plot_h}" x2="{_n(x(position))}" y2="{top + plot_h + 4}" '
+            'stroke="#777"/>'
+            f'<text x="{_n(x(position))}" y="{height - 6}" text-anchor="{anchor}" class="axis">'
+            f"{escape(label)}</text>"
+        )
+    for line in series:
+        runs: list[list[str]] = [[]]
+        for i, value in enumerate(line.values):
+            if value is None:
+                if runs[-1]:
+                    runs.append([])
+                continue
+            runs[-1].append(f"{_n(x(i))},{_n(y(value))}")
+        parts = [
+            f'<polyline points="{" ".join(run)}" fill="none" stroke="{line.colour}" stroke-width="2"/>'
+            for run in runs
+            if run
+        ]
+        for position, kind, text in line.marks:
+            value = line.values[position] if 0 <= position < len(line.values) else None
+            if value is None:
+                continue
+            fill = line.colour if kind == "chosen" else "#fff"
+            parts.append(
+                f'<circle class="mark-{escape(kind)}" cx="{_n(x(position))}" cy="{_n(y(value))}" r="4.5" '
+                f'fill="{fill}" stroke="{line.colour}" stroke-width="2"><title>{escape(text)}</title></circle>'
+            )
+        body.append(f"<g><title>{escape(line.label)}</title>{''.join(parts)}</g>")
+    return mark_safe(  # noqa: S308 (every interpolated text is escaped)
+        f'<svg class="chart series" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>{"".join(body)}</svg>'
+    )

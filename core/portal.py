@@ -125,12 +125,17 @@ def portal_organisation_choose(request: HttpRequest, *, slug: str) -> bool:
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., HttpResponse])
 
 
-def portal_view(side: Side = "any", *, write: bool = False) -> Callable[[ViewFunc], ViewFunc]:
+def portal_view(
+    side: Side | tuple[Side, ...] = "any", *, write: bool = False
+) -> Callable[[ViewFunc], ViewFunc]:
     """Guard a portal view; see the module docstring.
 
-    ``side`` is which organisations may open the page. ``write=True`` refuses unsafe methods to viewers
-    (read-only members); a page that shows a form to everyone checks ``request.portal.can_write`` itself.
+    ``side`` is which organisations may open the page: one side, or several (``("buyer", "operator")``:
+    either may). ``write=True`` refuses unsafe methods to viewers (read-only members); a page that shows a
+    form to everyone checks ``request.portal.can_write`` itself. The sides are kept on the view as
+    ``portal_sides`` (the permission sweep reads them).
     """
+    sides: tuple[Side, ...] = side if isinstance(side, tuple) else (side,)
 
     def decorate(view: ViewFunc) -> ViewFunc:
         @functools.wraps(view)
@@ -139,10 +144,10 @@ def portal_view(side: Side = "any", *, write: bool = False) -> Callable[[ViewFun
             if actor is None:
                 return redirect_to_login(request.get_full_path(), reverse("login"))
             request.portal = actor  # type: ignore[attr-defined]
-            if side == "staff":
+            if sides == ("staff",):
                 if not actor.is_staff:
                     raise PermissionDenied(_("This page is for Cardhour staff."))
-            elif side != "any":
+            elif "any" not in sides:
                 if not actor.has_organisation:
                     raise PermissionDenied(_("This account does not belong to an organisation."))
                 if actor.organisation.is_suspended:
@@ -150,10 +155,13 @@ def portal_view(side: Side = "any", *, write: bool = False) -> Callable[[ViewFun
                         _("Your organisation is suspended: %(reason)s")
                         % {"reason": actor.organisation.suspension_reason or _("no reason given")}
                     )
-                if side == "buyer" and not actor.is_buyer:
-                    raise PermissionDenied(_("This page is for buyers."))
-                if side == "operator" and not actor.is_operator:
-                    raise PermissionDenied(_("This page is for operators."))
+                allowed = ("buyer" in sides and actor.is_buyer) or ("operator" in sides and actor.is_operator)
+                if not allowed:
+                    if sides == ("buyer",):
+                        raise PermissionDenied(_("This page is for buyers."))
+                    if sides == ("operator",):
+                        raise PermissionDenied(_("This page is for operators."))
+                    raise PermissionDenied(_("This page is for buyers and operators."))
             if write and request.method not in _SAFE_METHODS and not actor.can_write:
                 raise PermissionDenied(_("Your role in this organisation is read only."))
             try:
@@ -161,6 +169,7 @@ def portal_view(side: Side = "any", *, write: bool = False) -> Callable[[ViewFun
             except NotFoundError as exc:
                 raise Http404(exc.message) from exc
 
+        wrapped.portal_sides = sides  # type: ignore[attr-defined]
         return cast(ViewFunc, wrapped)
 
     return decorate
@@ -176,7 +185,9 @@ class NavItem:
     section: str  # "buyer" | "operator" | "staff" | "account"
 
 
-# Which pages the navigation offers, in order, by URL name (a test checks every name resolves).
+# Which pages the navigation offers, in order, by URL name (a test checks every name resolves). A page
+# listed under two sections (the marketplace: buyers buy there, operators price against it) is shown once,
+# under the first section the person sees.
 NAV_ITEMS: tuple[NavItem, ...] = (
     NavItem(gettext_lazy("Marketplace"), "market", "buyer"),
     NavItem(gettext_lazy("Jobs"), "job-list", "buyer"),
@@ -189,6 +200,7 @@ NAV_ITEMS: tuple[NavItem, ...] = (
     NavItem(gettext_lazy("Leases"), "operator-lease-list", "operator"),
     NavItem(gettext_lazy("Earnings"), "operator-earnings", "operator"),
     NavItem(gettext_lazy("Fleet import"), "operator-fleet-import", "operator"),
+    NavItem(gettext_lazy("Marketplace"), "market", "operator"),
     NavItem(gettext_lazy("Team"), "team", "account"),
     NavItem(gettext_lazy("API tokens"), "token-list", "account"),
     NavItem(gettext_lazy("Staff dashboard"), "staff-dashboard", "staff"),
@@ -215,10 +227,12 @@ def portal_nav(request: HttpRequest) -> list[NavLink]:
         "account": actor.has_organisation,
     }
     links = []
+    shown: set[str] = set()
     path = request.path
     for item in NAV_ITEMS:
-        if not visible[item.section]:
+        if not visible[item.section] or item.url_name in shown:
             continue
+        shown.add(item.url_name)
         url = reverse(item.url_name)
         links.append(NavLink(str(item.label), url, item.section, active=path.startswith(url)))
     return links

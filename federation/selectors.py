@@ -141,6 +141,32 @@ def cluster_get_for_operator(*, operator: Organisation, cpi: str) -> Cluster:
     return cluster
 
 
+def cluster_get_listed(*, cpi: str) -> Cluster | None:
+    """The cluster named ``cpi`` if it is listed on the market (any operator's, not retired), else None:
+    what a buyer may pin a job to."""
+    valid = identifiers.is_valid(cpi) and identifiers.parse(cpi).level == identifiers.Level.CLUSTER
+    if not valid:
+        return None
+    return (
+        Cluster.objects.exclude(status="retired")
+        .select_related("hub", "accelerator", "operator")
+        .filter(cpi=cpi)
+        .first()
+    )
+
+
+def hub_latencies_to_listed_clusters(*, origin_hub: str, above_ms: Decimal) -> list[Decimal]:
+    """The distinct latencies over ``above_ms`` from ``origin_hub`` to hubs where a cluster is listed,
+    smallest first: the latency budgets that would let another hub's clusters in."""
+    return sorted(
+        set(
+            HubLatency.objects.filter(source__code=origin_hub, latency_ms__gt=above_ms)
+            .filter(target__clusters__status__in=["active", "draining", "offline"])
+            .values_list("latency_ms", flat=True)
+        )
+    )
+
+
 def island_get_for_operator(*, operator: Organisation, cpi: str, name: str) -> Island:
     cluster = cluster_get_for_operator(operator=operator, cpi=cpi)
     island = None

@@ -11,6 +11,7 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from django.urls import path
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
@@ -24,6 +25,7 @@ from broker.models import HOLDING_STATES, BuyerNotice, Gang, Job, Lease, LeaseSt
 from broker.services import jobs as job_services
 from broker.services import leases as lease_services
 from broker.services import quotes as quote_services
+from broker.services.quotes import relaxation_json
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.permissions import IsOrganisationMember
@@ -73,8 +75,75 @@ class JobOutput(serializers.Serializer):
     checkpointable = serializers.BooleanField()
     preference = serializers.CharField()
     price_weight = serializers.DecimalField(max_digits=4, decimal_places=3)
+    cluster = serializers.CharField(
+        source="cluster.cpi",
+        allow_null=True,
+        help_text="The cluster the job is pinned to (its CPI): only its islands are quoted; null = any.",
+    )
     idempotency_key = serializers.CharField()
     created_at = serializers.DateTimeField()
+
+
+class RelaxationOutput(serializers.Serializer):
+    kind = serializers.ChoiceField(
+        choices=["cluster", "latency", "chip", "memory", "fabric", "price", "window", "gang", "cards"],
+        help_text="Which constraint the change loosens.",
+    )
+    changes = serializers.DictField(
+        child=serializers.JSONField(),
+        help_text="The job's fields with their loosened values, as this API spells them (e.g. "
+        '`{"latency_budget_ms": 23}`, `{"accelerators": ["nvidia-h800-sxm5-80gb"], "min_fp16_tflops": null}`, '
+        '`{"deadline_at": "…"}`, `{"cluster": ""}` for no pin).',
+    )
+    cluster = serializers.CharField(help_text="The cluster (CPI) the changed job was quoted on.")
+    accelerator = serializers.CharField()
+    start_at = serializers.DateTimeField()
+    cost = serializers.DecimalField(max_digits=16, decimal_places=2, help_text="At the list price, CNY.")
+
+
+class QuoteSummaryOutput(serializers.Serializer):
+    quoted_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(help_text="When the quotes of that request expire.")
+    considered = serializers.IntegerField(help_text="Islands examined.")
+    feasible = serializers.IntegerField(help_text="Islands that could take the job.")
+    offers = serializers.IntegerField(help_text="Quotes returned (one per distinct offer).")
+    rejections = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Islands rejected, each under the first reason it fails (see the quotes endpoint).",
+    )
+    window_start_at = serializers.DateTimeField()
+    window_end_at = serializers.DateTimeField()
+    relaxations = RelaxationOutput(
+        many=True, help_text="When nothing fitted: the nearest changes that would produce a quote."
+    )
+
+
+class JobDetailOutput(JobOutput):
+    quote_summary = serializers.SerializerMethodField(
+        help_text="What the job's latest quote request found, whoever made it: the islands rejected per "
+        "reason and, when nothing fitted, the nearest changes that would produce a quote. Null before the "
+        "first quote."
+    )
+
+    @extend_schema_field(QuoteSummaryOutput(allow_null=True))
+    def get_quote_summary(self, job: Job) -> Any:
+        if not job.quote_summary:
+            return None
+        return QuoteSummaryOutput(_with_datetimes(job.quote_summary)).data
+
+
+_SUMMARY_TIMES = ("quoted_at", "expires_at", "window_start_at", "window_end_at")
+
+
+def _with_datetimes(summary: dict[str, Any]) -> dict[str, Any]:
+    """A stored summary (JSON: times as ISO strings in UTC) with its times parsed, so they are rendered in
+    the API's time zone like every other time it answers with."""
+    out = {key: parse_datetime(value) if key in _SUMMARY_TIMES else value for key, value in summary.items()}
+    out["relaxations"] = [
+        {**item, "start_at": parse_datetime(str(item.get("start_at", "")))}
+        for item in summary.get("relaxations", [])
+    ]
+    return out
 
 
 class JobFilter(django_filters.FilterSet):
@@ -151,6 +220,15 @@ class JobListApi(generics.ListAPIView):
             allow_null=True,
             help_text="For `weighted`: 1 = price only, 0 = latency only.",
         )
+        cluster = serializers.RegexField(
+            r"^cpi:[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?(?::[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?){2}$",
+            max_length=120,
+            required=False,
+            default="",
+            allow_blank=True,
+            help_text="Pin the job to one cluster (its CPI, e.g. `cpi:cucc:nx:zw-ai01`): only its islands "
+            "are quoted, and failover cannot move the job elsewhere. Empty = any cluster.",
+        )
         idempotency_key = serializers.CharField(max_length=200, required=False, default="")
 
     def get_queryset(self) -> QuerySet[Job]:
@@ -167,7 +245,8 @@ class JobListApi(generics.ListAPIView):
         description="Submit a job. Every fault is listed at once: 400 `job_invalid` with `extra.errors` "
         "[{field, code, message}] (codes: cards_or_standard_cards, cards_not_positive, "
         "duration_not_positive, deadline_before_end, window_beyond_horizon, unknown_hub, "
-        "unknown_accelerator, unknown_fabric, start_in_past, latency_budget_not_positive, …). With an "
+        "unknown_accelerator, unknown_fabric, unknown_cluster, start_in_past, latency_budget_not_positive, …). "
+        "With an "
         "`idempotency_key`, a repeat of the same body returns the job with 200; another body is 409 "
         "`job_conflict`.",
         tags=[TAG_JOBS],
@@ -197,6 +276,7 @@ class JobListApi(generics.ListAPIView):
                 checkpointable=values["checkpointable"],
                 preference=values["preference"],
                 price_weight=values.get("price_weight"),
+                cluster=values["cluster"],
                 idempotency_key=values["idempotency_key"],
             ),
             actor=actor,
@@ -210,10 +290,10 @@ class JobListApi(generics.ListAPIView):
 class JobDetailApi(APIView):
     permission_classes = [IsBuyer]
 
-    @extend_schema(operation_id="jobs_get", responses={200: JobOutput}, tags=[TAG_JOBS])
+    @extend_schema(operation_id="jobs_get", responses={200: JobDetailOutput}, tags=[TAG_JOBS])
     def get(self, request: Request, job_id: int) -> Response:
         buyer = actor_from_request(request).organisation
-        return Response(JobOutput(selectors.job_get_for(buyer=buyer, job_id=job_id)).data)
+        return Response(JobDetailOutput(selectors.job_get_for(buyer=buyer, job_id=job_id)).data)
 
 
 class JobCancelApi(APIView):
@@ -303,6 +383,15 @@ class QuoteOutput(serializers.Serializer):
     hub = serializers.CharField()
     accelerator = serializers.CharField()
     islands = AllocationOutput(many=True)
+    islands_available = serializers.IntegerField(
+        help_text="How many islands of the cluster can take this offer (the same start, cards, price and "
+        "latency): `islands` plus `alternatives`. 1 for a job spanning islands."
+    )
+    alternatives = AllocationOutput(
+        many=True,
+        help_text="The other islands that can take the same offer, in id order. Accepting the quote "
+        "holds the first of `islands` and these that is still free over the window.",
+    )
     cards = serializers.IntegerField()
     start_at = serializers.DateTimeField()
     end_at = serializers.DateTimeField()
@@ -311,10 +400,22 @@ class QuoteOutput(serializers.Serializer):
     bands = BandOutput(many=True)
     latency_ms = serializers.DecimalField(max_digits=8, decimal_places=3)
     price_card = QuotePriceCardOutput()
+    earliest_feasible_start_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The earliest start any island of this offer could take (null for a quote made before "
+        "it was kept). Equal to `start_at` when the quote starts as early as it can.",
+    )
+    earliest_feasible_cost = serializers.DecimalField(
+        max_digits=16,
+        decimal_places=2,
+        help_text="What the same offer would cost starting at `earliest_feasible_start_at`, CNY at list.",
+    )
     saving = serializers.DecimalField(
         max_digits=16,
         decimal_places=2,
-        help_text="What this start saves against the island's earliest feasible start (valley shift).",
+        help_text="`earliest_feasible_cost` − `cost`: what waiting until `start_at` saves against starting "
+        "this offer at the earliest possible time (a valley shift), CNY at list. Not a comparison with "
+        "other quotes.",
     )
     expected_draw = serializers.DecimalField(
         max_digits=20, decimal_places=6, help_text="Card-hours × band multiplier the packs will be drawn."
@@ -343,6 +444,8 @@ def quote_body(quote: Quote) -> dict[str, Any]:
         "hub": extra["hub"],
         "accelerator": extra["accelerator"],
         "islands": extra["islands"],
+        "islands_available": 1 + len(quote.alternatives or ()),
+        "alternatives": extra.get("alternatives", []),
         "cards": quote.cards,
         "start_at": quote.start_at,
         "end_at": quote.end_at,
@@ -355,6 +458,8 @@ def quote_body(quote: Quote) -> dict[str, Any]:
             "rate_per_card_hour": extra["rate_per_card_hour"],
             "tariff": extra["tariff"],
         },
+        "earliest_feasible_start_at": extra.get("earliest_feasible_start_at"),
+        "earliest_feasible_cost": extra.get("earliest_feasible_cost", quote.cost + quote.saving),
         "saving": quote.saving,
         "expected_draw": quote.expected_draw,
         "draw_class": quote.draw_class,
@@ -392,6 +497,12 @@ class QuoteSetOutput(serializers.Serializer):
     feasible = serializers.IntegerField(help_text="Feasible placements found (one per island, or cluster).")
     window = WindowOutput()
     expires_at = serializers.DateTimeField()
+    relaxations = RelaxationOutput(
+        many=True,
+        help_text="Empty when there are quotes. When nothing fitted: the nearest changes to the job that "
+        "would produce a quote, nearest first, one per kind, each found by quoting the changed job (a "
+        "bounded number of tries). The job keeps them in `quote_summary`.",
+    )
 
 
 class JobQuoteApi(APIView):
@@ -404,11 +515,16 @@ class JobQuoteApi(APIView):
         operation_id="jobs_quotes_create",
         request=Input,
         responses={201: QuoteSetOutput},
-        description="Quote the job: the best feasible placements in its window (one per island, at the "
-        "island's cheapest start, in 15-minute steps), ranked by its preference, each with its cost by "
-        "tariff band, latency, price card and valley-shift saving; and counts of the islands rejected per "
-        "reason. Quotes expire after a short time (60 s by default) and hold nothing until accepted. "
-        "409 `job_closed` for an ended job.",
+        description="Quote the job: the best feasible offers in its window, ranked by its preference. An "
+        "offer is one cluster at one start (the island's cheapest, in 15-minute steps): the islands of a "
+        "cluster that can take the job at the same start, cards, price and latency are one quote, with "
+        "`islands_available` and `alternatives` (accepting takes the first still free); `limit` counts "
+        "offers. Each quote has its cost by tariff band, latency, price card, the cost of starting the "
+        "same offer at the earliest possible time and the saving against it; the response counts the "
+        "islands rejected per reason and, when nothing fits, lists the nearest changes that would produce "
+        "a quote (`relaxations`). The job keeps the counts and relaxations (`quote_summary`). Quotes "
+        "expire after a short time (60 s by default) and hold nothing until accepted. 409 `job_closed` "
+        "for an ended job.",
         tags=[TAG_JOBS],
     )
     def post(self, request: Request, job_id: int) -> Response:
@@ -427,6 +543,10 @@ class JobQuoteApi(APIView):
             "feasible": result.feasible,
             "window": {"start_at": result.window_start_at, "end_at": result.window_end_at},
             "expires_at": quote_set.expires_at,
+            "relaxations": [
+                {**relaxation_json(relaxation), "start_at": relaxation.start_at}
+                for relaxation in quote_set.relaxations
+            ],
         }
         return Response(_QUOTE_SET_OUTPUT.to_representation(body), status=status.HTTP_201_CREATED)
 

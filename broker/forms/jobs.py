@@ -12,9 +12,10 @@ from django import forms
 from django.conf import settings
 from django.http import QueryDict
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext_lazy as _
 
-from broker.models import Gang, Preference
+from broker.models import Gang, Job, Preference
 from broker.services.jobs import JobInput
 from federation.models import Fabric
 from federation.selectors import accelerator_list, hub_list
@@ -43,6 +44,7 @@ SERVICE_FIELDS: dict[str, str] = {
     "checkpointable": "checkpointable",
     "preference": "preference",
     "price_weight": "price_weight",
+    "cluster": "cluster",
 }
 
 # The service's fault codes in the buyer's language; a code not listed shows the service's own message.
@@ -64,7 +66,69 @@ FAULT_MESSAGES: dict[str, Any] = {
     "price_weight_range": _("The price weight is between 0 and 1."),
     "price_cap_not_positive": _("The price cap must be positive."),
     "start_in_past": _("The earliest start is in the past."),
+    "unknown_cluster": _("No cluster with this identifier is listed on the market."),
 }
+
+
+# The fields a link may set on the form (a suggestion's changes, by the API's names): an empty value clears.
+PREFILL_FIELDS = (
+    "cards",
+    "accelerators",
+    "min_fp16_tflops",
+    "min_memory_gb",
+    "fabrics",
+    "gang",
+    "latency_budget_ms",
+    "deadline_at",
+    "max_price_per_card_hour",
+    "cluster",
+)
+
+
+def _parse_local(value: str) -> datetime | None:
+    """A ``datetime-local`` value (local time) or an ISO time with its offset, as an aware time; None
+    when malformed."""
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:
+        return None
+    if parsed is None:
+        return None
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed)
+
+
+def job_initial(job: Job, *, now: datetime) -> dict[str, Any]:
+    """The job form's values for a copy of ``job``. A window still ahead is kept as it is; a window that
+    has begun starts now (as soon as possible) and keeps its length, up to the planning horizon."""
+    horizon = now + timedelta(days=settings.CARDHOUR_PLANNING_HORIZON_DAYS)
+    if job.earliest_start_at >= now:
+        start, deadline = job.earliest_start_at, job.deadline_at
+    else:
+        start, deadline = now, now + (job.deadline_at - job.earliest_start_at)
+    hours, rest = divmod(job.duration_seconds, 3600)
+    return {
+        "name": str(_("%(name)s (copy)")) % {"name": job.name},
+        "size_kind": SIZE_STANDARD if job.standard_cards is not None else SIZE_CARDS,
+        "cards": job.cards,
+        "standard_cards": job.standard_cards,
+        "accelerators": list(job.accelerators or []),
+        "min_fp16_tflops": job.min_fp16_tflops,
+        "min_memory_gb": job.min_memory_gb,
+        "fabrics": list(job.fabrics or []),
+        "gang": job.gang,
+        "origin_hub": job.origin_hub.code,
+        "latency_budget_ms": job.latency_budget_ms,
+        "earliest_start_at": start,
+        "start_shown": _local_minute(start) if start == now else "",
+        "deadline_at": min(deadline, horizon),
+        "duration_hours": hours,
+        "duration_minutes": rest // 60,
+        "max_price_per_card_hour": job.max_price_per_card_hour,
+        "checkpointable": job.checkpointable,
+        "preference": job.preference,
+        "price_weight": job.price_weight if job.preference == Preference.WEIGHTED else None,
+        "cluster": job.cluster.cpi if job.cluster is not None else "",
+    }
 
 
 class DateTimeLocalInput(forms.DateTimeInput):
@@ -192,6 +256,15 @@ class JobForm(forms.Form):
         decimal_places=3,
         help_text=_("For a blend: 1 = price only, 0 = latency only."),
     )
+    cluster = forms.CharField(
+        label=_("Only on cluster"),
+        required=False,
+        max_length=120,
+        help_text=_(
+            "A cluster's identifier (cpi:operator:hub:name): only its islands are quoted, and the job is "
+            "not moved elsewhere if it fails. Empty: any cluster."
+        ),
+    )
     idempotency_key = forms.CharField(max_length=200, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, now: datetime | None = None, **kwargs: Any) -> None:
@@ -210,11 +283,33 @@ class JobForm(forms.Form):
             self.initial.setdefault("idempotency_key", uuid.uuid4().hex)
 
     @classmethod
-    def prefill(cls, query: Mapping[str, str], *, origin_hub: str) -> dict[str, Any]:
-        """Initial values from a marketplace link (``?accelerator=<slug>&origin_hub=<code>``)."""
-        initial: dict[str, Any] = {"origin_hub": query.get("origin_hub") or origin_hub}
+    def prefill(
+        cls, query: QueryDict, *, origin_hub: str, job: Job | None = None, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """Initial values: a copy of ``job`` (``?from_job=<id>``, "Place a similar job"), a marketplace
+        link (``?accelerator=<slug>&origin_hub=<code>&cluster=<cpi>``), and the fields a suggestion
+        changes (any of PREFILL_FIELDS; an empty value clears the field)."""
+        now = (now or timezone.now()).replace(second=0, microsecond=0)
+        initial: dict[str, Any] = {"origin_hub": origin_hub}
+        if job is not None:
+            initial.update(job_initial(job, now=now))
+        if query.get("origin_hub"):
+            initial["origin_hub"] = query["origin_hub"]
         if query.get("accelerator"):
             initial["accelerators"] = [query["accelerator"]]
+            initial["size_kind"] = SIZE_CARDS
+        for name in PREFILL_FIELDS:
+            if name not in query:
+                continue
+            if name in ("accelerators", "fabrics"):
+                initial[name] = [value for value in query.getlist(name) if value]
+            elif name == "deadline_at":
+                deadline = _parse_local(str(query.get(name, "")))
+                if deadline is not None:
+                    initial[name] = deadline
+            else:
+                initial[name] = query[name] or None
+        if initial.get("cards") is not None:
             initial["size_kind"] = SIZE_CARDS
         return initial
 
@@ -248,6 +343,7 @@ class JobForm(forms.Form):
             checkpointable=bool(data.get("checkpointable")),
             preference=data["preference"],
             price_weight=data.get("price_weight"),
+            cluster=(data.get("cluster") or "").strip(),
             idempotency_key=data["idempotency_key"],
         )
 

@@ -21,7 +21,7 @@ from broker.types import JobSpec
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Fabric
-from federation.selectors import accelerator_list, hub_list
+from federation.selectors import accelerator_list, cluster_get_listed, hub_list
 
 # A start earlier than now by more than this is a mistake, not "as soon as possible".
 _PAST_TOLERANCE = timedelta(minutes=5)
@@ -47,6 +47,8 @@ class JobInput:
     checkpointable: bool = False
     preference: str = Preference.PRICE
     price_weight: Decimal | None = None
+    # Pin the job to one cluster (its CPI): only that cluster's islands are considered. "" = any cluster.
+    cluster: str = ""
     idempotency_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -122,6 +124,8 @@ def _validate(data: JobInput, *, now: datetime) -> tuple[list[dict[str, str]], d
         _fault(errors, "price_weight", "price_weight_range", "price_weight is between 0 and 1.")
     if data.max_price_per_card_hour is not None and data.max_price_per_card_hour <= 0:
         _fault(errors, "max_price_per_card_hour", "price_cap_not_positive", "The price cap must be positive.")
+    if data.cluster and cluster_get_listed(cpi=data.cluster) is None:
+        _fault(errors, "cluster", "unknown_cluster", f"No cluster {data.cluster!r} is listed on the market.")
     return errors, earliest
 
 
@@ -130,6 +134,8 @@ def _body_hash(data: JobInput, earliest: datetime | None) -> str:
         key: (str(value) if not isinstance(value, list | tuple | bool | int | type(None)) else value)
         for key, value in data.__dict__.items()
         if key not in ("idempotency_key", "extra", "earliest_start_at")
+        # A job that pins no cluster hashes as it did before pinning existed, so a replay still matches.
+        and not (key == "cluster" and not value)
     }
     body["earliest_start_at"] = data.earliest_start_at.isoformat() if data.earliest_start_at else None
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -143,7 +149,7 @@ def job_create(
     Every rule is checked and every fault listed at once: JobInvalidError (400 ``job_invalid``) with
     ``extra.errors`` [{field, code, message}] — codes cards_or_standard_cards, cards_not_positive,
     duration_not_positive, deadline_before_end, window_beyond_horizon, unknown_hub, unknown_accelerator,
-    unknown_fabric, start_in_past, … Nothing is written on a fault. With an ``idempotency_key`` a repeat
+    unknown_fabric, unknown_cluster, start_in_past, … Nothing is written on a fault. With an ``idempotency_key`` a repeat
     with the same body returns the first job (``created`` False); a different body is JobConflictError.
     """
     now = now or timezone.now()
@@ -185,6 +191,7 @@ def job_create(
                 checkpointable=data.checkpointable,
                 preference=data.preference,
                 price_weight=weight,
+                cluster=cluster_get_listed(cpi=data.cluster) if data.cluster else None,
             )
     except IntegrityError:
         existing = Job.objects.filter(buyer=buyer, idempotency_key=data.idempotency_key).first()
@@ -256,4 +263,5 @@ def job_spec(
         preference=job.preference,
         price_weight=job.price_weight,
         exclude_clusters=exclude_clusters,
+        only_cluster=job.cluster_id,
     )

@@ -419,23 +419,41 @@ def lease_accept(*, quote: Quote, actor: Actor) -> tuple[Lease, bool]:
             extra={"cpi": cluster.cpi, "quote_id": quote.pk},
         )
     factor = _standard_factor(quote)
-    lease = lease_create(
-        job=job,
-        cluster_id=quote.cluster_id,
-        allocation=[(int(island_id), int(cards)) for island_id, cards in quote.allocation],
-        start_at=quote.start_at,
-        end_at=quote.end_at,
-        price_card_id=quote.price_card_id,
-        expected_cost=quote.cost,
-        expected_draw=quote.expected_draw,
-        draw_class=quote.draw_class,
-        standard_card_factor=factor,
-        actor=actor,
-        quote=quote,
-        replaces=quote.replaces,
-        reason=f"quote {quote.pk} accepted",
+    # An offer of several identical islands takes the first still free over the window, in id order (the
+    # lock order): the quote's own island, then its alternatives. Each try runs in a savepoint and writes
+    # nothing when its island is taken; the island rows it locked stay locked until the end.
+    allocations = [[(int(island_id), int(cards)) for island_id, cards in quote.allocation]]
+    allocations += [[(int(island_id), int(cards))] for island_id, cards in quote.alternatives or ()]
+    taken: list[CapacityTakenError] = []
+    for allocation in allocations:
+        try:
+            with transaction.atomic():
+                lease = lease_create(
+                    job=job,
+                    cluster_id=quote.cluster_id,
+                    allocation=allocation,
+                    start_at=quote.start_at,
+                    end_at=quote.end_at,
+                    price_card_id=quote.price_card_id,
+                    expected_cost=quote.cost,
+                    expected_draw=quote.expected_draw,
+                    draw_class=quote.draw_class,
+                    standard_card_factor=factor,
+                    actor=actor,
+                    quote=quote,
+                    replaces=quote.replaces,
+                    reason=f"quote {quote.pk} accepted",
+                )
+        except CapacityTakenError as exc:
+            taken.append(exc)
+            continue
+        return lease, True
+    if len(taken) == 1:
+        raise taken[0]
+    raise CapacityTakenError(
+        _("Every one of the %(n)d islands of this offer was taken since the quote.") % {"n": len(taken)},
+        extra={"islands": [exc.extra.get("island") for exc in taken], "cards": quote.cards},
     )
-    return lease, True
 
 
 def _standard_factor(quote: Quote) -> Decimal | None:

@@ -14,10 +14,11 @@ from django.utils.translation import gettext as _
 from broker.catalog import market
 from broker.draws import BuyerPacks, DrawPlan, buyer_packs_after_leases
 from broker.errors import JobClosedError
-from broker.matching import match, window_of
+from broker.matching import StartCosts, match, start_costs, window_of
 from broker.models import Job, Quote
 from broker.services.jobs import job_spec
-from broker.types import JobSpec, MatchResult, Placement
+from broker.services.relaxations import relaxations_find
+from broker.types import JobSpec, MatchResult, Placement, Relaxation
 from core.models import Organisation
 from metering.selectors.tariffs import compiled_tariff
 from metering.tariffs import CompiledTariff
@@ -28,16 +29,53 @@ def _tariff(tariff_version_id: int) -> CompiledTariff:
 
 
 def placements_find(
-    *, spec: JobSpec, buyer: Organisation | None = None, now: datetime | None = None, limit: int = 10
+    *,
+    spec: JobSpec,
+    buyer: Organisation | None = None,
+    now: datetime | None = None,
+    limit: int = 10,
+    distinct: bool = False,
 ) -> MatchResult:
     """The best ``limit`` feasible placements of ``spec`` (best first, by its preference) and why the
-    other islands were rejected. Reads the in-memory market (see broker.catalog); holds nothing."""
+    other islands were rejected. With ``distinct``, identical islands of a cluster are one placement (an
+    offer, the others in its ``alternatives``) and ``limit`` counts offers. Reads the in-memory market
+    (see broker.catalog); holds nothing."""
     now = now or timezone.now()
     step = settings.CARDHOUR_QUOTE_STEP_SECONDS
     window = window_of(spec, now=now, step=step)
     catalogue, holds = market.view(start=window.t0, end=max(window.last_end, window.t0 + 1))
     return match(
-        spec=spec, catalogue=catalogue, holds=holds, now=now, step=step, limit=limit, tariff_of=_tariff
+        spec=spec,
+        catalogue=catalogue,
+        holds=holds,
+        now=now,
+        step=step,
+        limit=limit,
+        tariff_of=_tariff,
+        distinct=distinct,
+    )
+
+
+def start_costs_find(
+    *, spec: JobSpec, cluster_id: int, island_ids: tuple[int, ...], cards: int, now: datetime | None = None
+) -> StartCosts | None:
+    """What ``cards`` cards on one of ``island_ids`` would cost at each start of ``spec``'s window, and
+    where the holds leave too few (broker.matching.start_costs on the in-memory market): the cost-against-
+    start chart of an offer."""
+    now = now or timezone.now()
+    step = settings.CARDHOUR_QUOTE_STEP_SECONDS
+    window = window_of(spec, now=now, step=step)
+    catalogue, holds = market.view(start=window.t0, end=max(window.last_end, window.t0 + 1))
+    return start_costs(
+        spec=spec,
+        catalogue=catalogue,
+        holds=holds,
+        now=now,
+        step=step,
+        cluster_id=cluster_id,
+        island_ids=island_ids,
+        cards=cards,
+        tariff_of=_tariff,
     )
 
 
@@ -47,6 +85,8 @@ class QuoteSet:
     quotes: list[Quote]
     result: MatchResult
     expires_at: datetime
+    # When nothing fitted: the nearest changes to the job that would produce a quote (nearest first).
+    relaxations: list[Relaxation]
 
 
 def _plan(placement: Placement, packs: BuyerPacks | None) -> DrawPlan | None:
@@ -86,6 +126,10 @@ def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]
             {"cpi": cpi, "cards": cards}
             for cpi, (_, cards) in zip(placement.island_cpis, placement.allocation, strict=True)
         ],
+        "alternatives": [
+            {"cpi": cpi, "cards": cards}
+            for cpi, (_, cards) in zip(placement.alternative_cpis, placement.alternatives, strict=True)
+        ],
         "standard_card_factor": str(placement.standard_card_factor)
         if placement.standard_card_factor
         else None,
@@ -93,6 +137,9 @@ def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]
             str(placement.expected_standard_draw) if placement.expected_standard_draw is not None else None
         ),
         "earliest_feasible_cost": str(placement.earliest_feasible_cost),
+        "earliest_feasible_start_at": placement.earliest_feasible_start_at.isoformat()
+        if placement.earliest_feasible_start_at
+        else None,
     }
 
 
@@ -108,7 +155,18 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
         )
     now = now or timezone.now()
     limit = min(max(limit or settings.CARDHOUR_QUOTE_LIMIT_DEFAULT, 1), settings.CARDHOUR_QUOTE_LIMIT_MAX)
-    result = placements_find(spec=job_spec(job=job), buyer=job.buyer, now=now, limit=limit)
+    spec = job_spec(job=job)
+    result = placements_find(spec=spec, buyer=job.buyer, now=now, limit=limit, distinct=True)
+    relaxations = (
+        []
+        if result.placements
+        else relaxations_find(
+            spec=spec,
+            result=result,
+            find=lambda changed: placements_find(spec=changed, now=now, limit=1, distinct=True),
+            now=now,
+        )
+    )
     expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
     packs = buyer_packs_after_leases(buyer=job.buyer, at=now) if result.placements else None
     plans = [_plan(placement, packs) for placement in result.placements]
@@ -118,6 +176,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             rank=rank,
             cluster_id=placement.cluster_id,
             allocation=[[island_id, cards] for island_id, cards in placement.allocation],
+            alternatives=[[island_id, cards] for island_id, cards in placement.alternatives],
             cards=placement.cards,
             start_at=placement.start_at,
             end_at=placement.end_at,
@@ -137,7 +196,38 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     ]
     if quotes:
         _quotes_insert(quotes)
-    return QuoteSet(job=job, quotes=quotes, result=result, expires_at=expires_at)
+    summary = quote_summary_of(result=result, relaxations=relaxations, quoted_at=now, expires_at=expires_at)
+    Job.objects.filter(pk=job.pk).update(quote_summary=summary)
+    job.quote_summary = summary
+    return QuoteSet(job=job, quotes=quotes, result=result, expires_at=expires_at, relaxations=relaxations)
+
+
+def quote_summary_of(
+    *, result: MatchResult, relaxations: list[Relaxation], quoted_at: datetime, expires_at: datetime
+) -> dict[str, object]:
+    """What a job keeps of its latest quote request (Job.quote_summary), in JSON."""
+    return {
+        "quoted_at": quoted_at.isoformat(),
+        "expires_at": expires_at.isoformat(),
+        "considered": int(result.considered),
+        "feasible": int(result.feasible),
+        "offers": len(result.placements),
+        "rejections": {reason: int(count) for reason, count in result.rejections.items()},
+        "window_start_at": result.window_start_at.isoformat(),
+        "window_end_at": result.window_end_at.isoformat(),
+        "relaxations": [relaxation_json(relaxation) for relaxation in relaxations],
+    }
+
+
+def relaxation_json(relaxation: Relaxation) -> dict[str, object]:
+    return {
+        "kind": relaxation.kind,
+        "changes": relaxation.changes,
+        "cluster": relaxation.cluster_cpi,
+        "accelerator": relaxation.accelerator,
+        "start_at": relaxation.start_at.isoformat(),
+        "cost": str(relaxation.cost),
+    }
 
 
 def _quotes_insert(quotes: list[Quote]) -> None:

@@ -3,6 +3,7 @@ breakdown and the reasons other islands were rejected, accept a quote, re-quote,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,9 +13,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
@@ -32,23 +33,23 @@ from broker.errors import (
     QuoteExpiredError,
     QuoteSupersededError,
 )
-from broker.forms.jobs import JobForm
+from broker.forms.jobs import DATETIME_LOCAL, PREFILL_FIELDS, JobForm
 from broker.market import buyer_home_hub_resolve
 from broker.models import Job, Quote
 from broker.services import jobs as job_services
 from broker.services import leases as lease_services
 from broker.services import quotes as quote_services
-from core.charts import band_colour, band_sort_key
+from core.charts import SERIES_COLOURS, Series, band_colour, band_sort_key, series_svg
 from core.errors import DomainError
 from core.models import Organisation
 from core.portal import portal_view
+from core.templatetags.portal import count, money, zoned
 from federation.selectors import accelerator_list
 from metering.errors import InsufficientBalanceError
 
 PAGE_SIZE = 50
-# The rejection summaries kept in a browser's session: the latest few jobs quoted, so a session that quotes
-# all day does not grow without bound.
-SUMMARIES_KEPT = 20
+# Offers drawn in the cost-against-start chart: the best few, one per cluster.
+CHART_OFFERS = 3
 
 # Why islands were not quoted, in the buyer's words (the matcher's rejection reasons).
 REJECTION_REASONS: dict[str, Any] = {
@@ -64,10 +65,6 @@ REJECTION_REASONS: dict[str, Any] = {
 }
 
 
-def _summary_key(job_id: int) -> str:
-    return f"cardhour_quote_summary_{job_id}"
-
-
 def _error_key(job_id: int) -> str:
     return f"cardhour_quote_error_{job_id}"
 
@@ -77,31 +74,10 @@ def _home_hub(buyer: Organisation) -> str:
     return buyer_home_hub_resolve(buyer=buyer).code
 
 
-def _summaries_prune(request: HttpRequest, *, keep: int = SUMMARIES_KEPT) -> None:
-    """Drop all but the ``keep`` most recently quoted jobs' summaries from the session."""
-    prefix = _summary_key(0)[:-1]
-    stored = [key for key, _value in request.session.items() if key.startswith(prefix)]
-    stored.sort(key=lambda key: str(request.session[key].get("quoted_at", "")), reverse=True)
-    for key in stored[keep:]:
-        del request.session[key]
-
-
 def _quote(request: HttpRequest, job: Job) -> None:
-    """Quote ``job`` now and remember, for its page, why other islands were rejected (the quotes are
-    stored; the rejection counts are not)."""
-    quote_set = quote_services.quote_create(job=job)
-    result = quote_set.result
-    request.session[_summary_key(job.pk)] = {
-        "quoted_at": timezone.now().isoformat(),
-        "expires_at": quote_set.expires_at.isoformat(),
-        "rejections": {key: int(value) for key, value in result.rejections.items()},
-        "considered": int(result.considered),
-        "feasible": int(result.feasible),
-        "window_start_at": result.window_start_at.isoformat(),
-        "window_end_at": result.window_end_at.isoformat(),
-    }
+    """Quote ``job`` now; the job keeps what the request found (Job.quote_summary) for its page."""
+    quote_services.quote_create(job=job)
     request.session.pop(_error_key(job.pk), None)
-    _summaries_prune(request)
 
 
 # --- Place a job ------------------------------------------------------------------------------------
@@ -137,7 +113,14 @@ def job_create(request: HttpRequest) -> HttpResponse:
                     messages.success(request, _("Job %(name)s placed and quoted.") % {"name": job.name})
                 return redirect("job-detail", job_id=job.pk)
     else:
-        form = JobForm(initial=JobForm.prefill(request.GET, origin_hub=_home_hub(buyer)))
+        source = request.GET.get("from_job", "")
+        similar = selectors.job_get_for(buyer=buyer, job_id=int(source)) if source.isdigit() else None
+        form = JobForm(initial=JobForm.prefill(request.GET, origin_hub=_home_hub(buyer), job=similar))
+        if similar is not None:
+            messages.info(
+                request,
+                _("A new job like %(name)s: change what you need, then place it.") % {"name": similar.name},
+            )
     return render(
         request,
         "broker/jobs/create.html",
@@ -159,6 +142,19 @@ class BandPart:
 
 
 @dataclass(frozen=True)
+class TimeShift:
+    """When a quote starts, and what the same offer would cost at its earliest possible start."""
+
+    starts_in: str  # "now", "in 16 h"
+    earliest_at: datetime | None
+    earliest_in: str
+    earliest_cost: Decimal
+    saving: Decimal  # earliest_cost − cost, at list; > 0 when waiting is cheaper
+    shifted: bool  # the quote starts later than it could
+    saving_is_best: bool  # no quote ranked above is cheaper: the saving may be shown as good news
+
+
+@dataclass(frozen=True)
 class QuoteRow:
     quote: Quote
     cluster: str
@@ -166,6 +162,8 @@ class QuoteRow:
     accelerator: str
     chip: str
     islands: list[tuple[str, str, int]]  # (short name, CPI, cards)
+    islands_available: int
+    island_span: str  # "isl-01–isl-06" for an offer of several identical islands
     rate_per_card_hour: str
     tariff: str
     bands: list[BandPart]
@@ -173,6 +171,7 @@ class QuoteRow:
     expires_in: int
     lease_id: int | None
     plan: DrawPlan | None  # which of the buyer's packs would pay, in their units, and the effective price
+    shift: TimeShift
 
 
 def _quote_plan(quote: Quote, extra: dict[str, Any], packs: Callable[[], BuyerPacks]) -> DrawPlan:
@@ -188,6 +187,60 @@ def _quote_plan(quote: Quote, extra: dict[str, Any], packs: Callable[[], BuyerPa
         draw=quote.expected_draw,
         rate=Decimal(str(extra.get("rate_per_card_hour", "0"))),
         at=quote.start_at,
+    )
+
+
+def _in(delta_seconds: float) -> str:
+    """How far ahead an instant is, briefly: "now", "in 15 min", "in 16 h", "in 2 d 4 h"."""
+    minutes = int(delta_seconds // 60)
+    if minutes < 1:
+        return _("now")
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    if days:
+        return _("in %(d)d d %(h)d h") % {"d": days, "h": hours} if hours else _("in %(d)d d") % {"d": days}
+    if hours:
+        return (
+            _("in %(h)d h %(m)d min") % {"h": hours, "m": minutes}
+            if minutes
+            else _("in %(h)d h") % {"h": hours}
+        )
+    return _("in %(m)d min") % {"m": minutes}
+
+
+def island_span(names: list[str]) -> str:
+    """Island names as runs: ``isl-01, isl-02, isl-03, isl-05`` → ``"isl-01–isl-03, isl-05"``; more
+    than three runs end in "…"."""
+    parsed = []
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        parsed.append((match.group(1), int(match.group(2)), name) if match else (name, -1, name))
+    parsed.sort()
+    runs: list[list[tuple[str, int, str]]] = []
+    for item in parsed:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[1] >= 0 and item[0] == last[0] and item[1] == last[1] + 1:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    words = [run[0][2] if len(run) == 1 else f"{run[0][2]}–{run[-1][2]}" for run in runs]
+    return ", ".join(words[:3]) + (", …" if len(words) > 3 else "")
+
+
+def _time_shift(
+    quote: Quote, extra: dict[str, Any], *, now: datetime, cheapest_above: Decimal | None
+) -> TimeShift:
+    earliest_at = parse_datetime(str(extra.get("earliest_feasible_start_at") or ""))
+    earliest_cost = Decimal(str(extra.get("earliest_feasible_cost", quote.cost + quote.saving)))
+    shifted = quote.saving > 0 or (earliest_at is not None and earliest_at < quote.start_at)
+    return TimeShift(
+        starts_in=_in((quote.start_at - now).total_seconds()),
+        earliest_at=earliest_at,
+        earliest_in=_in((earliest_at - now).total_seconds()) if earliest_at else "",
+        earliest_cost=earliest_cost,
+        saving=quote.saving,
+        shifted=shifted,
+        saving_is_best=quote.saving > 0 and (cheapest_above is None or quote.cost <= cheapest_above),
     )
 
 
@@ -213,6 +266,7 @@ def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> l
         return loaded[0]
 
     rows = []
+    cheapest_above: Decimal | None = None
     for quote in quotes:
         extra: dict[str, Any] = quote.breakdown if isinstance(quote.breakdown, dict) else {}
         bands = sorted(extra.get("bands", []), key=lambda band: band_sort_key(str(band["band"])))
@@ -230,6 +284,11 @@ def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> l
             )
             for band in bands
         ]
+        islands = [
+            (str(island["cpi"]).rsplit(":", 1)[-1], str(island["cpi"]), int(island["cards"]))
+            for island in extra.get("islands", [])
+        ]
+        alternatives = [str(island["cpi"]).rsplit(":", 1)[-1] for island in extra.get("alternatives", [])]
         lease = getattr(quote, "lease", None)
         rows.append(
             QuoteRow(
@@ -238,10 +297,9 @@ def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> l
                 hub=str(extra.get("hub", "")),
                 accelerator=str(extra.get("accelerator", quote.draw_class)),
                 chip=chips.get(quote.draw_class, quote.draw_class),
-                islands=[
-                    (str(island["cpi"]).rsplit(":", 1)[-1], str(island["cpi"]), int(island["cards"]))
-                    for island in extra.get("islands", [])
-                ],
+                islands=islands,
+                islands_available=1 + len(quote.alternatives or ()),
+                island_span=island_span([short for short, _cpi, _cards in islands[:1]] + alternatives),
                 rate_per_card_hour=str(extra.get("rate_per_card_hour", "")),
                 tariff=str(extra.get("tariff", "")),
                 bands=parts,
@@ -249,18 +307,21 @@ def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> l
                 expires_in=max(int((quote.expires_at - now).total_seconds()), 0),
                 lease_id=lease.pk if lease is not None else None,
                 plan=_quote_plan(quote, extra, packs),
+                shift=_time_shift(quote, extra, now=now, cheapest_above=cheapest_above),
             )
         )
+        cheapest_above = quote.cost if cheapest_above is None else min(cheapest_above, quote.cost)
     return rows
 
 
-def _summary(request: HttpRequest, job: Job, quotes: list[Quote]) -> dict[str, Any] | None:
-    """The rejection counts of the job's latest quote request, if this browser made it."""
-    stored = request.session.get(_summary_key(job.pk))
-    if not isinstance(stored, dict):
+def _summary(job: Job, quotes: list[Quote]) -> dict[str, Any] | None:
+    """What the job's latest quote request found (Job.quote_summary), in the buyer's words; None before
+    the first quote, or when the quotes shown come from another request."""
+    stored = job.quote_summary
+    if not isinstance(stored, dict) or not stored:
         return None
     if quotes and parse_datetime(str(stored.get("expires_at", ""))) != quotes[0].expires_at:
-        return None  # from an older request than the quotes shown
+        return None  # from another request than the quotes shown
     rejections = [
         {"reason": reason, "count": count, "text": REJECTION_REASONS.get(reason, reason)}
         for reason, count in sorted(stored.get("rejections", {}).items(), key=lambda item: -item[1])
@@ -271,9 +332,171 @@ def _summary(request: HttpRequest, job: Job, quotes: list[Quote]) -> dict[str, A
         "rejected": sum(row["count"] for row in rejections),
         "considered": stored.get("considered", 0),
         "feasible": stored.get("feasible", 0),
-        "window_start_at": parse_datetime(stored.get("window_start_at", "")),
-        "window_end_at": parse_datetime(stored.get("window_end_at", "")),
+        "quoted_at": parse_datetime(str(stored.get("quoted_at", ""))),
+        "window_start_at": parse_datetime(str(stored.get("window_start_at", ""))),
+        "window_end_at": parse_datetime(str(stored.get("window_end_at", ""))),
     }
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A relaxation in the buyer's words, with the link that opens the job form changed accordingly."""
+
+    kind: str
+    change: str
+    outcome: str
+    url: str
+
+
+def _prefill_query(job: Job, changes: dict[str, Any]) -> str:
+    """The job form's query for a copy of ``job`` with ``changes`` (the API's field names and values)."""
+    query = QueryDict(mutable=True)
+    query["from_job"] = str(job.pk)
+    for name, value in changes.items():
+        if name not in PREFILL_FIELDS:
+            continue
+        if isinstance(value, list):
+            query.setlist(name, [str(item) for item in value] or [""])
+        elif value is None:
+            query[name] = ""
+        elif name == "deadline_at":
+            parsed = parse_datetime(str(value))
+            query[name] = timezone.localtime(parsed).strftime(DATETIME_LOCAL) if parsed else ""
+        else:
+            query[name] = str(value)
+    return f"{reverse('job-create')}?{query.urlencode()}"
+
+
+def _suggestions(job: Job) -> list[Suggestion]:
+    """The relaxations the job's latest quote request found, as suggestions with their links."""
+    stored = job.quote_summary.get("relaxations", []) if isinstance(job.quote_summary, dict) else []
+    slugs = {str(item.get("accelerator", "")) for item in stored}
+    chips = dict(accelerator_list().filter(slug__in=slugs).values_list("slug", "model")) if stored else {}
+    out = []
+    for item in stored:
+        kind = str(item.get("kind", ""))
+        changes: dict[str, Any] = item.get("changes", {}) or {}
+        start = parse_datetime(str(item.get("start_at", "")))
+        chip = chips.get(str(item.get("accelerator", "")), str(item.get("accelerator", "")))
+        if kind == "cluster":
+            change = _("Any cluster, not only %(cpi)s") % {"cpi": job.cluster.cpi if job.cluster else ""}
+        elif kind == "latency":
+            change = _("A latency budget of %(new)s ms (now %(old)s ms)") % {
+                "new": changes.get("latency_budget_ms"),
+                "old": job.latency_budget_ms,
+            }
+        elif kind == "chip":
+            change = _("Another chip: %(chip)s") % {"chip": chip}
+        elif kind == "memory":
+            change = _("No minimum memory per card")
+        elif kind == "fabric":
+            change = _("Any fabric")
+        elif kind == "price":
+            change = _("A price cap of %(new)s per card-hour (now %(old)s)") % {
+                "new": money(changes.get("max_price_per_card_hour")),
+                "old": money(job.max_price_per_card_hour),
+            }
+        elif kind == "window":
+            deadline = parse_datetime(str(changes.get("deadline_at", "")))
+            change = _("A later deadline: %(at)s") % {"at": zoned(deadline)}
+        elif kind == "gang":
+            change = _("Let the cards span the islands of one cluster")
+        elif kind == "cards":
+            change = _("%(new)s cards instead of %(old)s") % {
+                "new": count(changes.get("cards")),
+                "old": count(job.cards),
+            }
+        else:
+            continue
+        outcome = _("%(cluster)s (%(chip)s) could start it at %(at)s for %(cost)s at list price.") % {
+            "cluster": item.get("cluster", ""),
+            "chip": chip,
+            "at": zoned(start),
+            "cost": money(item.get("cost")),
+        }
+        out.append(Suggestion(kind=kind, change=change, outcome=outcome, url=_prefill_query(job, changes)))
+    return out
+
+
+def _chart(job: Job, rows: list[QuoteRow], *, now: datetime, expired: bool) -> dict[str, Any] | None:
+    """Cost against start time over the job's window for the best offers (one per cluster, at most
+    CHART_OFFERS), at the list price: where each quote starts, and its earliest possible start."""
+    if not rows or job.state != Job.State.OPEN:
+        return None
+    spec = job_services.job_spec(job=job)
+    # On the live quotes' own grid of starts (their request's time), so each quote's start is one of them;
+    # expired quotes' starts may have passed: the chart is then today's, from now.
+    quoted_at = now if expired else rows[0].quote.created_at
+    lines: list[tuple[Series, QuoteRow]] = []
+    starts: tuple[datetime, ...] = ()
+    seen: set[int] = set()
+    for row in rows:
+        quote = row.quote
+        if quote.cluster_id in seen or len(lines) == CHART_OFFERS:
+            continue
+        seen.add(quote.cluster_id)
+        # An island-gang offer: its islands; a placement spanning islands: no per-island check.
+        islands = (
+            ()
+            if len(quote.allocation) > 1
+            else tuple(int(i) for i, _cards in quote.allocation)
+            + tuple(int(i) for i, _cards in quote.alternatives or ())
+        )
+        curve = quote_services.start_costs_find(
+            spec=spec, cluster_id=quote.cluster_id, island_ids=islands, cards=quote.cards, now=quoted_at
+        )
+        if curve is None:
+            continue
+        starts = curve.starts
+        colour = SERIES_COLOURS[len(lines) % len(SERIES_COLOURS)]
+        marks = []
+        for at, kind, text in (
+            (row.shift.earliest_at, "earliest", _("earliest possible start")),
+            (quote.start_at, "chosen", _("quote #%(rank)s starts here") % {"rank": quote.rank}),
+        ):
+            if at is not None and at in curve.starts:
+                index = curve.starts.index(at)
+                marks.append((index, kind, f"{text}: {zoned(at)}, {money(curve.costs[index])}"))
+        lines.append(
+            (
+                Series(label=row.cluster, colour=colour, values=curve.costs, marks=marks),
+                row,
+            )
+        )
+    if not lines or len(starts) < 2:
+        return None
+    title = _("Cost at list price against start time, for the best offers")
+    series = [line for line, _row in lines]
+    return {
+        # The same chart twice: wide for a desktop, narrow (taller, fewer ticks) for a phone, where a
+        # scaled-down wide one would have unreadable text; CSS shows one.
+        "svg": series_svg(series, title=title, ticks=_ticks(starts), prefix="¥"),
+        "svg_narrow": series_svg(
+            series, title=title, ticks=_ticks(starts, narrow=True), prefix="¥", width=360, height=220
+        ),
+        "legend": [(series.colour, row) for series, row in lines],
+        "first": starts[0],
+        "last": starts[-1],
+    }
+
+
+def _ticks(starts: tuple[datetime, ...], *, narrow: bool = False) -> list[tuple[int, str]]:
+    """Tick positions and labels where local time passes a multiple of 6, 12 or 24 hours (by the window's
+    length; twice as far apart on a narrow chart): the date at midnight, else the hour."""
+    span_hours = (starts[-1] - starts[0]).total_seconds() / 3600 * (2 if narrow else 1)
+    every = 6 if span_hours <= 48 else 12 if span_hours <= 96 else 24
+    ticks = []
+    previous = None
+    for index, at in enumerate(starts):
+        local = timezone.localtime(at)
+        bucket = (local.date(), local.hour // every)
+        if previous is not None and bucket != previous:
+            boundary = local.replace(hour=bucket[1] * every, minute=0)
+            ticks.append(
+                (index, boundary.strftime("%m-%d") if boundary.hour == 0 else boundary.strftime("%H:%M"))
+            )
+        previous = bucket
+    return ticks
 
 
 def _duration(seconds: int) -> str:
@@ -300,6 +523,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         .order_by("model")
     )
     open_job = job.state == Job.State.OPEN
+    quotes_expired = bool(quotes) and all(row.expires_in == 0 for row in rows)
     return render(
         request,
         "broker/jobs/detail.html",
@@ -308,9 +532,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "duration": _duration(job.duration_seconds),
             "chips": [chips.get(slug, slug) for slug in job.accelerators or []],
             "quotes": rows,
-            "quotes_expired": bool(quotes) and all(row.expires_in == 0 for row in rows),
+            "quotes_expired": quotes_expired,
             "bands": sorted({part.band for row in rows for part in row.bands}, key=band_sort_key),
-            "summary": _summary(request, job, quotes),
+            "summary": _summary(job, quotes),
+            "suggestions": _suggestions(job) if open_job and not quotes else [],
+            "chart": _chart(job, rows, now=now, expired=quotes_expired),
             "quote_error": request.session.pop(_error_key(job.pk), None),
             "leases": list(selectors.job_leases(job=job)),
             "history": list(selectors.job_history(job=job)),

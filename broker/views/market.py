@@ -3,7 +3,10 @@ card-hour, today's band strip of each tariff and the latency from the buyer's ho
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import path
@@ -26,11 +29,18 @@ from core.portal import portal_view
 PAGE_SIZE = 50
 
 
-@portal_view("buyer", write=True)
+@portal_view(("buyer", "operator"), write=True)
 def market(request: HttpRequest) -> HttpResponse:
     """GET: the marketplace, filtered by its GET form. POST: set the buyer's home hub, then back to the
-    same filtered page."""
-    buyer = request.portal.organisation  # type: ignore[attr-defined]
+    same filtered page.
+
+    Operators may read it too, to price against the market: they see what buyers see but the buying (no
+    home hub of their own, no "place a job", no pack prices), with their own clusters marked."""
+    portal = request.portal  # type: ignore[attr-defined]
+    buyer = portal.organisation
+    is_buyer = portal.is_buyer
+    if request.method == "POST" and not is_buyer:
+        raise PermissionDenied(_("Only a buyer organisation has a home hub."))
     hubs, chips, operators = market_filter_choices()
     home_form = HomeHubForm(request.POST or None, hubs=hubs)
     if request.method == "POST" and home_form.is_valid():
@@ -63,14 +73,18 @@ def market(request: HttpRequest) -> HttpResponse:
     )
     strips = {row.strip.tariff_version_id: row.strip for row in rows if row.strip is not None}
     # The buyer's own price beside each operator's rate: from the pack rating would draw first.
-    packs = buyer_packs_after_leases(buyer=buyer, at=now)
-    factors = chip_factors({row.cluster.accelerator.slug for row in rows})
-    yours = {
-        row.cluster.pk: packs.effective_price(
-            chip=row.cluster.accelerator.slug, factor=factors.get(row.cluster.accelerator.slug), at=now
-        )
-        for row in rows
-    }
+    yours: dict[int, Any] = {}
+    holds_packs = False
+    if is_buyer:
+        packs = buyer_packs_after_leases(buyer=buyer, at=now)
+        holds_packs = bool(packs.slots)
+        factors = chip_factors({row.cluster.accelerator.slug for row in rows})
+        yours = {
+            row.cluster.pk: packs.effective_price(
+                chip=row.cluster.accelerator.slug, factor=factors.get(row.cluster.accelerator.slug), at=now
+            )
+            for row in rows
+        }
     return render(
         request,
         "broker/market/market.html",
@@ -85,7 +99,13 @@ def market(request: HttpRequest) -> HttpResponse:
             "rows": rows,
             "priced_rows": [(row, yours.get(row.cluster.pk)) for row in rows],
             "yours": yours,
-            "holds_packs": bool(packs.slots),
+            "holds_packs": holds_packs,
+            "is_buyer": is_buyer,
+            # An operator's own clusters are marked (an organisation may be a buyer and an operator).
+            "own_operator_id": buyer.pk if portal.is_operator else None,
+            "own_clusters": sum(
+                1 for row in rows if portal.is_operator and row.cluster.operator_id == buyer.pk
+            ),
             "bands": sorted({band for strip in strips.values() for band in strip.multipliers}),
             "now": now,
         },

@@ -55,6 +55,18 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
     return defaults.page_not_found(request, exception or Http404())
 
 
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """403 for a page the person may not open: inside the portal (its navigation, the reason in their
+    words, a way back). Under /api/ the one error shape, as DRF's own refusals have."""
+    if _is_api(request):
+        return JsonResponse(
+            {"code": "permission_denied", "message": "You may not do this.", "extra": {}},
+            status=403,
+        )
+    reason = str(exception) if exception is not None and str(exception) else ""
+    return render(request, "403.html", {"reason": reason}, status=403)
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     if _is_api(request):
         body = {"code": "server_error", "message": _("Internal error; it has been logged."), "extra": {}}

@@ -566,3 +566,22 @@ def test_the_beat_migration_schedules_the_four_broker_tasks(db: None) -> None:
     assert {task for task, _, _, _ in rows.values()} <= set(celery_app.tasks)
     migration.remove(apps, None)
     assert not PeriodicTask.objects.filter(task__startswith="broker.").exists()
+
+
+def test_a_job_pinned_to_its_cluster_is_not_moved_elsewhere(
+    market: dict[str, Cluster], funded_buyer: Organisation
+) -> None:
+    """A pin means only that cluster's islands: when it goes offline, west (which would take the job
+    otherwise, as above) is not used; the checkpointable job fails and the buyer is told."""
+    job = a800_job(funded_buyer, checkpointable=True, cluster=market["east"])
+    lease = running_lease(job, market["east"])
+    take_offline(market["east"])
+
+    assert leases_fail_over() == 1
+
+    job.refresh_from_db()
+    assert not Lease.objects.filter(replaces=lease).exists()
+    assert job.state == Job.State.FAILED
+    assert "could not be re-placed: no other cluster can take it within the job's constraints" in (
+        job.failure_reason
+    )

@@ -86,9 +86,10 @@ def test_a_second_quote_of_a_placed_job_is_superseded(
     client = token_client(funded_buyer)
     job = submit(client)
     quotes = quote(client, job["id"])["quotes"]
+    later = quote(client, job["id"])["quotes"]  # a second request: its quotes are live too
     accepted = client.post(f"/api/v1/quotes/{quotes[0]['id']}/accept")
     assert accepted.status_code == 201, accepted.json()
-    response = client.post(f"/api/v1/quotes/{quotes[1]['id']}/accept")
+    response = client.post(f"/api/v1/quotes/{later[0]['id']}/accept")
     assert response.status_code == 409
     assert response.json()["code"] == "quote_superseded"
 
@@ -323,3 +324,109 @@ def test_a_lease_tells_how_a_standard_pack_pays_it(
         [],
         "0.00",
     )
+
+
+# --- Offers of several identical islands ----------------------------------------------------------------
+
+
+def test_an_offer_of_two_islands_is_one_quote_and_acceptance_takes_a_free_one(
+    funded_buyer: Organisation, east_cluster: Cluster, token_client
+) -> None:
+    """East's two islands of 8 are one offer; another lease takes isl-01 over the quoted hour after the
+    quote: accepting holds isl-02 instead, at the quoted window and price."""
+    client = token_client(funded_buyer)
+    job = submit(client)
+    (offer,) = quote(client, job["id"])["quotes"]
+    assert offer["islands_available"] == 2
+    assert offer["islands"] == [{"cpi": "cpi:ctyun:yrd:sh-ai01:isl-01", "cards": 8}]
+    assert offer["alternatives"] == [{"cpi": "cpi:ctyun:yrd:sh-ai01:isl-02", "cards": 8}]
+    start, end = datetime.fromisoformat(offer["start_at"]), datetime.fromisoformat(offer["end_at"])
+    make_lease(job=make_job(buyer=funded_buyer), cluster=east_cluster, start_at=start, end_at=end)
+    response = client.post(f"/api/v1/quotes/{offer['id']}/accept")
+    assert response.status_code == 201, response.json()
+    lease = response.json()
+    assert lease["islands"] == [{"cpi": "cpi:ctyun:yrd:sh-ai01:isl-02", "cards": 8}]
+    assert (lease["start_at"], lease["end_at"], lease["expected_cost"]) == (
+        offer["start_at"],
+        offer["end_at"],
+        offer["cost"],
+    )
+
+
+def test_an_offer_whose_islands_were_all_taken_is_refused_and_writes_nothing(
+    funded_buyer: Organisation, east_cluster: Cluster, token_client
+) -> None:
+    client = token_client(funded_buyer)
+    job = submit(client)
+    (offer,) = quote(client, job["id"])["quotes"]
+    start, end = datetime.fromisoformat(offer["start_at"]), datetime.fromisoformat(offer["end_at"])
+    for island in ("isl-01", "isl-02"):
+        make_lease(
+            job=make_job(buyer=funded_buyer), cluster=east_cluster, island=island, start_at=start, end_at=end
+        )
+    leases, transitions = Lease.objects.count(), LeaseTransition.objects.count()
+    response = client.post(f"/api/v1/quotes/{offer['id']}/accept")
+    assert response.status_code == 409
+    body = response.json()
+    assert body["code"] == "capacity_taken"
+    assert body["message"] == "Every one of the 2 islands of this offer was taken since the quote."
+    assert body["extra"] == {
+        "islands": ["cpi:ctyun:yrd:sh-ai01:isl-01", "cpi:ctyun:yrd:sh-ai01:isl-02"],
+        "cards": 8,
+    }
+    assert (Lease.objects.count(), LeaseTransition.objects.count()) == (leases, transitions)
+    assert Job.objects.get(pk=job["id"]).state == Job.State.OPEN
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_12_concurrent_acceptances_of_one_offer_of_4_islands(
+    east_operator: Organisation, presets: None
+) -> None:
+    """Four identical islands of 16 cards, one offer; 12 buyers accept it for 16 cards at once: exactly 4
+    win, each on a different island, the other 8 get 409 capacity_taken, and no island is oversubscribed
+    (every try locks its island in id order, so racing acceptances cannot deadlock)."""
+    cluster = make_cluster(
+        operator=east_operator, hub="yrd", name="race4", islands=[(f"isl-0{i}", 16) for i in range(1, 5)]
+    )
+    make_price_card(cluster=cluster, rate="10.0000", tariff_code="flat")
+    start = timezone.now() + timedelta(hours=2)
+    clients, quote_ids = [], []
+    for i in range(12):
+        buyer = BuyerFactory(slug=f"offer-racer-{i:02d}")
+        make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000.00", key=f"offer-{i}")
+        _, secret = api_token_create(organisation=buyer, name="race", scope="read_write")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        job = submit(
+            client,
+            cards=16,
+            earliest_start_at=start.isoformat(),
+            deadline_at=(start + timedelta(hours=1)).isoformat(),
+        )
+        (only,) = quote(client, job["id"])["quotes"]
+        assert only["islands_available"] == 4
+        clients.append(client)
+        quote_ids.append(only["id"])
+    barrier = threading.Barrier(12)
+    outcomes: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def accept(i: int) -> None:
+        try:
+            barrier.wait()
+            response = clients[i].post(f"/api/v1/quotes/{quote_ids[i]}/accept")
+            body = response.json()
+            with lock:
+                outcomes.append((response.status_code, body.get("code", body.get("state", ""))))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=accept, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert Counter(outcomes) == Counter({(201, "reserved"): 4, (409, "capacity_taken"): 8})
+    held = Counter(CapacityHold.objects.filter(active=True).values_list("island__name", flat=True))
+    assert held == Counter({"isl-01": 1, "isl-02": 1, "isl-03": 1, "isl-04": 1})

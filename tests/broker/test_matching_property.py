@@ -336,3 +336,91 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     assert [(p.island_cpis[0], p.start_at) for p in result.placements] == expected
     assert result.feasible == len(rows)
     assert result.rejections["capacity"] == n - len(rows)
+
+
+@settings(max_examples=300, deadline=None)
+@example(  # three identical islands of one cluster, one of them held at the valley: two offers
+    islands_per_cluster=[3, 1],
+    capacity=[8] * 20,
+    rates=[10] * 5,
+    holds=[(1, 14 * 3600, 9 * 3600, 8)],
+    cards=8,
+    duration=3600,
+    preference="price",
+    limit=3,
+)
+@given(
+    islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    capacity=st.lists(st.sampled_from([4, 8, 8, 16]), min_size=25, max_size=25),
+    rates=st.lists(st.sampled_from([8, 10, 10, 12]), min_size=5, max_size=5),
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 24), st.integers(-3600, 24 * 3600), st.integers(60, 12 * 3600), st.integers(1, 8)
+        ),
+        max_size=30,
+    ),
+    cards=st.integers(1, 8),
+    duration=st.integers(600, 6 * 3600),
+    preference=st.sampled_from(["price", "latency"]),
+    limit=st.integers(1, 6),
+)
+def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    rates: list[int],
+    holds: list[tuple[int, int, int, int]],
+    cards: int,
+    duration: int,
+    preference: str,
+    limit: int,
+) -> None:
+    """With ``distinct``, each placement is an offer: every island of one cluster whose exact cheapest
+    feasible start is the same, the lowest first; offers rank as their best island does, and ``limit``
+    counts offers. The offer's earliest start is the earliest any of its islands could take."""
+    cat = clustered_catalogue(islands_per_cluster, capacity, rates)
+    n = cat.size
+    t0 = int(NOW.timestamp())
+    spec = _spec(cards=cards, duration=duration, preference=preference)
+    holds = [(h[0] % n, *h[1:]) for h in holds]
+    arrays = _hold_arrays(holds, t0)
+    result = match(
+        spec=spec,
+        catalogue=cat,
+        holds=arrays,
+        now=NOW,
+        step=STEP,
+        limit=limit,
+        tariff_of=TARIFFS.__getitem__,
+        distinct=True,
+    )
+    window = window_of(spec, now=NOW, step=STEP)
+    candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
+    blocked = _blocked_starts(cat, arrays, window, candidates, np.full(n, cards, dtype=np.int64))
+    offers: dict[tuple[int, int], list[tuple[float, float, int, int]]] = {}
+    for island in candidates:
+        cluster = int(cat.island_cluster[island])
+        values = integrated_multiplier(TARIFFS[int(cat.cluster_tariff[cluster])], window)
+        ok = blocked.feasible(island) if blocked.has(island) else np.ones(window.starts, dtype=bool)
+        if not ok.any():
+            continue
+        k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+        cost = cat.cluster_rate[cluster] * cards * float(values[k])
+        latency = float(cat.latency_ms[1][cat.cluster_hub[cluster]])
+        offers.setdefault((cluster, k), []).append((latency, cost, int(island), int(np.argmax(ok))))
+    rows = [(*sorted(group, key=lambda r: r[2])[0][:3], k, group) for (_cl, k), group in offers.items()]
+    primary = (lambda r: (r[0], r[1], r[2])) if preference == "latency" else (lambda r: (r[1], r[0], r[2]))
+    expected = [
+        (
+            cat.island_cpi[r[2]],
+            datetime.fromtimestamp(window.t0 + r[3] * STEP, tz=UTC),
+            tuple(cat.island_cpi[g[2]] for g in sorted(r[4], key=lambda g: g[2])[1:]),
+            datetime.fromtimestamp(window.t0 + min(g[3] for g in r[4]) * STEP, tz=UTC),
+        )
+        for r in sorted(rows, key=primary)[:limit]
+    ]
+    assert [
+        (p.island_cpis[0], p.start_at, p.alternative_cpis, p.earliest_feasible_start_at)
+        for p in result.placements
+    ] == expected
+    assert all(p.islands_available == 1 + len(p.alternatives) for p in result.placements)
+    assert result.feasible == sum(len(group) for group in offers.values())

@@ -29,7 +29,9 @@ def test_stored_quotes_are_the_rows_bulk_create_writes(
     buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
 ) -> None:
     quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=4)
-    assert len(quote_set.quotes) == 4
+    # One offer per cluster, each with the cluster's other island as its alternative.
+    assert len(quote_set.quotes) == 2
+    assert [len(quote.alternatives) for quote in quote_set.quotes] == [1, 1]
     stored = {row["id"]: row for row in Quote.objects.values("id", *FIELDS)}
     assert sorted(stored) == sorted(quote.pk for quote in quote_set.quotes)
     for quote in quote_set.quotes:  # each object got its own row's id
@@ -51,7 +53,8 @@ def test_many_quotes_are_stored_in_batches_the_backend_accepts(
     buyer: Organisation, east_cluster: Cluster
 ) -> None:
     quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=2)
-    many = _copies(quote_set.quotes, 80)  # 160 rows × 17 columns: over SQLite's 999 parameters
+    assert len(quote_set.quotes) == 1  # the cluster's two islands are one offer
+    many = _copies(quote_set.quotes, 160)  # 160 rows × 18 columns: over SQLite's 999 parameters
     _quotes_insert(many)
     assert len({quote.pk for quote in many}) == 160
     ranks = dict(Quote.objects.filter(pk__in=[q.pk for q in many]).values_list("pk", "rank"))

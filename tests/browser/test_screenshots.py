@@ -15,7 +15,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from tests.browser.conftest import Portal, phone_overflow, shot
+from tests.browser.conftest import DESKTOP, PHONE, Portal, phone_overflow, shot
 from tests.browser.portal_world import PortalPattern, PortalWorld, build_world, portal_patterns, world_kwargs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -114,4 +114,79 @@ def test_the_admin_and_swagger_ui_work_under_the_content_security_policy(
     portal.login_as(world.users["sam"])
     wrong.extend(_visit(portal, "staff-admin-index", "/admin/"))
     assert portal.page.locator("#site-name").inner_text() != ""
+    assert not wrong, "\n".join(wrong)
+
+
+def _clipped_tables(page: Any) -> list[str]:
+    """Tables that scroll sideways inside their ``.table-wrap`` (their last columns hidden) at the current
+    viewport, with how many pixels are hidden."""
+    return list(
+        page.evaluate(
+            "Array.from(document.querySelectorAll('.table-wrap'))"
+            ".filter(e => e.scrollWidth > e.clientWidth + 1)"
+            ".map(e => ((e.querySelector('table') || e).className || 'table') + ': ' + (e.scrollWidth - e.clientWidth))"
+        )
+    )
+
+
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+def test_quotes_no_quote_market_packs_and_error_pages_fit_in_both_languages(
+    portal: Portal, world: PortalWorld, language: str
+) -> None:
+    """Issue 15's pages at 1280 and 390 px, in English and Chinese: the job page with live quotes (one row
+    per offer, the time shift, the chart), a job no island can take (its suggestions), the market as an
+    operator, the packs page, a 403 and a 404. Each answers its status, logs no other error, fits a phone,
+    and no table hides columns sideways at either width (the quote table's Accept column included)."""
+    from django.conf import settings
+
+    from broker.services.quotes import quote_create
+    from tests.broker.factories import make_job
+
+    quoted = world.objects["quoted_job"]
+    quote_create(job=quoted)  # live quotes for the photograph
+    stuck = make_job(buyer=world.buyer, name="acme-too-big", cards=12, latency_budget_ms=10)
+    quote_create(job=stuck)
+    portal.context.add_cookies(
+        [{"name": settings.LANGUAGE_COOKIE_NAME, "value": language, "url": portal.base_url}]
+    )
+    pages = [
+        ("alice", f"quotes-job-{language}", reverse("job-detail", kwargs={"job_id": quoted.pk}), 200),
+        ("alice", f"quotes-none-{language}", reverse("job-detail", kwargs={"job_id": stuck.pk}), 200),
+        ("alice", f"quotes-packs-{language}", reverse("pack-list"), 200),
+        ("alice", f"quotes-403-{language}", reverse("operator-cluster-list"), 403),
+        ("alice", f"quotes-404-{language}", "/no-such-page/", 404),
+        ("olga", f"quotes-market-operator-{language}", reverse("market"), 200),
+    ]
+    wrong: list[str] = []
+    for username, name, path, status in pages:
+        # Cookies are replaced on log-in: the language cookie is set again after it.
+        portal.login_as(world.users[username])
+        portal.context.add_cookies(
+            [{"name": settings.LANGUAGE_COOKIE_NAME, "value": language, "url": portal.base_url}]
+        )
+        portal.problems.clear()
+        response = portal.goto(path)
+        portal.page.wait_for_load_state("networkidle")
+        if response is None or response.status != status:
+            wrong.append(f"{name} {path}: HTTP {response.status if response else 'no answer'}, not {status}")
+        lang = portal.page.evaluate("document.documentElement.lang")
+        if lang != language:
+            wrong.append(f"{name}: lang={lang}")
+        shot(portal.page, name)
+        for size in (DESKTOP, PHONE):
+            portal.page.set_viewport_size(size)
+            wrong.extend(
+                f"{name} at {size['width']} px: {table} px hidden" for table in _clipped_tables(portal.page)
+            )
+        portal.page.set_viewport_size(DESKTOP)
+        overflow = phone_overflow(portal.page)
+        if overflow:
+            wrong.append(f"{name} {path}: {overflow} px wider than a 390 px phone")
+        expected = f"{portal.base_url}{path}: {status}"
+        wrong.extend(
+            f"{name}: {problem}"
+            for problem in portal.problems.all()
+            if not (status != 200 and problem.endswith(expected))
+            and not (status != 200 and "the server responded with a status of" in problem)
+        )
     assert not wrong, "\n".join(wrong)

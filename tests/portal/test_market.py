@@ -61,9 +61,44 @@ def test_anonymous_is_sent_to_log_in(client: Client, world: tuple[Cluster, Clust
     assert response["Location"].startswith(reverse("login"))
 
 
-def test_operator_is_refused(operator_client: Client, world: tuple[Cluster, Cluster]) -> None:
-    assert operator_client.get(URL).status_code == 403
+def test_an_operator_reads_the_market_to_price_against_it_but_cannot_buy(
+    operator_client: Client, east_operator: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    """Operators see what buyers see (clusters, free cards, list prices, bands, latency), their own
+    clusters marked, and nothing that buys: no "place a job", no home hub, no pack prices."""
+    east, west = world
+    response = operator_client.get(URL)
+    assert response.status_code == 200
+    assert cpis(response) == ["cpi:cucc:nx:zw-ai01", "cpi:ctyun:yrd:sh-ai01"]
+    html = response.content.decode()
+    assert response.context["is_buyer"] is False
+    assert response.context["own_operator_id"] == east_operator.pk
+    assert html.count('<span class="badge good own">yours</span>') == 1
+    own_row = html[html.index('<tr class="own">') : html.index("</tr>", html.index('<tr class="own">'))]
+    assert east.cpi in own_row and west.cpi not in own_row
+    assert 'data-list="12.0000"' in html and 'data-list="9.0000"' in html
+    assert reverse("job-create") not in html
+    assert 'name="home_hub"' not in html and "data-yours=" not in html
+    assert "You see the market as buyers see it" in html
+    # The navigation offers it under the operator's pages.
+    assert any(link.url == URL for link in response.context["portal_nav"])
+    # A home hub is a buyer's: the POST is refused and writes nothing.
     assert operator_client.post(URL, {"home_hub": "nx"}).status_code == 403
+    assert not BuyerPreference.objects.exists()
+
+
+def test_a_buyer_that_also_operates_sees_its_own_clusters_marked_and_can_buy(
+    login: Callable[[User], Client], east_operator: Organisation, world: tuple[Cluster, Cluster]
+) -> None:
+    from tests.factories import MembershipFactory, UserFactory
+
+    east_operator.is_buyer = True
+    east_operator.save()
+    user = UserFactory(username="both")
+    MembershipFactory(user=user, organisation=east_operator, role="owner")
+    html = login(user).get(URL).content.decode()
+    assert html.count('<span class="badge good own">yours</span>') == 1
+    assert reverse("job-create") in html and 'name="home_hub"' in html
 
 
 def test_staff_without_a_buyer_organisation_is_refused(staff_client: Client) -> None:
@@ -250,7 +285,15 @@ def test_place_a_job_link_prefills_chip_and_origin(
 ) -> None:
     job_url = reverse("job-create")
     content = buyer_client.get(URL).content.decode()
-    assert f'href="{job_url}?accelerator=nvidia-a800-sxm4-80gb&amp;origin_hub=yrd"' in content
+    # The link pins the job to the row's cluster (the form shows it and the buyer may clear it).
+    assert (
+        f'href="{job_url}?accelerator=nvidia-a800-sxm4-80gb&amp;origin_hub=yrd&amp;cluster=cpi%3Acucc%3Anx%3Azw-ai01"'
+        in content
+    )
+    form = buyer_client.get(
+        f"{job_url}?accelerator=nvidia-a800-sxm4-80gb&origin_hub=yrd&cluster=cpi:cucc:nx:zw-ai01"
+    )
+    assert form.context["form"]["cluster"].value() == "cpi:cucc:nx:zw-ai01"
 
 
 # --- Home hub -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import pytest
 from django.apps import apps
 from django.contrib.auth.models import User
 from django.test import Client
-from django.urls import reverse
+from django.urls import resolve, reverse
 
 from tests.browser.portal_world import (
     PortalPattern,
@@ -57,6 +57,11 @@ PUBLIC = frozenset(
 PUBLIC_KWARGS: dict[str, str] = {"uidb64": "MQ", "token": "set-password", "key": "not-a-real-invitation"}
 # Pages whose owner's GET is a redirect by design (URL name → why).
 OWNER_REDIRECTS: dict[str, str] = {}
+# Buyer pages an operator may read too (URL name → why). Every other buyer page refuses an organisation that
+# only operates with 403; these answer it 200, read only.
+OPERATOR_READABLE: dict[str, str] = {
+    "market": "operators price their clusters against the market, read only (issue 15)",
+}
 # 405: the method is refused before anything is read (require_POST / require_GET), whoever asks.
 DENIED = (403, 404, 405)
 APPS = ("core", "federation", "metering", "broker", "auth")
@@ -109,11 +114,14 @@ def _intruders(world: PortalWorld, pattern: PortalPattern) -> dict[str, User]:
 
 
 def _secrets(world: PortalWorld, pattern: PortalPattern, user: User) -> list[str]:
-    """What ``user`` (not A's owner) must not see on this page."""
+    """What ``user`` (not A's owner) must not see on this page. Every portal page, a 403 page included,
+    names the organisation its viewer acts for in the header: a member of A's buyer (alice, refused a
+    staff page) seeing its name is not a leak."""
     if pattern.side == "operator":
         return world.operator_secrets
     account = [] if user == world.users["olga"] else world.operator_account_secrets
-    return [*world.buyer_secrets, *account]
+    own = {world.buyer.name} if user in (world.users["alice"], world.users["vera"]) else set()
+    return [secret for secret in (*world.buyer_secrets, *account) if secret not in own]
 
 
 def _body(response: Any) -> str:
@@ -260,4 +268,31 @@ def test_a_viewer_cannot_post_to_a_s_pages(
             wrong.append(f"POST {pattern.name} {url} as a viewer: {response.status_code}")
         if _fingerprint() != before:
             wrong.append(f"POST {pattern.name} {url} by a viewer changed the database")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_operators_read_the_market_and_no_other_buyer_page(
+    world: PortalWorld, as_user: Callable[[User | None], Client]
+) -> None:
+    """An organisation that only operates: 200 on the buyer pages it may read (OPERATOR_READABLE, declared
+    with both sides on the view), 403 on every page declared for buyers alone (405 for a POST-only one),
+    and a POST to the marketplace (a buyer's home hub) refused without a change."""
+    operator = as_user(world.users["oscar"])
+    wrong = []
+    for pattern, url in _swept(world):
+        sides = getattr(resolve(url).func, "portal_sides", None)
+        if pattern.name in PUBLIC or sides is None or pattern.side != "buyer":
+            continue
+        response = operator.get(url)
+        if pattern.name in OPERATOR_READABLE:
+            if sides != ("buyer", "operator") or response.status_code != 200:
+                wrong.append(f"{pattern.name} {url}: sides {sides}, {response.status_code} (not readable)")
+            elif reverse("job-create") in _body(response):
+                wrong.append(f"{pattern.name} {url} offers an operator a way to buy")
+        elif sides == ("buyer",) and response.status_code not in (403, 405):
+            wrong.append(f"{pattern.name} {url}: {response.status_code} for an operator, not 403")
+    assert set(OPERATOR_READABLE) <= {p.name for p in portal_patterns()}
+    before = _fingerprint()
+    assert operator.post(reverse("market"), {"home_hub": "nx"}).status_code == 403
+    assert _fingerprint() == before
     assert not wrong, "\n".join(wrong)
