@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django import forms
+from django.utils.functional import lazy
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from core.errors import DomainError
@@ -58,7 +60,10 @@ class PackBuyForm(forms.Form):
         min_value=1,
         max_value=MAX_ORDER_QUANTITY,
         initial=1,
-        help_text=_("Up to %(max)d packs in one order.") % {"max": MAX_ORDER_QUANTITY},
+        # Interpolated when shown: a lazy string's % evaluates at once, here at import, in English.
+        help_text=lazy(
+            lambda: gettext("Up to %(max)d packs in one order.") % {"max": MAX_ORDER_QUANTITY}, str
+        )(),
         widget=forms.NumberInput(attrs={"inputmode": "numeric"}),
     )
     idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=200)

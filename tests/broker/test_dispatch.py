@@ -186,7 +186,8 @@ def test_last_usage_end_at_only_moves_forward(
     east: APIClient, buyer: Organisation, east_cluster: Cluster
 ) -> None:
     first = running_lease(east_cluster, buyer)
-    second = running_lease(east_cluster, buyer, island="isl-02")
+    # The same start: a clock tick between the two would put "b" before the second lease's window.
+    second = running_lease(east_cluster, buyer, island="isl-02", start=first.start_at)
     t0 = first.start_at
 
     post(
