@@ -382,7 +382,7 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
                 (
                     pk, lease.buyer_id, data.name, "", _body_hash(data, data.earliest_start_at), lease.cards,
                     None, "[]", None, None, "[]", "island", hub_ids[lease.hub], 50, lease.start, lease.end,
-                    duration, None, False, "price", Decimal(1), "placed", "", lease.created, lease.created,
+                    duration, None, False, "price", Decimal(1), "placed", "", "{}", lease.created, lease.created,
                 )
             )  # fmt: skip
         rows["broker_job"] = _copy(
@@ -391,7 +391,8 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
             ("id", "buyer_id", "name", "idempotency_key", "body_hash", "cards", "standard_cards", "accelerators",
              "min_fp16_tflops", "min_memory_gb", "fabrics", "gang", "origin_hub_id", "latency_budget_ms",
              "earliest_start_at", "deadline_at", "duration_seconds", "max_price_per_card_hour", "checkpointable",
-             "preference", "price_weight", "state", "failure_reason", "created_at", "updated_at"),
+             "preference", "price_weight", "state", "failure_reason", "quote_summary", "created_at",
+             "updated_at"),
             job_rows,
         )  # fmt: skip
         del job_rows

@@ -19,6 +19,8 @@ cheap.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +30,12 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core import signals
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
+from django.core.exceptions import RequestAborted
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponseBase
+from django.urls import set_script_prefix
 from rest_framework.views import APIView
 
 from core import wakeups
@@ -153,18 +158,57 @@ def _refresh(response: HttpResponseBase, data: Any) -> None:
 
 
 class LongPollASGIHandler(ASGIHandler):
-    """Django's ASGI handler for the long-poll paths, with the middleware chain run synchronously in one
-    hop to a long-poll thread, and the wait done here on the event loop (see the module docstring)."""
+    """Django's ASGI handler for the long-poll paths, lean: a request costs one hop to a long-poll thread (two
+    when a wait ends with data), and its wait is done here on the event loop (see the module docstring).
+
+    Django's own ``ASGIHandler.handle`` opens a ``ThreadSensitiveContext`` per request — a new thread,
+    started and joined, for the ``request_started`` signal's synchronous receivers — and makes further hops
+    for the signal and for ``response.close()``. Here the signal, the middleware chain, the view and
+    ``response.close()`` (which sends ``request_finished``) all run in the one hop, as a WSGI server runs
+    them on its thread. Closing before the body is sent is safe for what this handler serves: DRF responses,
+    rendered by then, never streaming."""
 
     def __init__(self) -> None:
         super().__init__()
         self.load_middleware(is_async=False)
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        request, error_response = self.create_request(scope, body_file)
+        try:
+            if request is None:
+                await self.send_response(error_response, send)
+                return
+            # The wait listens for the client going away (an agent restarted): its future is dropped then
+            # instead of being held to the deadline.
+            gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+            answer = asyncio.ensure_future(self._answer(request, scope))
+            await asyncio.wait([gone, answer], return_when=asyncio.FIRST_COMPLETED)
+            for task in (gone, answer):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, RequestAborted):
+                        await task
+            if answer.cancelled():  # the client went away first: nobody to answer
+                return
+            await self.send_response(answer.result(), send)
+        finally:
+            body_file.close()
+
+    async def _answer(self, request: HttpRequest, scope: dict[str, Any]) -> HttpResponseBase:
         request.META[ASYNC_WAIT_KEY] = True
         in_thread = _runner(request)
         marked = wakeups.mark()
-        response: HttpResponseBase = await in_thread(self._respond)(request)
+        response: HttpResponseBase = await in_thread(self._respond)(request, scope)
         poll: LongPoll | None = getattr(response, "long_poll", None)
         if poll is not None:
             data = await _wait_for_data(poll, marked=marked, in_thread=in_thread)
@@ -172,8 +216,16 @@ class LongPollASGIHandler(ASGIHandler):
                 await in_thread(_refresh)(response, data)
         return response
 
-    def _respond(self, request: HttpRequest) -> HttpResponseBase:
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        # Not reached through ``handle`` above; kept so a caller of Django's async API gets the same answer.
+        return await self._answer(request, {})
+
+    def _respond(self, request: HttpRequest, scope: dict[str, Any]) -> HttpResponseBase:
+        signals.request_started.send(sender=self.__class__, scope=scope)
         try:
-            return self.get_response(request)
+            response = self.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+            response.close()  # request_finished: the same thread and connection as the view's
+            return response
         finally:
             _release_connection()

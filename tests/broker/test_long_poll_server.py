@@ -108,3 +108,56 @@ def test_waiting_agents_starve_nothing_and_wake_on_a_change_from_another_process
     assert {code for code, _, _ in answers} == {200}
     assert all(results == [(lease.pk, "running")] for _, results, _ in answers)
     assert woke_after < 5  # far inside the wait (15–30 s): woken by NOTIFY, not by the wait running out
+
+
+def waiting_on(server: Server) -> int:
+    """The server's own count of waiting long-polls (its /metrics; the server has one process)."""
+    code, _, raw = server.request("GET", "/metrics")
+    assert code == 200
+    line = next(line for line in raw.decode().splitlines() if line.startswith("cardhour_long_polls_waiting "))
+    return int(float(line.split()[1]))
+
+
+def test_an_agent_that_goes_away_stops_waiting_and_one_that_stays_is_answered(
+    server: Server, east_operator: Organisation, east_cluster: Cluster, buyer: Organisation
+) -> None:
+    """The lean long-poll handler listens for the client while the request waits: a dropped connection ends
+    its wait at once (no future held to the deadline); the one that stays gets its answer with the headers
+    the middleware set, and the request's signals leave no database connection behind."""
+    import http.client
+
+    _, secret = api_token_create(organisation=east_operator, name="agent", scope="read_write")
+    auth = {"Host": "127.0.0.1", "Authorization": f"Bearer {secret}"}
+    lease = lease_on(east_cluster, buyer)
+    _, _, body = server.request("GET", LEASES, headers=auth)
+    cursor = json.loads(body)["cursor"]
+
+    leaving = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=40) for _ in range(5)]
+    for conn in leaving:
+        conn.request("GET", f"{LEASES}?after={cursor}&wait=30", headers=auth)
+    staying = http.client.HTTPConnection("127.0.0.1", server.port, timeout=40)
+    staying.request("GET", f"{LEASES}?after={cursor}&wait=30", headers=auth)
+    deadline = time.monotonic() + 10
+    while waiting_on(server) < 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert waiting_on(server) == 6
+
+    for conn in leaving:
+        conn.close()
+    deadline = time.monotonic() + 10
+    while waiting_on(server) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert waiting_on(server) == 1
+
+    started(Lease.objects.get(pk=lease.pk), east_operator)
+    response = staying.getresponse()
+    raw = response.read()
+    staying.close()
+    assert response.status == 200, raw
+    assert response.getheader("Content-Type") == "application/json"
+    assert int(response.getheader("Content-Length")) == len(raw)
+    assert response.getheader("X-Request-ID")  # set by the middleware before the wait, kept after it
+    assert [(item["id"], item["state"]) for item in json.loads(raw)["results"]] == [(lease.pk, "running")]
+    assert waiting_on(server) == 0
+    # Nothing waits, so the server holds only its listening connection and what its pool keeps idle.
+    assert server_connections() <= POOL_MAX + 1
