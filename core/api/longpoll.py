@@ -31,8 +31,8 @@ from typing import Any
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from django.core import signals
-from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
 from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest, get_script_prefix
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import set_script_prefix
