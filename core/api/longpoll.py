@@ -186,6 +186,7 @@ class LongPollASGIHandler(ASGIHandler):
         request, error_response = self.create_request(scope, body_file)
         try:
             if request is None:
+                assert error_response is not None  # create_request returns one or the other
                 await self.send_response(error_response, send)
                 return
             # The wait listens for the client going away (an agent restarted): its future is dropped then
