@@ -38,7 +38,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -74,6 +74,52 @@ class Phase:
         return sum(len(v) for v in self.latencies.values())
 
 
+def _request(
+    conn: http.client.HTTPConnection,
+    kind: str,
+    rng: random.Random,
+    *,
+    heartbeat: list[tuple[str, str, str]],
+    quotes: list[tuple[int, str]],
+) -> tuple[int, bytes]:
+    """One request of ``kind`` on ``conn``: its status (0 when the connection failed) and body."""
+    headers = {"Host": "127.0.0.1"}
+    body = None
+    if kind == "healthz":
+        method, path = "GET", "/healthz"
+    elif kind == "heartbeat":
+        cpi, island, token = heartbeat[rng.randrange(len(heartbeat))]
+        method, path = "POST", f"/api/v1/clusters/{cpi}/heartbeats"
+        headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        body = json.dumps(
+            {
+                "sent_at": datetime.now(UTC).isoformat(),
+                "health": "ok",
+                "islands": [{"name": island, "available_cards": 1, "unhealthy_cards": 0}],
+            }
+        ).encode()
+    else:
+        job_id, token = quotes[rng.randrange(len(quotes))]
+        method, path = "POST", f"/api/v1/jobs/{job_id}/quotes"
+        headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        body = json.dumps({"limit": 10}).encode()
+    for attempt in (1, 2):
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
+            # The server closed a keep-alive connection that sat idle past its timeout (an open-loop
+            # sender may wait seconds between requests): reconnect once, as HTTP clients do.
+            conn.close()
+            if attempt == 2:
+                return 0, repr(exc).encode()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            return 0, repr(exc).encode()
+    raise AssertionError("unreachable")
+
+
 def mixed_load(
     server: Server,
     *,
@@ -83,7 +129,8 @@ def mixed_load(
     quotes: list[tuple[int, str]],
     phase: Phase,
 ) -> None:
-    """``clients`` closed-loop threads, each cycling healthz → heartbeat → quote until ``seconds`` pass."""
+    """``clients`` closed-loop threads, each cycling healthz → heartbeat → quote until ``seconds`` pass: the
+    server's capacity (it keeps both cores busy, so latency here is mostly queueing)."""
     stop_at = time.monotonic() + seconds
     lock = threading.Lock()
 
@@ -95,35 +142,8 @@ def mixed_load(
             while time.monotonic() < stop_at:
                 kind = KINDS[i % len(KINDS)]
                 i += 1
-                headers = {"Host": "127.0.0.1"}
-                body = None
-                if kind == "healthz":
-                    method, path = "GET", "/healthz"
-                elif kind == "heartbeat":
-                    cpi, island, token = heartbeat[rng.randrange(len(heartbeat))]
-                    method, path = "POST", f"/api/v1/clusters/{cpi}/heartbeats"
-                    headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-                    body = json.dumps(
-                        {
-                            "sent_at": datetime.now(UTC).isoformat(),
-                            "health": "ok",
-                            "islands": [{"name": island, "available_cards": 1, "unhealthy_cards": 0}],
-                        }
-                    ).encode()
-                else:
-                    job_id, token = quotes[rng.randrange(len(quotes))]
-                    method, path = "POST", f"/api/v1/jobs/{job_id}/quotes"
-                    headers |= {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-                    body = json.dumps({"limit": 10}).encode()
                 began = time.perf_counter()
-                try:
-                    conn.request(method, path, body=body, headers=headers)
-                    response = conn.getresponse()
-                    raw = response.read()
-                    code = response.status
-                except (OSError, http.client.HTTPException) as exc:
-                    conn.close()
-                    code, raw = 0, repr(exc).encode()
+                code, raw = _request(conn, kind, rng, heartbeat=heartbeat, quotes=quotes)
                 took = time.perf_counter() - began
                 with lock:
                     if code in (200, 201):
@@ -134,6 +154,54 @@ def mixed_load(
             conn.close()
 
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def open_loop_load(
+    server: Server,
+    *,
+    seconds: float,
+    rate: float,
+    senders: int,
+    heartbeat: list[tuple[str, str, str]],
+    quotes: list[tuple[int, str]],
+    phase: Phase,
+    seed: int,
+) -> None:
+    """Requests arriving at ``rate`` per second (Poisson; healthz, heartbeat and quote equally likely)
+    whatever the server's answers take: ``senders`` threads, each a Poisson stream of ``rate / senders``.
+
+    Latency runs from when a request was *due*, not from when its thread got round to sending it, so a
+    server that falls behind is charged for the queue it builds (no coordinated omission)."""
+    stop_at = time.monotonic() + seconds
+    lock = threading.Lock()
+    per_sender = rate / senders
+
+    def sender(n: int) -> None:
+        rng = random.Random(seed * 1000 + n)
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        due = time.perf_counter() + rng.expovariate(per_sender)
+        try:
+            while time.monotonic() < stop_at:
+                pause = due - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                kind = KINDS[rng.randrange(len(KINDS))]
+                code, raw = _request(conn, kind, rng, heartbeat=heartbeat, quotes=quotes)
+                took = time.perf_counter() - due
+                with lock:
+                    if code in (200, 201):
+                        phase.latencies[kind].append(took)
+                    else:
+                        phase.errors.append(f"{kind}: HTTP {code} {raw[:200]!r}")
+                due += rng.expovariate(per_sender)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=sender, args=(n,), daemon=True) for n in range(senders)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -276,7 +344,62 @@ def report_cost(cost: PollCost) -> None:
     )
 
 
-def report(phases: Sequence[Phase], agents: int) -> list[str]:
+def _cost_table(title: str, phases: Sequence[Phase]) -> None:
+    print_table(
+        title,
+        [
+            "phase",
+            "requests",
+            "wall s",
+            "server CPU ms/request",
+            "PostgreSQL CPU ms/request",
+            "server DB conns",
+            "long-polls answered",
+        ],
+        [
+            [
+                p.name,
+                f"{p.requests():,}",
+                f"{p.wall_s:.1f}",
+                f"{p.server_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
+                f"{p.postgres_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
+                str(p.connections),
+                f"{p.long_polls_answered:,}",
+            ]
+            for p in phases
+        ],
+    )
+
+
+def report_capacity(phases: Sequence[Phase], agents: int) -> None:
+    """The closed loop's figures: throughput, and latency at saturation (informational: with both cores
+    busy, latency is the queue, and any added work lengthens it)."""
+    rows = []
+    for phase in phases:
+        row = [phase.name, f"{phase.requests():,}", f"{phase.requests() / max(phase.wall_s, 1e-9):.1f}"]
+        for kind in KINDS:
+            values = sorted(phase.latencies[kind])
+            row.append(
+                f"{percentile(values, 50) * 1000:.1f} / {percentile(values, 99) * 1000:.1f}"
+                if values
+                else "-"
+            )
+        rows.append(row)
+    print_table(
+        "Capacity (closed loop, both cores busy; latency here is mostly the queue)",
+        ["phase", "requests", "requests/s", *(f"{kind} p50 / p99 ms" for kind in KINDS)],
+        rows,
+    )
+    _cost_table("Capacity phases: cost per request (CPU over the phase / requests answered)", phases)
+    base, loaded = phases
+    if base.requests() and base.wall_s and loaded.wall_s:
+        kept = (loaded.requests() / loaded.wall_s) / (base.requests() / base.wall_s)
+        print(f"\nthroughput with {agents} long-polls waiting: {kept:.0%} of the baseline's")
+
+
+def report(phases: Sequence[Phase], agents: int, *, title: str) -> list[str]:
+    """The open loop's latencies by kind, and the verdicts: PASS when each kind's p99 with long-polls is
+    within 1.5× its baseline p99 (or 10 ms of it, whichever is larger)."""
     base, loaded = phases
     rows = []
     verdicts = []
@@ -301,36 +424,8 @@ def report(phases: Sequence[Phase], agents: int) -> list[str]:
                 f"{kind}: p99 {p99_w * 1000:.1f} ms with {agents} long-polls vs {p99_b * 1000:.1f} ms without "
                 f"(limit {limit * 1000:.1f} ms): {'PASS' if p99_w <= limit else 'MISS'}"
             )
-    print_table(
-        "Latency by request kind (wall, closed loop)",
-        ["request", "phase", "answered", "p50 ms", "p99 ms"],
-        rows,
-        left_columns=2,
-    )
-    print_table(
-        "Cost per request (server = gunicorn master and workers; CPU over the phase / requests answered)",
-        [
-            "phase",
-            "requests",
-            "wall s",
-            "server CPU ms/request",
-            "PostgreSQL CPU ms/request",
-            "server DB conns",
-            "long-polls answered",
-        ],
-        [
-            [
-                p.name,
-                f"{p.requests():,}",
-                f"{p.wall_s:.1f}",
-                f"{p.server_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
-                f"{p.postgres_cpu_s / max(p.requests() + p.long_polls_answered, 1) * 1000:.2f}",
-                str(p.connections),
-                f"{p.long_polls_answered:,}",
-            ]
-            for p in phases
-        ],
-    )
+    print_table(title, ["request", "phase", "answered", "p50 ms", "p99 ms"], rows, left_columns=2)
+    _cost_table("Latency phases: cost per request (CPU over the phase / requests answered)", phases)
     print()
     for line in verdicts:
         print(line)
@@ -396,47 +491,82 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             cursor_of=cursor_of,
             seconds=args.cost_seconds,
         )
-        # The two phases alternate (baseline, long-polls, baseline, …) and each kind's figures are pooled
-        # over its rounds, so a neighbour's burst on a shared machine lands on both sides more evenly.
-        phases = {name: Phase(name) for name in ("baseline", f"{args.agents} long-polls")}
-        for _ in range(args.rounds):
-            for name, with_agents in (("baseline", False), (f"{args.agents} long-polls", True)):
-                phase = phases[name]
-                group = Agents(server, agents, cursor_of) if with_agents else None
-                answered_before = 0
-                if group is not None:
-                    group.start()
-                    # Measure only once every agent is waiting: 400 first polls arrive at once, and their
-                    # burst of work must not be billed to the phase's other requests.
-                    settled_s = _wait_until_server_quiet(pids)
-                    answered_before = group.answered
-                    print(
-                        f"{args.agents} agents waiting; the server settled {settled_s:.1f} s after they "
-                        "connected"
-                    )
-                with CpuSampler(server_pids=pids, database=database.url.rsplit("/", 1)[1]) as cpu:
-                    began = time.monotonic()
-                    mixed_load(
-                        server,
-                        seconds=args.seconds,
-                        clients=args.clients,
-                        heartbeat=heartbeat,
-                        quotes=quotes,
-                        phase=phase,
-                    )
-                    phase.wall_s += time.monotonic() - began
-                phase.connections = max(phase.connections, server_connections(database.url))
-                if group is not None:
-                    phase.long_polls_answered += group.answered - answered_before
-                    group.finish()
-                    errors += group.errors[:20]
-                phase.server_cpu_s += cpu.seconds("server")
-                phase.postgres_cpu_s += cpu.seconds("postgres")
-        for phase in phases.values():
-            errors += phase.errors[:20]
+        database_name = database.url.rsplit("/", 1)[1]
+
+        def alternate(load: Callable[[Phase], None]) -> list[Phase]:
+            """Baseline and long-poll phases of ``load``, alternating ``--rounds`` times; each kind's
+            figures are pooled over its rounds, so a neighbour's burst on a shared machine lands on both
+            sides more evenly."""
+            phases = {name: Phase(name) for name in ("baseline", f"{args.agents} long-polls")}
+            for _ in range(args.rounds):
+                for name, with_agents in (("baseline", False), (f"{args.agents} long-polls", True)):
+                    phase = phases[name]
+                    group = Agents(server, agents, cursor_of) if with_agents else None
+                    answered_before = 0
+                    if group is not None:
+                        group.start()
+                        # Measure only once every agent is waiting: 400 first polls arrive at once, and
+                        # their burst of work must not be billed to the phase's other requests.
+                        settled_s = _wait_until_server_quiet(pids)
+                        answered_before = group.answered
+                        print(
+                            f"{args.agents} agents waiting; the server settled {settled_s:.1f} s after they "
+                            "connected"
+                        )
+                    with CpuSampler(server_pids=pids, database=database_name) as cpu:
+                        began = time.monotonic()
+                        load(phase)
+                        phase.wall_s += time.monotonic() - began
+                    phase.connections = max(phase.connections, server_connections(database.url))
+                    if group is not None:
+                        phase.long_polls_answered += group.answered - answered_before
+                        group.finish()
+                        errors.extend(group.errors[:20])
+                    phase.server_cpu_s += cpu.seconds("server")
+                    phase.postgres_cpu_s += cpu.seconds("postgres")
+            for phase in phases.values():
+                errors.extend(phase.errors[:20])
+            return list(phases.values())
+
+        # 1. Capacity: closed-loop clients keep both cores busy; what long-polls take from throughput.
+        capacity = alternate(
+            lambda phase: mixed_load(
+                server,
+                seconds=args.seconds,
+                clients=args.clients,
+                heartbeat=heartbeat,
+                quotes=quotes,
+                phase=phase,
+            )
+        )
+        # 2. Latency at a normal load: requests arrive at a fixed rate, a share of the capacity measured
+        # without long-polls, with and without the agents waiting.
+        base_capacity = capacity[0].requests() / max(capacity[0].wall_s, 1e-9)
+        rate = args.rate or args.load * base_capacity
+        print(
+            f"\nopen loop: {rate:.1f} requests/s ({args.load:.0%} of the {base_capacity:.1f}/s the closed loop "
+            "reached without long-polls)"
+            if not args.rate
+            else f"\nopen loop: {rate:.1f} requests/s (--rate)"
+        )
+        latency = alternate(
+            lambda phase: open_loop_load(
+                server,
+                seconds=args.seconds,
+                rate=rate,
+                senders=args.senders,
+                heartbeat=heartbeat,
+                quotes=quotes,
+                phase=phase,
+                seed=args.seed,
+            )
+        )
         print()
         report_cost(cost)
-        report(list(phases.values()), args.agents)
+        report_capacity(capacity, args.agents)
+        report(
+            latency, args.agents, title=f"Latency at {rate:.1f} requests/s (wall, open loop, from when due)"
+        )
     for error in errors:
         print("ERROR", error, file=sys.stderr)
     return 1 if errors else 0
@@ -482,6 +612,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
     parser.add_argument("--clients", type=int, default=4, help="closed-loop clients of the mixed load")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of baseline and long-poll phases")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.5,
+        help="open-loop rate as a share of the closed loop's baseline throughput",
+    )
+    parser.add_argument("--rate", type=float, help="open-loop requests/s (instead of --load)")
+    parser.add_argument("--senders", type=int, default=16, help="open-loop sender threads")
     parser.add_argument("--cost-seconds", type=float, default=10.0, help="length of the poll-cost phase")
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--workers", type=int, default=2, help="server processes (WEB_CONCURRENCY)")
