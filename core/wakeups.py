@@ -46,7 +46,9 @@ def _channel(topic: str) -> str:
 
 
 def _on_postgresql(alias: str = "default") -> bool:
-    return connections[alias].vendor == "postgresql"
+    # From the settings, not ``connections[alias].vendor``: on the event loop every request is a new
+    # async context, and asking ``connections`` there builds a new database wrapper each time.
+    return "postgresql" in connections.settings[alias]["ENGINE"]
 
 
 def wake_after_commit(*, topic: str, key: str) -> None:
