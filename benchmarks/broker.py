@@ -54,7 +54,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -193,8 +193,14 @@ def place_leases(
     return leases, refused
 
 
-def build_market(args: argparse.Namespace, database_url: str) -> Market:
-    """Organisations through the services, everything else with COPY (see the module docstring)."""
+def build_market(
+    args: argparse.Namespace,
+    database_url: str,
+    *,
+    place: Callable[..., tuple[list[LeasePlan], int]] | None = None,
+) -> Market:
+    """Organisations through the services, everything else with COPY (see the module docstring).
+    ``place`` lays out the leases (default :func:`place_leases`; benchmarks.soak runs every lease now)."""
     import psycopg
     from django.utils import timezone
 
@@ -258,7 +264,7 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
     island_cards = [cards for plan in fleet for _, cards, _ in plan.islands]
 
     with Timer() as place_timer:
-        leases, refused = place_leases(
+        leases, refused = (place or place_leases)(
             n=args.leases, island_cards=island_cards, buyer_ids=buyer_ids, now=now, rng=rng
         )
     # Expected cost and draw as a quote carries them: the tariff's bands, each priced to the fen.

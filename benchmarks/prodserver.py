@@ -83,7 +83,9 @@ class Server:
 @contextlib.contextmanager
 def production_server(env: Mapping[str, str], *, ready_path: str = "/healthz") -> Iterator[Server]:
     port = int(env["GUNICORN_BIND"].rsplit(":", 1)[1])
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in finally; a file, not a pipe, never fills
+    # A file, not a pipe, never fills; closed in finally. CARDHOUR_BENCH_SERVER_LOG keeps it (a path).
+    kept = env.get("CARDHOUR_BENCH_SERVER_LOG")
+    log = open(kept, "w+b") if kept else tempfile.TemporaryFile()  # noqa: SIM115
     process = subprocess.Popen(
         [str(GUNICORN), "-c", "config/gunicorn.conf.py", "config.asgi:application"],
         cwd=ROOT,

@@ -1,0 +1,785 @@
+"""The design-load soak: the whole platform at once, for ``--minutes``, on the production stack.
+
+    python -m benchmarks.soak                  # 10k clusters, 100k islands, 100k running leases, 10 minutes
+    python -m benchmarks.soak --quick          # 500 clusters, 5k islands, 5k leases, 2 minutes
+
+On a throwaway PostgreSQL database, benchmarks.broker writes the market (operators and buyers through the
+services, everything else with COPY), with every lease running now (one per island, started in the last
+hours, ending after the soak) and every lease's buyer holding a standard-card pack large enough for the run.
+Then the production stack runs as the README deploys it: gunicorn with uvicorn workers (``--workers``), one
+Celery worker and Celery beat with the database scheduler (production settings from the environment, the
+broker on Redis), so the heartbeat monitor, failover, lease events, exhaustion stops and the minute's rating
+all run on their schedules. Against it, at the same time, open-loop load generators (requests sent when due,
+whatever the answers take; latency measured from when each was due):
+
+- **heartbeats**: every cluster every 30 s (``clusters / 30`` per second), its islands' available cards;
+- **usage**: each operator's agent reports the last minute of every one of its running leases once a minute
+  (``leases / 60`` records per second, in batches of up to 1,000 per operator), whole seconds, keys
+  ``soak-<lease>-<start>``;
+- **quotes**: ``--quote-rate`` per second (default 200) from ``--quote-clients`` threads (default 4), over
+  ``--jobs`` jobs of a buyer;
+- **failover**: ``--silent`` clusters (default 0.2 % of them) stop heartbeating after the first third of the
+  run, so the monitor takes them offline and failover interrupts and re-places their leases meanwhile.
+
+Every 15 s it scrapes ``/metrics`` (the unrated backlog and its oldest record's age, clusters offline) and the
+CPU of each group of processes. At the end the load stops, the backlog is given ``--drain-seconds`` to empty,
+and the run is checked: every usage record accepted is stored and rated (records in = records rated), and the
+ledger reconciles (``metering.services.maintenance.ledger_reconcile``: every transfer balances, balances
+match their entries, no pack below zero, usage transfers match their segments).
+
+Printed: throughput and p50/p99 of each path beside its target, the backlog over time, CPU seconds per group
+(web server, Celery worker, beat, PostgreSQL, this load generator) and per operation (server CPU per request
+of the mix; worker CPU per rated record), a same-run ``/healthz`` baseline (CPU per request on the same
+server, before the load), and PASS/MISS for each target of issue 14 that the soak can judge. Exits non-zero
+only on errors (a failed request, a lost record, a ledger breach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from benchmarks._common import (
+    BenchDatabase,
+    JsonClient,
+    machine_description,
+    percentile,
+    postgres_backend_pids,
+    print_table,
+    process_cpu_seconds,
+)
+from benchmarks.broker import LEASE_CARDS, LeasePlan, build_market, create_jobs
+from benchmarks.prodserver import ProductionServers
+
+BENCH_DATABASE = "cardhour_bench_soak"
+HEARTBEAT_SECONDS = 30
+USAGE_EVERY_SECONDS = 60
+USAGE_BATCH = 1_000
+SCRAPE_SECONDS = 15
+LEASE_ENDED_CODES = {"after_lease_ended", "after_stop_request"}
+TARGETS = {  # issue 14: the p99 each path must keep at design load (seconds)
+    "quote": 0.050,
+}
+
+
+# --- The market: every lease running ---------------------------------------------------------------------
+
+
+def running_leases(
+    *, n: int, island_cards: Sequence[int], buyer_ids: Sequence[int], now: datetime, rng: random.Random
+) -> tuple[list[LeasePlan], int]:
+    """``n`` leases, one per island in turn (so none is oversubscribed while ``n`` ≤ islands), each started
+    in the last six hours on a whole minute and ending 12–72 hours from now: all of them report usage."""
+    from benchmarks.federation import HUBS
+
+    if n > len(island_cards):
+        raise SystemExit(f"--leases {n:,} is more than the {len(island_cards):,} islands (one lease each)")
+    leases = []
+    for island in range(n):
+        capacity = island_cards[island]
+        cards = min(capacity, rng.choice(LEASE_CARDS))
+        start = (now - timedelta(minutes=rng.randrange(10, 6 * 60))).replace(second=0)
+        end = now + timedelta(hours=rng.randrange(12, 72))
+        leases.append(
+            LeasePlan(
+                island=island,
+                cards=cards,
+                start=start,
+                end=end,
+                created=start - timedelta(minutes=5),
+                buyer_id=rng.choice(buyer_ids),
+                hub=rng.choice(HUBS),
+                running=True,
+            )
+        )
+    return leases, 0
+
+
+def fund_buyers(buyer_ids: Sequence[int], *, card_hours: int) -> None:
+    """A standard-card pack for every buyer holding the leases, paid through the pack service (as a Stripe
+    webhook would credit it), so rating draws packs instead of raising arrears and stopping leases."""
+    from django.utils import timezone
+
+    from core.models import Organisation
+    from metering.models import PackOrder, PackProduct
+    from metering.services.packs import pack_issue
+
+    product = PackProduct.objects.create(
+        code="soak-std", name="soak standard", card_hours=card_hours, price=Decimal(card_hours) * 9
+    )
+    paid_at = timezone.now() - timedelta(days=3)
+    for buyer in Organisation.objects.filter(pk__in=buyer_ids):
+        order = PackOrder.objects.create(
+            buyer=buyer,
+            product=product,
+            card_hours=card_hours,
+            amount=Decimal(card_hours) * 9,
+            validity_days=365,
+            idempotency_key=f"soak-{buyer.pk}",
+        )
+        pack_issue(order=order, paid_at=paid_at, posted_by="benchmark")
+
+
+# --- Load -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PathStats:
+    latencies: list[float] = field(default_factory=list)
+    done_at: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    late_s: float = 0.0  # the most a request started after it was due (the generator falling behind)
+    units: int = 0  # heartbeats, records created, quotes
+
+    def add(self, *, took: float, at: float, units: int) -> None:
+        self.latencies.append(took)
+        self.done_at.append(at)
+        self.units += units
+
+
+class Connection:
+    """A keep-alive HTTP connection that reconnects once when the server closed it while idle."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def call(self, method: str, path: str, *, token: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"Host": "127.0.0.1", "Authorization": f"Bearer {token}"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                response = self.conn.getresponse()
+                return response.status, response.read()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
+                self.conn.close()
+                if attempt == 2:
+                    return 0, repr(exc).encode()
+            except (OSError, http.client.HTTPException) as exc:
+                self.conn.close()
+                return 0, repr(exc).encode()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Soak:
+    def __init__(self, *, port: int, stop_at: float, began: float) -> None:
+        self.port = port
+        self.stop_at = stop_at
+        self.began = began
+        self.lock = threading.Lock()
+        self.stats = {kind: PathStats() for kind in ("heartbeat", "usage", "quote")}
+
+    def _record(
+        self, kind: str, *, due: float, code: int, raw: bytes, units: int, ok: tuple[int, ...]
+    ) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            stats = self.stats[kind]
+            if code in ok:
+                stats.add(took=now - due, at=now - self.began, units=units)
+            else:
+                stats.errors.append(f"{kind}: HTTP {code} {raw[:300]!r}")
+
+    def _sleep_until(self, due: float, kind: str) -> bool:
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            with self.lock:
+                self.stats[kind].late_s = max(self.stats[kind].late_s, -pause)
+        return time.monotonic() < self.stop_at
+
+    def heartbeats(
+        self, clusters: Sequence[tuple[str, str, list[tuple[str, int]]]], *, thread: int, threads: int
+    ) -> None:
+        """This thread's share of the clusters, each every 30 s at its own offset in the period."""
+        mine = clusters[thread::threads]
+        conn = Connection(self.port)
+        period = HEARTBEAT_SECONDS
+        try:
+            cycle = 0
+            while time.monotonic() < self.stop_at:
+                for i, (cpi, token, islands) in enumerate(mine):
+                    due = self.began + cycle * period + (i * threads + thread) * period / len(clusters)
+                    if not self._sleep_until(due, "heartbeat"):
+                        return
+                    if cpi in self.silent and time.perf_counter() - self.began > self.silence_after:
+                        continue
+                    body = json.dumps(
+                        {
+                            "sent_at": datetime.now(UTC).isoformat(),
+                            "health": "ok",
+                            "islands": [
+                                {"name": name, "available_cards": cards, "unhealthy_cards": 0}
+                                for name, cards in islands
+                            ],
+                        }
+                    ).encode()
+                    code, raw = conn.call(
+                        "POST", f"/api/v1/clusters/{cpi}/heartbeats", token=token, body=body
+                    )
+                    self._record("heartbeat", due=due, code=code, raw=raw, units=1, ok=(200,))
+                cycle += 1
+        finally:
+            conn.close()
+
+    silent: frozenset[str] = frozenset()
+    silence_after: float = 0.0
+
+    def usage(
+        self, agents: Sequence[tuple[str, list[tuple[int, int, int]]]], *, thread: int, threads: int
+    ) -> None:
+        """Operators' agents: each reports, once a minute at its own offset, the minute since its last report
+        for each of its leases (``lease id, cards, next start (epoch seconds)``), in batches of 1,000."""
+        mine = [(n, agent) for n, agent in enumerate(agents) if n % threads == thread]
+        conn = Connection(self.port)
+        cursors = {lease: start for _, (_, leases) in mine for lease, _, start in leases}
+        ended: set[int] = set()  # leases the platform ended (failover): an agent stops reporting them
+        try:
+            cycle = 0
+            while time.monotonic() < self.stop_at:
+                for n, (token, leases) in mine:
+                    due = self.began + cycle * USAGE_EVERY_SECONDS + n * USAGE_EVERY_SECONDS / len(agents)
+                    if not self._sleep_until(due, "usage"):
+                        return
+                    now_s = int(time.time())
+                    records = []
+                    for lease, cards, _ in leases:
+                        if lease in ended:
+                            continue
+                        start = cursors[lease]
+                        end = min(start + USAGE_EVERY_SECONDS, now_s)
+                        if end <= start:
+                            continue
+                        records.append(
+                            {
+                                "lease": lease,
+                                "idempotency_key": f"soak-{lease}-{start}",
+                                "start_at": _iso(start),
+                                "end_at": _iso(end),
+                                "cards": cards,
+                            }
+                        )
+                        cursors[lease] = end
+                    for i in range(0, len(records), USAGE_BATCH):
+                        self._report(conn, token, records[i : i + USAGE_BATCH], due=due, ended=ended)
+                cycle += 1
+        finally:
+            conn.close()
+
+    def _report(
+        self, conn: Connection, token: str, records: list[dict[str, object]], *, due: float, ended: set[int]
+    ) -> None:
+        """POST one batch; records of leases the platform has ended meanwhile (failover interrupted them) are
+        refused with the batch (400 ``lease_usage_invalid``): drop them, as an agent would, and send the rest."""
+        while records:
+            body = json.dumps({"records": records}).encode()
+            code, raw = conn.call("POST", "/api/v1/operator/usage", token=token, body=body)
+            if code == 400 and b"lease_usage_invalid" in raw:
+                faults = json.loads(raw)["extra"].get("errors", [])
+                gone = {records[f["index"]]["lease"] for f in faults if f.get("code") in LEASE_ENDED_CODES}
+                if gone and len(gone) == len({records[f["index"]]["lease"] for f in faults}):
+                    ended.update(gone)  # type: ignore[arg-type]
+                    with self.lock:
+                        self.refused += sum(1 for r in records if r["lease"] in gone)
+                    records = [r for r in records if r["lease"] not in gone]
+                    continue
+            created = json.loads(raw).get("created", 0) if code in (200, 201) else 0
+            self._record("usage", due=due, code=code, raw=raw, units=created, ok=(200, 201))
+            return
+
+    refused = 0
+
+    def quotes(self, jobs: Sequence[int], *, token: str, rate: float, thread: int) -> None:
+        rng = random.Random(thread)
+        conn = Connection(self.port)
+        due = time.perf_counter() + rng.expovariate(rate)
+        body = json.dumps({"limit": 10}).encode()
+        try:
+            while self._sleep_until(due, "quote"):
+                job = jobs[rng.randrange(len(jobs))]
+                code, raw = conn.call("POST", f"/api/v1/jobs/{job}/quotes", token=token, body=body)
+                self._record("quote", due=due, code=code, raw=raw, units=1, ok=(200, 201))
+                due += rng.expovariate(rate)
+        finally:
+            conn.close()
+
+
+def _iso(epoch_s: int) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- The stack ----------------------------------------------------------------------------------------------
+
+
+class Celery:
+    """One Celery worker and Celery beat, as the README runs them, with the server's environment."""
+
+    def __init__(self, env: dict[str, str], *, concurrency: int, log_dir: Path) -> None:
+        celery = str(Path(sys.executable).with_name("celery"))
+        self.logs = {name: (log_dir / f"soak-{name}.log").open("wb") for name in ("worker", "beat")}
+        worker_env = {**env, "DATABASE_STATEMENT_TIMEOUT_MS": "7200000"}
+        self.worker = subprocess.Popen(
+            [celery, "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", str(concurrency)],
+            env=worker_env,
+            stdout=self.logs["worker"],
+            stderr=subprocess.STDOUT,
+        )
+        self.beat = subprocess.Popen(
+            [
+                celery,
+                "-A",
+                "config",
+                "beat",
+                "--loglevel",
+                "WARNING",
+                "-s",
+                str(log_dir / "soak-beat-schedule"),
+            ],
+            env=env,
+            stdout=self.logs["beat"],
+            stderr=subprocess.STDOUT,
+        )
+
+    def pids(self, which: str) -> list[int]:
+        process = self.worker if which == "worker" else self.beat
+        children = subprocess.run(
+            ["pgrep", "-P", str(process.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        return [process.pid, *(int(pid) for pid in children)]
+
+    def alive(self) -> bool:
+        return self.worker.poll() is None and self.beat.poll() is None
+
+    def stop(self) -> None:
+        for process in (self.beat, self.worker):
+            process.terminate()
+        for process in (self.beat, self.worker):
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for log in self.logs.values():
+            log.close()
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return float("nan")
+
+
+def scrape(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics", headers={"Host": "127.0.0.1"})
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
+
+
+class CpuGroups:
+    """CPU seconds of each group of processes, read often enough that PostgreSQL backends which come and go
+    are counted while they live."""
+
+    def __init__(self, groups: dict[str, Callable[[], list[int]]]) -> None:
+        self.groups = groups
+        self.last: dict[int, float] = {}
+        self.owner: dict[int, str] = {}
+        self.total: dict[str, float] = defaultdict(float)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def sample(self) -> None:
+        for name, pids_of in self.groups.items():
+            for pid in pids_of():
+                now = process_cpu_seconds(pid)
+                if now is None:
+                    continue
+                if pid in self.last:
+                    self.total[self.owner[pid]] += now - self.last[pid]
+                self.last[pid], self.owner[pid] = now, name
+
+    def _loop(self) -> None:
+        while not self.stop.wait(1.0):
+            self.sample()
+
+    def start(self) -> None:
+        self.sample()
+        self.thread.start()
+
+    def finish(self) -> dict[str, float]:
+        self.stop.set()
+        self.thread.join()
+        self.sample()
+        return dict(self.total)
+
+
+# --- The run ------------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, database: BenchDatabase) -> int:
+    from benchmarks._common import django_setup
+
+    print(machine_description())
+    django_setup(database_url=database.url, conn_max_age=0)
+    market = build_market(
+        argparse.Namespace(
+            clusters=args.clusters,
+            islands=args.islands,
+            leases=args.leases,
+            operators=args.operators,
+            buyers=args.buyers,
+            seed=args.seed,
+        ),
+        database.url,
+        place=running_leases,
+    )
+    hours = args.leases * max(LEASE_CARDS) * (args.minutes + 60) / 60
+    fund_buyers(market.buyer_ids, card_hours=int(hours / max(len(market.buyer_ids), 1)) + 10_000)
+
+    log_dir = Path(os.environ.get("CARDHOUR_BENCH_LOG_DIR", "var/bench"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    servers = ProductionServers(
+        workers=args.workers,
+        database_url=f"{database.url}?application_name=cardhour-soak",
+        extra={
+            "CELERY_BROKER_URL": args.broker_url,
+            "CACHE_URL": args.cache_url,
+            "CARDHOUR_BENCH_SERVER_LOG": str(log_dir / "soak-server.log"),
+            "GUNICORN_LOGLEVEL": "info",
+        },
+    )
+    celery: Celery | None = None
+    try:
+        port = servers.ports[0]
+        client = JsonClient(host="127.0.0.1", ports=[port])
+        server_pids = [p.pid for p in servers.processes]
+        healthz_cpu, healthz_n = _healthz_baseline(port, server_pids)
+        jobs = create_jobs(
+            client, token=market.quote_buyer_token, n=args.jobs, duration_hours=8, seed=args.seed
+        )
+
+        subprocess.run(["redis-cli", "-u", args.broker_url, "flushdb"], check=False, capture_output=True)
+        celery = Celery(dict(servers.env), concurrency=args.celery_concurrency, log_dir=log_dir)
+
+        clusters = [
+            (
+                plan.cpi,
+                market.operator_tokens[plan.operator],
+                [(name, cards) for name, cards, _ in plan.islands],
+            )
+            for plan in market.fleet
+        ]
+        by_operator: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        began_s = int(time.time())
+        for pk, lease in enumerate(market.leases, start=1):
+            operator = market.fleet[market.island_cluster[lease.island]].operator
+            start = max(int(lease.start.timestamp()), began_s - USAGE_EVERY_SECONDS)
+            by_operator[operator].append((pk, lease.cards, start))
+        agents = [(market.operator_tokens[op], leases) for op, leases in sorted(by_operator.items())]
+
+        began = time.perf_counter()
+        stop_at = time.monotonic() + args.minutes * 60
+        soak = Soak(port=port, stop_at=stop_at, began=began)
+        rng = random.Random(args.seed)
+        soak.silent = frozenset(rng.sample([c[0] for c in clusters], min(args.silent, len(clusters))))
+        soak.silence_after = args.minutes * 60 / 3
+        groups = CpuGroups(
+            {
+                "web server": lambda: [p.pid for p in servers.processes],
+                "Celery worker": lambda: celery.pids("worker") if celery else [],
+                "Celery beat": lambda: celery.pids("beat") if celery else [],
+                "PostgreSQL": lambda: postgres_backend_pids(database.name),
+                "load generator": lambda: [os.getpid()],
+            }
+        )
+        threads = [
+            *(
+                threading.Thread(target=soak.heartbeats, args=(clusters,), kwargs={"thread": t, "threads": 8})
+                for t in range(8)
+            ),
+            *(
+                threading.Thread(target=soak.usage, args=(agents,), kwargs={"thread": t, "threads": 4})
+                for t in range(4)
+            ),
+            *(
+                threading.Thread(
+                    target=soak.quotes,
+                    args=(jobs,),
+                    kwargs={
+                        "token": market.quote_buyer_token,
+                        "rate": args.quote_rate / args.quote_clients,
+                        "thread": t,
+                    },
+                )
+                for t in range(args.quote_clients)
+            ),
+        ]
+        samples: list[tuple[float, float, float, float]] = []
+        groups.start()
+        for thread in threads:
+            thread.daemon = True
+            thread.start()
+        while time.monotonic() < stop_at:
+            time.sleep(min(SCRAPE_SECONDS, max(stop_at - time.monotonic(), 0.1)))
+            text = scrape(port)
+            samples.append(
+                (
+                    time.perf_counter() - began,
+                    metric(text, "cardhour_usage_unrated_records"),
+                    metric(text, "cardhour_usage_unrated_oldest_age_seconds"),
+                    metric(text, "cardhour_clusters_offline"),
+                )
+            )
+            print(
+                f"  {samples[-1][0]:6.0f} s: unrated {samples[-1][1]:,.0f} (oldest {samples[-1][2]:.0f} s), "
+                f"clusters offline {samples[-1][3]:.0f}, Celery alive {celery.alive()}",
+                flush=True,
+            )
+        for thread in threads:
+            thread.join(180)
+        load_s = time.perf_counter() - began
+        cpu = groups.finish()
+
+        drained_at = _drain(port, seconds=args.drain_seconds, began=began, samples=samples)
+        report(
+            args, soak, samples, cpu, load_s=load_s, healthz=(healthz_cpu, healthz_n), drained_at=drained_at
+        )
+        errors += _check(soak)
+        for stats in soak.stats.values():
+            errors += stats.errors[:10]
+        if celery and not celery.alive():
+            errors.append("a Celery process died during the soak (see var/bench/soak-*.log)")
+    finally:
+        if celery:
+            celery.stop()
+        servers.stop()
+    for error in errors:
+        print("ERROR", error, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _healthz_baseline(port: int, pids: Sequence[int]) -> tuple[float, int]:
+    """CPU of the web server per ``/healthz``, alone, before the load: the same-run baseline."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    before, n = cpu_of(pids), 0
+    stop = time.monotonic() + 5
+    while time.monotonic() < stop:
+        conn.request("GET", "/healthz", headers={"Host": "127.0.0.1"})
+        conn.getresponse().read()
+        n += 1
+    conn.close()
+    return cpu_of(pids) - before, n
+
+
+def _drain(
+    port: int, *, seconds: float, began: float, samples: list[tuple[float, float, float, float]]
+) -> float:
+    """Wait for the unrated backlog to empty (rating runs each minute); when it did, in seconds since the
+    soak began (NaN: it did not within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = scrape(port)
+        unrated = metric(text, "cardhour_usage_unrated_records")
+        samples.append(
+            (
+                time.perf_counter() - began,
+                unrated,
+                metric(text, "cardhour_usage_unrated_oldest_age_seconds"),
+                metric(text, "cardhour_clusters_offline"),
+            )
+        )
+        if unrated == 0:
+            return time.perf_counter() - began
+        time.sleep(5)
+    return float("nan")
+
+
+def _check(soak: Soak) -> list[str]:
+    """Records in = records rated, and the ledger reconciles."""
+    from django.db import connection
+
+    from metering.services.maintenance import ledger_reconcile
+
+    problems = []
+    created = soak.stats["usage"].units
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM metering_usagerecord")
+        stored = cursor.fetchone()[0]
+    text = scrape(soak.port)
+    unrated = metric(text, "cardhour_usage_unrated_records")
+    print(f"\nusage records refused because failover had ended their lease: {soak.refused:,}")
+    print(
+        f"usage records: {created:,} created by the agents, {stored:,} stored, {stored - unrated:,.0f} rated, "
+        f"{unrated:,.0f} unrated after the drain"
+    )
+    if stored != created:
+        problems.append(f"{created:,} usage records were created but {stored:,} are stored")
+    if unrated != 0:
+        problems.append(f"{unrated:,.0f} usage records were still unrated after the drain")
+    report = ledger_reconcile()
+    breaches = getattr(report, "breaches", [])
+    print(f"ledger reconciliation: {'balanced, no breach' if not breaches else f'{len(breaches)} breaches'}")
+    problems += [f"ledger breach: {breach}" for breach in breaches]
+    return problems
+
+
+def report(
+    args: argparse.Namespace,
+    soak: Soak,
+    samples: Sequence[tuple[float, float, float, float]],
+    cpu: dict[str, float],
+    *,
+    load_s: float,
+    healthz: tuple[float, int],
+    drained_at: float,
+) -> None:
+    targets_rate = {
+        "heartbeat": args.clusters / HEARTBEAT_SECONDS,
+        "usage": args.leases / USAGE_EVERY_SECONDS,
+        "quote": args.quote_rate,
+    }
+    rows = []
+    for kind, stats in soak.stats.items():
+        values = sorted(stats.latencies)
+        p99 = percentile(values, 99) if values else float("nan")
+        target = TARGETS.get(kind)
+        rate = stats.units / load_s
+        rows.append(
+            [
+                kind,
+                f"{len(values):,}",
+                f"{stats.units:,}",
+                f"{rate:,.1f}",
+                f"{targets_rate[kind]:,.1f}",
+                f"{percentile(values, 50) * 1000:.1f}" if values else "-",
+                f"{p99 * 1000:.1f}" if values else "-",
+                f"{stats.late_s:.1f}",
+                f"{len(stats.errors):,}",
+                (
+                    ("PASS" if p99 <= target and rate >= 0.95 * targets_rate[kind] else "MISS")
+                    if target
+                    else ("PASS" if rate >= 0.95 * targets_rate[kind] else "MISS")
+                ),
+            ]
+        )
+    print_table(
+        f"Paths over {load_s:.0f} s (open loop; latency from when each request was due)",
+        [
+            "path",
+            "requests",
+            "units",
+            "units/s",
+            "design rate/s",
+            "p50 ms",
+            "p99 ms",
+            "most late s",
+            "errors",
+            "verdict",
+        ],
+        rows,
+    )
+    print_table(
+        "Unrated backlog over time (/metrics)",
+        ["at s", "unrated records", "oldest s", "clusters offline"],
+        [[f"{t:.0f}", f"{u:,.0f}", f"{o:.0f}", f"{c:.0f}"] for t, u, o, c in samples],
+    )
+    requests = sum(len(s.latencies) for s in soak.stats.values())
+    rated = soak.stats["usage"].units
+    healthz_cpu, healthz_n = healthz
+    print_table(
+        "CPU by process group over the load",
+        ["group", "CPU s", "share of 2 cores", "per operation"],
+        [
+            [
+                name,
+                f"{seconds:.1f}",
+                f"{seconds / (load_s * (os.cpu_count() or 1)):.0%}",
+                {
+                    "web server": f"{seconds / max(requests, 1) * 1000:.2f} ms per request "
+                    f"(/healthz alone: {healthz_cpu / max(healthz_n, 1) * 1000:.2f} ms)",
+                    "Celery worker": f"{seconds / max(rated, 1) * 1e6:.0f} µs per record created",
+                    "PostgreSQL": f"{seconds / max(requests, 1) * 1000:.2f} ms per request",
+                }.get(name, ""),
+            ]
+            for name, seconds in cpu.items()
+        ],
+    )
+    print(
+        "\nbacklog drained "
+        + (
+            f"{drained_at - load_s:.0f} s after the load stopped"
+            if drained_at == drained_at
+            else "NOT within the drain"
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--clusters", type=int, default=10_000)
+    parser.add_argument("--islands", type=int, default=100_000)
+    parser.add_argument("--leases", type=int, default=100_000, help="running leases (at most one per island)")
+    parser.add_argument("--operators", type=int, default=100)
+    parser.add_argument("--buyers", type=int, default=100)
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--quote-rate", type=float, default=200.0)
+    parser.add_argument("--quote-clients", type=int, default=4)
+    parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %)")
+    parser.add_argument("--workers", type=int, default=2, help="web server processes")
+    parser.add_argument("--celery-concurrency", type=int, default=2)
+    parser.add_argument("--drain-seconds", type=float, default=180.0)
+    parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--cache-url", default="redis://127.0.0.1:6379/6")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--quick", action="store_true", help="500 clusters, 5k islands and leases, 2 minutes")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.clusters, args.islands, args.leases, args.operators, args.minutes = 500, 5_000, 5_000, 10, 2.0
+        args.quote_rate, args.jobs, args.buyers = 20.0, 50, 20
+    if args.silent is None:
+        args.silent = max(1, args.clusters // 500)
+    database = (
+        BenchDatabase(url=args.database_url, owned=False)
+        if args.database_url
+        else BenchDatabase.create(name=BENCH_DATABASE)
+    )
+    try:
+        return run(args, database)
+    finally:
+        if not args.keep:
+            with contextlib.suppress(Exception):
+                database.drop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
