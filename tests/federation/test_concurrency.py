@@ -77,3 +77,51 @@ def test_concurrent_monitor_runs_record_each_offline_once():
     assert sorted(marked) == sorted(Cluster.objects.values_list("cpi", flat=True))
     assert ClusterStatusChange.objects.filter(to_status="offline").count() == 20
     assert set(Cluster.objects.values_list("status", flat=True)) == {"offline"}
+
+
+def test_a_heartbeat_locks_its_cluster_and_nothing_it_joins():
+    """A heartbeat locks its cluster's row only: not its operator's, hub's or chip's row, which every other
+    cluster of the operator, hub or chip shares (locking them queued an operator's heartbeats behind one
+    another and deadlocked two that took them in different orders). Another transaction holds all three
+    rows; the heartbeat must not wait for it."""
+    from core.models import Organisation
+    from federation.models import Accelerator, Hub
+    from federation.types import IslandReport
+
+    operator = OperatorFactory(slug="cucc")
+    cluster = make_cluster(operator=operator, islands=[("isl-01", 8)])
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_shared_rows() -> None:
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                Organisation.objects.select_for_update().filter(pk=operator.pk).exists()
+                Hub.objects.select_for_update().filter(pk=cluster.hub_id).exists()
+                Accelerator.objects.select_for_update().filter(pk=cluster.accelerator_id).exists()
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_shared_rows)
+    holder.start()
+    assert holding.wait(10)
+    try:
+        from django.db import transaction
+
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            result = services.heartbeat_record(
+                actor=Actor(organisation=operator, system_label="agent"),
+                cluster=cluster,
+                sent_at=timezone.now(),
+                health="ok",
+                islands=[IslandReport(name="isl-01", available_cards=8, unhealthy_cards=0)],
+            )
+        assert result.applied
+    finally:
+        release.set()
+        holder.join(30)
