@@ -35,9 +35,11 @@ and re-placed exactly once; ``Lease.replaces`` is also one-to-one in the databas
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
@@ -82,9 +84,16 @@ class FailoverOutcome:
     reason: str
 
 
-def leases_fail_over(*, now: datetime | None = None) -> int:
+def leases_fail_over(*, now: datetime | None = None, budget_seconds: float | None = None) -> int:
     """Interrupt every live lease of an offline or retired cluster and re-place what can be re-placed;
     returns how many leases were handled (0 when there is nothing to do, so running it twice is harmless).
+
+    A run takes no new lease once ``budget_seconds`` (``CARDHOUR_FAILOVER_RUN_SECONDS``) have passed: the
+    rest are left live for the next run, seconds later. When a whole hub goes down, thousands of leases
+    need a re-placement each; one run working through all of them held a Celery worker slot for minutes,
+    and with the copies beat kept sending it held every slot, so rating, lease events and the heartbeat
+    monitor stopped meanwhile (seen in benchmarks.soak). Each lease is still handled whole, in its own
+    transaction, however late.
 
     Deliberately not atomic as a whole: each lease is handled by ``lease_fail_over`` in its own
     transaction. A first pass skips leases whose buyer or lease row another transaction holds (so workers
@@ -102,8 +111,13 @@ def leases_fail_over(*, now: datetime | None = None) -> int:
     handled = 0
     busy: list[int] = []
     transient: OperationalError | None = None
+    budget = settings.CARDHOUR_FAILOVER_RUN_SECONDS if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
     for wait, lease_ids in ((False, candidates), (True, busy)):
         for lease_id in lease_ids:
+            if handled and time.monotonic() > deadline:
+                logger.info("failover: %s s spent; the leases left are for the next run", budget)
+                return _raise_or(handled, transient)
             try:
                 outcome = lease_fail_over(lease_id=lease_id, now=now, wait=wait)
             except LeaseBusy:
@@ -121,6 +135,10 @@ def leases_fail_over(*, now: datetime | None = None) -> int:
                 continue
             if outcome is not None:
                 handled += 1
+    return _raise_or(handled, transient)
+
+
+def _raise_or(handled: int, transient: OperationalError | None) -> int:
     if transient is not None:
         raise transient  # the task retries it soon; what was handled is committed and is not done twice
     return handled

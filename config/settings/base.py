@@ -273,6 +273,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Heartbeats: a cluster that misses HEARTBEAT_MISSED_LIMIT intervals in a row goes offline.
 CARDHOUR_HEARTBEAT_INTERVAL_SECONDS = env.int("CARDHOUR_HEARTBEAT_INTERVAL_SECONDS", default=30)
 CARDHOUR_HEARTBEAT_MISSED_LIMIT = env.int("CARDHOUR_HEARTBEAT_MISSED_LIMIT", default=3)
+# One failover run (every 5 s) takes no new lease after this many seconds; the rest wait for the next run, so a
+# hub going down cannot hold every Celery worker slot while thousands of leases are re-placed.
+CARDHOUR_FAILOVER_RUN_SECONDS = env.float("CARDHOUR_FAILOVER_RUN_SECONDS", default=20.0)
 # Fleet imports and island registration are bounded so one request cannot hold the database for long.
 CARDHOUR_MAX_ISLANDS_PER_CLUSTER = env.int("CARDHOUR_MAX_ISLANDS_PER_CLUSTER", default=4096)
 # The largest clusters being built hold 100,000 cards; ten times that is a typo, not a cluster.

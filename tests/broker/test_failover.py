@@ -585,3 +585,21 @@ def test_a_job_pinned_to_its_cluster_is_not_moved_elsewhere(
     assert "could not be re-placed: no other cluster can take it within the job's constraints" in (
         job.failure_reason
     )
+
+
+def test_a_run_out_of_time_leaves_the_rest_for_the_next_run(
+    market: dict[str, Cluster], funded_buyer: Organisation
+) -> None:
+    """A hub outage must not hold a worker slot for minutes: a run takes no new lease once its budget is
+    spent (at least one, so every run makes progress), and the next runs handle the rest, each lease once."""
+    leases = [
+        running_lease(a800_job(funded_buyer, checkpointable=True, cards=2), market["east"], island=island)
+        for island in ("isl-01", "isl-01", "isl-02")
+    ]
+    take_offline(market["east"])
+
+    assert [leases_fail_over(budget_seconds=0) for _ in range(4)] == [1, 1, 1, 0]
+    assert set(
+        Lease.objects.filter(pk__in=[lease.pk for lease in leases]).values_list("state", flat=True)
+    ) == {LeaseState.INTERRUPTED}
+    assert Lease.objects.filter(replaces__in=leases).count() == 3
