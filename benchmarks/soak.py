@@ -480,14 +480,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         port = servers.ports[0]
         client = JsonClient(host="127.0.0.1", ports=[port])
         server_pids = [p.pid for p in servers.processes]
-        healthz_cpu, healthz_n = _healthz_baseline(port, server_pids)
         jobs = create_jobs(
             client, token=market.quote_buyer_token, n=args.jobs, duration_hours=8, seed=args.seed
         )
-
-        subprocess.run(["redis-cli", "-u", args.broker_url, "flushdb"], check=False, capture_output=True)
-        celery = Celery(dict(servers.env), concurrency=args.celery_concurrency, log_dir=log_dir)
-
+        for job in jobs[: args.workers * 4]:  # every worker's catalogue loaded before the baseline
+            client.call(
+                "POST", f"/api/v1/jobs/{job}/quotes", token=market.quote_buyer_token, body={"limit": 10}
+            )
+        healthz_cpu, healthz_n = _healthz_baseline(port, server_pids)
         clusters = [
             (
                 plan.cpi,
@@ -496,6 +496,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             )
             for plan in market.fleet
         ]
+        # Every cluster beats once before the monitor starts: the market was written with no heartbeat, and
+        # the monitor would take the whole fleet offline at its first run.
+        _first_beats(port, clusters)
+        subprocess.run(["redis-cli", "-u", args.broker_url, "flushdb"], check=False, capture_output=True)
+        celery = Celery(dict(servers.env), concurrency=args.celery_concurrency, log_dir=log_dir)
+
         by_operator: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         began_s = int(time.time())
         for pk, lease in enumerate(market.leases, start=1):
@@ -583,6 +589,29 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
     for error in errors:
         print("ERROR", error, file=sys.stderr)
     return 1 if errors else 0
+
+
+def _first_beats(port: int, clusters: Sequence[tuple[str, str, list[tuple[str, int]]]]) -> None:
+    def beat(share: Sequence[tuple[str, str, list[tuple[str, int]]]]) -> None:
+        conn = Connection(port)
+        for cpi, token, islands in share:
+            body = json.dumps(
+                {
+                    "sent_at": datetime.now(UTC).isoformat(),
+                    "health": "ok",
+                    "islands": [{"name": n, "available_cards": c, "unhealthy_cards": 0} for n, c in islands],
+                }
+            ).encode()
+            code, raw = conn.call("POST", f"/api/v1/clusters/{cpi}/heartbeats", token=token, body=body)
+            if code != 200:
+                raise SystemExit(f"first heartbeat of {cpi}: HTTP {code} {raw[:200]!r}")
+        conn.close()
+
+    threads = [threading.Thread(target=beat, args=(clusters[t::8],)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def _healthz_baseline(port: int, pids: Sequence[int]) -> tuple[float, int]:
