@@ -70,8 +70,17 @@ class Phase:
     connections: int = 0
     wall_s: float = 0.0
 
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
     def requests(self) -> int:
         return sum(len(v) for v in self.latencies.values())
+
+    def answer(self, kind: str, *, code: int, raw: bytes, took: float) -> None:
+        with self.lock:
+            if code in (200, 201):
+                self.latencies[kind].append(took)
+            else:
+                self.errors.append(f"{kind}: HTTP {code} {raw[:200]!r}")
 
 
 def _request(
@@ -132,7 +141,6 @@ def mixed_load(
     """``clients`` closed-loop threads, each cycling healthz → heartbeat → quote until ``seconds`` pass: the
     server's capacity (it keeps both cores busy, so latency here is mostly queueing)."""
     stop_at = time.monotonic() + seconds
-    lock = threading.Lock()
 
     def client(n: int) -> None:
         rng = random.Random(n)
@@ -144,20 +152,11 @@ def mixed_load(
                 i += 1
                 began = time.perf_counter()
                 code, raw = _request(conn, kind, rng, heartbeat=heartbeat, quotes=quotes)
-                took = time.perf_counter() - began
-                with lock:
-                    if code in (200, 201):
-                        phase.latencies[kind].append(took)
-                    else:
-                        phase.errors.append(f"{kind}: HTTP {code} {raw[:200]!r}")
+                phase.answer(kind, code=code, raw=raw, took=time.perf_counter() - began)
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _run_threads(client, clients)
 
 
 def open_loop_load(
@@ -177,7 +176,6 @@ def open_loop_load(
     Latency runs from when a request was *due*, not from when its thread got round to sending it, so a
     server that falls behind is charged for the queue it builds (no coordinated omission)."""
     stop_at = time.monotonic() + seconds
-    lock = threading.Lock()
     per_sender = rate / senders
 
     def sender(n: int) -> None:
@@ -191,17 +189,16 @@ def open_loop_load(
                     time.sleep(pause)
                 kind = KINDS[rng.randrange(len(KINDS))]
                 code, raw = _request(conn, kind, rng, heartbeat=heartbeat, quotes=quotes)
-                took = time.perf_counter() - due
-                with lock:
-                    if code in (200, 201):
-                        phase.latencies[kind].append(took)
-                    else:
-                        phase.errors.append(f"{kind}: HTTP {code} {raw[:200]!r}")
+                phase.answer(kind, code=code, raw=raw, took=time.perf_counter() - due)
                 due += rng.expovariate(per_sender)
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=sender, args=(n,), daemon=True) for n in range(senders)]
+    _run_threads(sender, senders)
+
+
+def _run_threads(target: Callable[[int], None], n: int) -> None:
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
