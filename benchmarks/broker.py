@@ -887,7 +887,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             with CpuSampler(server_pids=server_pids, database=database.name) as quote_cpu:
                 while wall < args.min_seconds or rounds == 0:
                     result = run_closed_loop(
-                        requests=quote_requests(job_ids, args.quotes, market.quote_buyer_token, offset=rounds),
+                        requests=quote_requests(
+                            job_ids, args.quotes, market.quote_buyer_token, offset=rounds
+                        ),
                         host=servers.host,
                         ports=servers.ports,
                         concurrency=args.concurrency,
@@ -911,7 +913,10 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 HttpRequest(
                     "POST",
                     "/api/v1/operator/usage",
-                    {"Authorization": f"Bearer {market.operator_tokens[op]}", "Content-Type": "application/json"},
+                    {
+                        "Authorization": f"Bearer {market.operator_tokens[op]}",
+                        "Content-Type": "application/json",
+                    },
                     usage_body(records),
                 )
                 for op, records in batches
@@ -921,7 +926,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 if status != 201:
                     return f"usage batch {index}: HTTP {status} {body[:300]!r}"
                 created = json.loads(body)["created"]
-                return None if created == len(batches[index][1]) else f"usage batch {index}: {created} created"
+                return (
+                    None if created == len(batches[index][1]) else f"usage batch {index}: {created} created"
+                )
 
             with CpuSampler(server_pids=server_pids, database=database.name) as usage_cpu:
                 usage = run_closed_loop(
@@ -971,7 +978,10 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             f"{args.duration_hours} h run; {args.concurrency} clients, {args.workers} workers",
             ["figure", "value"],
             [
-                ["market", f"{len(market.fleet):,} clusters, {islands:,} islands, {len(market.leases):,} leases"],
+                [
+                    "market",
+                    f"{len(market.fleet):,} clusters, {islands:,} islands, {len(market.leases):,} leases",
+                ],
                 ["quotes timed", f"{len(latencies):,} over {wall:.1f} s (after {args.warmup} warm-up)"],
                 ["p50 / p90 ms", f"{ms(p50)} / {ms(percentile(ordered, 90))}"],
                 ["p99 / p99.9 / max ms", f"{ms(p99)} / {ms(p999)} / {ms(ordered[-1])}"],
