@@ -19,7 +19,6 @@ Rules, in order:
 from __future__ import annotations
 
 import hashlib
-from hashlib import sha256
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -92,7 +91,7 @@ class _Validated:
             f"{cluster_id}|{buyer_id}|{cards}|{int(start.timestamp())}|{int(end.timestamp())}|"
             f"{price_card_id}|{reference}"
         )
-        self.hash = sha256(body.encode()).hexdigest()
+        self.hash = hashlib.sha256(body.encode()).hexdigest()
 
 
 def _price_card_index(cluster_ids: set[int]) -> dict[int, list[tuple[int, datetime, int]]]:
