@@ -930,6 +930,29 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     None if created == len(batches[index][1]) else f"usage batch {index}: {created} created"
                 )
 
+            # Warm each worker's usage path (imports, URL resolution, the body's validator) outside the timed
+            # part, as the quotes do when both parts run: an empty batch is refused with 400 and writes nothing.
+            if args.only == "usage":
+                warm_token = market.operator_tokens[batches[0][0]]
+                for port in servers.ports:
+                    warmed = run_closed_loop(
+                        requests=[
+                            HttpRequest(
+                                "POST",
+                                "/api/v1/operator/usage",
+                                {"Authorization": f"Bearer {warm_token}", "Content-Type": "application/json"},
+                                b'{"records": []}',
+                            )
+                        ]
+                        * 4,
+                        host=servers.host,
+                        ports=[port],
+                        concurrency=1,
+                        check=lambda i, status, body: (
+                            None if status == 400 else f"usage warm-up: HTTP {status}"
+                        ),
+                    )
+                    errors += warmed.errors
             with CpuSampler(server_pids=server_pids, database=database.name) as usage_cpu:
                 usage = run_closed_loop(
                     requests=requests,

@@ -51,6 +51,11 @@ def _message(error: Any) -> str:
         return _("This field is required.")
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         return _("Must be %(what)s, not %(kind)s.") % {"what": _("an integer"), "kind": _json_kind(value)}
+    if kind == "datetime_type":
+        return _("Must be %(what)s, not %(kind)s.") % {
+            "what": _("a date-time string"),
+            "kind": _json_kind(value),
+        }
     if kind == "string_type":
         return _("Must be %(what)s, not %(kind)s.") % {"what": _("a string"), "kind": _json_kind(value)}
     if kind == "list_type":
