@@ -25,8 +25,6 @@ from pydantic import AfterValidator, AwareDatetime, BeforeValidator, TypeAdapter
 from pydantic_core import PydanticCustomError
 from rest_framework import exceptions
 
-from core.api.strict import _json_kind
-
 T = TypeVar("T")
 
 # DRF's description of the date-time formats it takes (rest_framework.fields.DateTimeField with ISO 8601).
@@ -49,6 +47,21 @@ def _in_utc(value: datetime) -> datetime:
 AwareDateTime = Annotated[AwareDatetime, BeforeValidator(_datetime_text), AfterValidator(_in_utc)]
 """An ISO 8601 date-time string that carries its UTC offset (a naive time is ambiguous across the platform's
 time zones, so it is refused instead of guessed); validated to the same instant in UTC."""
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words (core.api.strict says the same in English only)."""
+    if isinstance(value, bool):
+        return _("a boolean")
+    if isinstance(value, int | float):
+        return _("a number")
+    if isinstance(value, str):
+        return _("a string")
+    if isinstance(value, list):
+        return _("a list")
+    if isinstance(value, dict):
+        return _("an object")
+    return type(value).__name__
 
 
 def _message(error: Any) -> str:
