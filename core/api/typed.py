@@ -174,7 +174,7 @@ def _untitled(schema: Any) -> Any:
     return schema
 
 
-class TypedBodyExtension(OpenApiSerializerExtension):  # type: ignore[no-untyped-call]
+class TypedBodyExtension(OpenApiSerializerExtension):
     """drf-spectacular: a TypedBody is a component named after it, its nested declarations components too
     (with drf-spectacular's ``Request`` suffix on the request side, as serializers get)."""
 
