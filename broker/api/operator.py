@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import random
 import time
-from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.db import connection
 from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from pydantic import ConfigDict, Field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
+from typing_extensions import TypedDict
 
 from broker import selectors
 from broker.models import Lease, LeaseState
@@ -34,6 +35,7 @@ from core.api.longpoll import LongPoll, long_poll_view
 from core.api.pagination import PAGE_SCHEMA, PAGE_SIZE_SCHEMA, StandardPagination
 from core.api.permissions import IsOperator
 from core.api.schema import ErrorSerializer
+from core.api.typed import AwareDateTime, TypedBody
 from federation.api.schema import cluster_cpi_grammar
 from federation.identifiers import MAX_LENGTH
 from metering.errors import UsageBatchTooLargeError, UsageConflictError
@@ -369,48 +371,27 @@ class OperatorLeaseStopApi(APIView):
 # --- Usage ------------------------------------------------------------------------------------------
 
 
-def _aware(value: Any) -> datetime | None:
-    if type(value) is not str:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            return None
-        parsed.astimezone(UTC)  # an offset that pushes year 1 out of range fails here, not later
-    except (ValueError, OverflowError):
-        return None
-    return parsed
+class OperatorUsageCreateInputRecord(TypedDict):
+    # A key's surrounding spaces are trimmed, as DRF's CharField did: "  k  " and "k" are one key.
+    __pydantic_config__ = ConfigDict(str_strip_whitespace=True)  # type: ignore[misc]
+
+    lease: Annotated[int, Field(ge=1, le=_ID_MAX, strict=True)]
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=200, strict=True)]
+    start_at: Annotated[AwareDateTime, Field(description="Whole seconds; the interval is half-open.")]
+    end_at: AwareDateTime
+    cards: Annotated[int, Field(ge=1, strict=True)]
 
 
-def _usage_records_fast(data: Any) -> list[dispatch.LeaseUsageInput] | None:
-    """Parse a well-formed usage body without DRF (a serializer costs ~25 ms per 1,000 records, as much as
-    storing them). Accepts only what the Input serializer accepts, with the same values; anything else
-    returns None and the serializer does the work, so error answers are DRF's."""
-    if type(data) is not dict:
-        return None
-    raw = data.get("records")
-    if type(raw) is not list or not raw:
-        return None
-    parsed: list[dispatch.LeaseUsageInput] = []
-    for item in raw:
-        if type(item) is not dict:
-            return None
-        lease, key, cards = item.get("lease"), item.get("idempotency_key"), item.get("cards")
-        if type(lease) is not int or not 0 < lease <= _ID_MAX:
-            return None
-        if type(key) is not str or not 0 < len(key) <= 200 or key != key.strip() or "\x00" in key:
-            return None
-        if type(cards) is not int or cards < 1:
-            return None
-        start_at, end_at = _aware(item.get("start_at")), _aware(item.get("end_at"))
-        if start_at is None or end_at is None:
-            return None
-        parsed.append(
-            dispatch.LeaseUsageInput(
-                lease_id=lease, idempotency_key=key, start_at=start_at, end_at=end_at, cards=cards
-            )
-        )
-    return parsed
+class OperatorUsageCreateInput(TypedDict):
+    records: Annotated[
+        list[OperatorUsageCreateInputRecord],
+        Field(min_length=1, max_length=settings.CARDHOUR_USAGE_BATCH_MAX),
+    ]
+
+
+# The one declaration of a usage batch: it validates the body (pydantic-core, ~1 ms per 1,000 records where a
+# DRF serializer took ~25 ms) and generates the request schema (core.api.typed).
+USAGE_BODY = TypedBody(OperatorUsageCreateInput, name="OperatorUsageCreateInput")
 
 
 class OperatorUsageCreateApi(APIView):
@@ -438,16 +419,6 @@ class OperatorUsageCreateApi(APIView):
 
     permission_classes = [IsOperator]
 
-    class Input(serializers.Serializer):
-        class Record(serializers.Serializer):
-            lease = serializers.IntegerField(min_value=1, max_value=_ID_MAX)
-            idempotency_key = serializers.CharField(max_length=200)
-            start_at = AwareDateTimeField(help_text="Whole seconds; the interval is half-open.")
-            end_at = AwareDateTimeField()
-            cards = serializers.IntegerField(min_value=1)
-
-        records = Record(many=True, allow_empty=False, max_length=settings.CARDHOUR_USAGE_BATCH_MAX)  # type: ignore[call-arg]
-
     class Output(serializers.Serializer):
         class Outcome(serializers.Serializer):
             index = serializers.IntegerField()
@@ -464,7 +435,7 @@ class OperatorUsageCreateApi(APIView):
 
     @extend_schema(
         operation_id="operator_usage_create",
-        request=Input,
+        request=USAGE_BODY,
         responses={
             201: Output,
             200: Output,
@@ -482,20 +453,16 @@ class OperatorUsageCreateApi(APIView):
                 _("A batch holds at most %(limit)d records, not %(n)d.") % {"limit": limit, "n": len(raw)},
                 extra={"max": limit},
             )
-        records = _usage_records_fast(request.data)
-        if records is None:
-            data = self.Input(data=request.data)
-            data.is_valid(raise_exception=True)
-            records = [
-                dispatch.LeaseUsageInput(
-                    lease_id=r["lease"],
-                    idempotency_key=r["idempotency_key"],
-                    start_at=r["start_at"],
-                    end_at=r["end_at"],
-                    cards=r["cards"],
-                )
-                for r in data.validated_data["records"]
-            ]
+        records = [
+            dispatch.LeaseUsageInput(
+                lease_id=r["lease"],
+                idempotency_key=r["idempotency_key"],
+                start_at=r["start_at"],
+                end_at=r["end_at"],
+                cards=r["cards"],
+            )
+            for r in USAGE_BODY.validate(request.data)["records"]
+        ]
         actor = actor_from_request(request)
         result = dispatch.lease_usage_report(operator=actor.organisation, records=records, actor=actor)
         body = {

@@ -393,8 +393,30 @@ def _usage_error_document(error: _UsageError) -> dict[str, Any]:
     return document
 
 
+def _usage_spans(records: Sequence[LeaseUsageInput]) -> list[tuple[int, int] | None]:
+    """Each record's ``[start, end)`` in microseconds since the epoch, or None where a timestamp is not an
+    aware datetime (metering reports those): computed once for the checks that follow."""
+    spans: list[tuple[int, int] | None] = []
+    for record in records:
+        start, end = record.start_at, record.end_at
+        if (
+            isinstance(start, datetime)
+            and isinstance(end, datetime)
+            and start.utcoffset() is not None
+            and end.utcoffset() is not None
+        ):
+            spans.append((_micros(start), _micros(end)))
+        else:
+            spans.append(None)
+    return spans
+
+
 def _usage_overruns(
-    *, operator: Organisation, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseRow]
+    *,
+    operator: Organisation,
+    records: Sequence[LeaseUsageInput],
+    rows: dict[int, _LeaseRow],
+    spans: Sequence[tuple[int, int] | None],
 ) -> list[_UsageError]:
     """``usage_over_lease`` faults: records that would take their lease (or its failover chain) over its
     cards at some instant, counting what is already stored (see broker.services.usage_overlap)."""
@@ -404,20 +426,10 @@ def _usage_overruns(
     }
     fresh = [
         usage_overlap.NewRecord(
-            index,
-            record.idempotency_key,
-            record.lease_id,
-            record.cards,
-            _micros(record.start_at),
-            _micros(record.end_at),
+            index, record.idempotency_key, record.lease_id, record.cards, span[0], span[1]
         )
-        for index, record in enumerate(records)
-        if isinstance(record.cards, int)
-        and isinstance(record.start_at, datetime)
-        and isinstance(record.end_at, datetime)
-        and record.start_at.utcoffset() is not None
-        and record.end_at.utcoffset() is not None
-        and record.end_at > record.start_at
+        for index, (record, span) in enumerate(zip(records, spans, strict=True))
+        if isinstance(record.cards, int) and span is not None and span[1] > span[0]
     ]
     overruns = usage_overlap.usage_overruns(operator_id=operator.pk, leases=facts, records=fresh)
     return [
@@ -510,7 +522,12 @@ def _usage_leases(*, operator: Organisation, lease_ids: set[int]) -> dict[int, _
     }
 
 
-def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseRow]) -> list[_UsageError]:
+def _usage_errors(
+    *,
+    records: Sequence[LeaseUsageInput],
+    rows: dict[int, _LeaseRow],
+    spans: Sequence[tuple[int, int] | None],
+) -> list[_UsageError]:
     interval_us = settings.CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS * 1_000_000
     errors: list[_UsageError] = []
     for index, record in enumerate(records):
@@ -547,12 +564,10 @@ def _usage_errors(*, records: Sequence[LeaseUsageInput], rows: dict[int, _LeaseR
                     % {"lease": lease.id, "cards": lease.cards, "reported": cards},
                 )
             )
-        start, end = record.start_at, record.end_at
-        if not (isinstance(start, datetime) and isinstance(end, datetime)) or (
-            start.utcoffset() is None or end.utcoffset() is None
-        ):
+        span = spans[index]
+        if span is None:
             continue  # metering reports the timestamps themselves
-        start_us, end_us = _micros(start), _micros(end)
+        start_us, end_us = span
         if start_us < lease.start_us:
             errors.append(
                 _UsageError(
@@ -709,12 +724,13 @@ def lease_usage_report(
         return UsageBatchResult(outcomes=())
     lease_ids = {r.lease_id for r in records if isinstance(r.lease_id, int) and 0 < r.lease_id < _ID_MAX}
     rows = _usage_leases(operator=operator, lease_ids=lease_ids)
-    errors = _usage_errors(records=records, rows=rows)
+    spans = _usage_spans(records)
+    errors = _usage_errors(records=records, rows=rows, spans=spans)
     if errors:
         replays = _replays(operator=operator, records=records, errors=errors)
         errors = [e for e in errors if e.index not in replays]
     if not errors:
-        errors = _usage_overruns(operator=operator, records=records, rows=rows)
+        errors = _usage_overruns(operator=operator, records=records, rows=rows, spans=spans)
         if errors:
             shown = errors[:100]
             raise LeaseUsageOverLeaseError(

@@ -13,13 +13,15 @@ lease's own records are also held to its own cards).
 
 Cost. The usage path is the platform's hot path, so the common case costs no query at all: a lease's
 accepted records all end at or before its ``last_usage_end_at`` (the *frontier*, kept by the usage report
-under the same lock), so a chain whose new records all start at or after the frontier of every member
-cannot overlap anything already stored, and a chain with a single such record cannot exceed its cards on
-its own (``cards_over_lease`` already refused that). Only the rest — a record that starts before a frontier
-(a late or repeated report), several records of one chain in one batch, or a chain of several leases — reads
-the stored records that overlap the batch's span (one query on the ``reference`` index) and the batch's keys
-already stored (a key already stored is a duplicate or a conflict: it is not written again, so it does not
-count), and runs a sweep over interval endpoints.
+under the same lock), so new records of a lease (a chain of one) that all start at or after its frontier
+cannot overlap anything already stored: a single such record cannot exceed its cards on its own
+(``cards_over_lease`` already refused that), and several are swept against each other in memory (the keys
+already stored are asked for only when that sweep finds an overrun, since a reused key is never written and
+must not count). Only the rest — a record that starts before the frontier (a late or repeated report), or a
+chain of several leases — reads the stored records of the chain that overlap the span of the chain's new
+records (one query on the ``reference`` index for the batch, each chain filtered by its own span) and the
+batch's keys already stored, and runs a sweep over interval endpoints. Nothing in this grows with the number
+of leases on the platform: the work is per record of the batch, plus the stored history of late leases.
 
 Concurrency: the caller holds the batch's lease rows (``FOR NO KEY UPDATE``), so two batches for the same
 lease are serialised and the second sees the first's records and frontier. A chain of several leases is also
@@ -233,6 +235,104 @@ def _lock_chains(roots: Sequence[int]) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_CHAIN_LOCK_CLASS, root])
 
 
+def _stored_intervals(
+    *, operator_id: int, spans: dict[int, tuple[int, int]], roots: dict[int, _Chain]
+) -> dict[int, list[tuple[int, int, int, int]]]:
+    """Per chain root, the stored records of the chain's members that overlap the span of the chain's new
+    records, as (lease id, start µs, end µs, cards): one query on the ``reference`` index, each chain's
+    records filtered by its own span (not the batch's, which spans every lease's history)."""
+    stored: dict[int, list[tuple[int, int, int, int]]] = {root: [] for root in spans}
+    references: list[str] = []
+    lows: list[datetime] = []
+    highs: list[datetime] = []
+    owner: dict[str, int] = {}
+    for root, (low, high) in spans.items():
+        for member in roots[root].members:
+            reference = f"lease:{member.id}"
+            owner[reference] = root
+            references.append(reference)
+            lows.append(at_micros(low))
+            highs.append(at_micros(high))
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT u.reference, u.cards,
+                       (EXTRACT(EPOCH FROM u.start_at) * 1000000)::bigint,
+                       (EXTRACT(EPOCH FROM u.end_at) * 1000000)::bigint
+                  FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) AS span(reference, low, high)
+                  JOIN {UsageRecord._meta.db_table} AS u
+                    ON u.reference = span.reference AND u.start_at < span.high AND u.end_at > span.low
+                 WHERE u.operator_id = %s
+                """,  # noqa: S608  # the table name is the model's, the values are parameters
+                [references, lows, highs, operator_id],
+            )
+            rows: Iterable[tuple[str, int, int, int]] = cursor.fetchall()
+    else:
+        span_of = dict(zip(references, zip(lows, highs, strict=True), strict=True))
+        rows = [
+            (reference, cards, micros(start_at), micros(end_at))
+            for reference, cards, start_at, end_at in UsageRecord.objects.filter(
+                operator_id=operator_id,
+                reference__in=references,
+                start_at__lt=max(highs),
+                end_at__gt=min(lows),
+            ).values_list("reference", "cards", "start_at", "end_at")
+            if start_at < span_of[reference][1] and end_at > span_of[reference][0]
+        ]
+    for reference, cards, start_us, end_us in rows:
+        stored[owner[reference]].append((int(reference.removeprefix("lease:")), start_us, end_us, cards))
+    return stored
+
+
+def _stored_keys(*, operator_id: int, keys: list[str]) -> set[str]:
+    return set(
+        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=keys).values_list(
+            "idempotency_key", flat=True
+        )
+    )
+
+
+def _chain_overruns(
+    *,
+    chain: _Chain,
+    group: Sequence[NewRecord],
+    stored: Sequence[tuple[int, int, int, int]],
+    stored_keys: set[str],
+) -> list[Overrun]:
+    seen: set[str] = set()
+    fresh: list[NewRecord] = []
+    for record in group:
+        # A key already stored (or earlier in this batch) is a duplicate or a conflict: never written.
+        if record.key in stored_keys or record.key in seen:
+            continue
+        seen.add(record.key)
+        fresh.append(record)
+    if not fresh:
+        return []
+    everything = [(s, e, c) for _, s, e, c in stored] + [(r.start_us, r.end_us, r.cards) for r in fresh]
+    found = {
+        o.index: o
+        for o in _overruns_of(
+            records=fresh, stretches=over_capacity(everything, capacity=chain.cards), capacity=chain.cards
+        )
+    }
+    if len(chain.members) > 1 and len({m.cards for m in chain.members}) > 1:
+        for member in chain.members:  # members of different sizes: each also within its own cards
+            own = [r for r in fresh if r.lease_id == member.id]
+            if not own:
+                continue
+            intervals = [(s, e, c) for lid, s, e, c in stored if lid == member.id]
+            intervals += [(r.start_us, r.end_us, r.cards) for r in own]
+            for o in _overruns_of(
+                records=own,
+                stretches=over_capacity(intervals, capacity=member.cards),
+                capacity=member.cards,
+            ):
+                found.setdefault(o.index, o)
+    return list(found.values())
+
+
 def usage_overruns(
     *, operator_id: int, leases: dict[int, LeaseFacts], records: Sequence[NewRecord]
 ) -> list[Overrun]:
@@ -247,76 +347,50 @@ def usage_overruns(
         by_chain.setdefault(chains[record.lease_id].root, []).append(record)
     roots = {chain.root: chain for chain in chains.values()}
 
-    checked: list[int] = []
+    # In order: a lease of its own whose new records all start at or after its frontier. Nothing stored can
+    # overlap them, so only the batch's records are swept, with no query. Late: everything else that can
+    # overrun (a record before the frontier, or a chain of several leases, whose other members' frontiers
+    # were read before the chain lock): the stored records overlapping the chain's span are read.
+    in_order: list[int] = []
+    late: list[int] = []
     for root, group in by_chain.items():
         chain = roots[root]
         frontier = chain.frontier_us
-        late = frontier is not None and any(r.start_us < frontier for r in group)
-        if late or len(group) > 1 or len(chain.members) > 1:
-            checked.append(root)
-    if not checked:
+        if len(chain.members) > 1 or (frontier is not None and any(r.start_us < frontier for r in group)):
+            late.append(root)
+        elif len(group) > 1:
+            in_order.append(root)
+    if not late and not in_order:
         return []
-    _lock_chains([root for root in checked if len(roots[root].members) > 1])
-
-    groups = {root: by_chain[root] for root in checked}
-    new_keys = [r.key for group in groups.values() for r in group]
-    stored_keys = set(
-        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=new_keys).values_list(
-            "idempotency_key", flat=True
-        )
-    )
-    # Stored records of these chains that could overlap the batch: one query over the reference index.
-    references: dict[str, int] = {}
-    for root in checked:
-        for member in roots[root].members:
-            references[f"lease:{member.id}"] = root
-    span_start = min(r.start_us for group in groups.values() for r in group)
-    span_end = max(r.end_us for group in groups.values() for r in group)
-    stored: dict[int, list[tuple[int, int, int, int]]] = {root: [] for root in checked}
-    rows = UsageRecord.objects.filter(
-        operator_id=operator_id,
-        reference__in=list(references),
-        start_at__lt=at_micros(span_end),
-        end_at__gt=at_micros(span_start),
-    ).values_list("reference", "cards", "start_at", "end_at")
-    for reference, cards, start_at, end_at in rows:
-        lease_id = int(reference.removeprefix("lease:"))
-        stored[references[reference]].append((lease_id, micros(start_at), micros(end_at), cards))
+    _lock_chains([root for root in late if len(roots[root].members) > 1])
 
     overruns: list[Overrun] = []
-    for root in checked:
-        chain = roots[root]
-        seen: set[str] = set()
-        fresh: list[NewRecord] = []
-        for record in groups[root]:
-            # A key already stored (or earlier in this batch) is a duplicate or a conflict: never written.
-            if record.key in stored_keys or record.key in seen:
-                continue
-            seen.add(record.key)
-            fresh.append(record)
-        if not fresh:
-            continue
-        everything = [(s, e, c) for _, s, e, c in stored[root]] + [
-            (r.start_us, r.end_us, r.cards) for r in fresh
-        ]
-        found = {
-            o.index: o
-            for o in _overruns_of(
-                records=fresh, stretches=over_capacity(everything, capacity=chain.cards), capacity=chain.cards
-            )
+    if late:
+        spans = {
+            root: (min(r.start_us for r in by_chain[root]), max(r.end_us for r in by_chain[root]))
+            for root in late
         }
-        if len(chain.members) > 1 and len({m.cards for m in chain.members}) > 1:
-            for member in chain.members:  # members of different sizes: each also within its own cards
-                own = [r for r in fresh if r.lease_id == member.id]
-                if not own:
-                    continue
-                intervals = [(s, e, c) for lid, s, e, c in stored[root] if lid == member.id]
-                intervals += [(r.start_us, r.end_us, r.cards) for r in own]
-                for o in _overruns_of(
-                    records=own,
-                    stretches=over_capacity(intervals, capacity=member.cards),
-                    capacity=member.cards,
-                ):
-                    found.setdefault(o.index, o)
-        overruns.extend(found.values())
+        stored = _stored_intervals(operator_id=operator_id, spans=spans, roots=roots)
+        stored_keys = _stored_keys(
+            operator_id=operator_id, keys=[r.key for root in late for r in by_chain[root]]
+        )
+        for root in late:
+            overruns += _chain_overruns(
+                chain=roots[root], group=by_chain[root], stored=stored[root], stored_keys=stored_keys
+            )
+    over = [
+        root
+        for root in in_order
+        if _chain_overruns(chain=roots[root], group=by_chain[root], stored=(), stored_keys=set())
+    ]
+    if over:
+        # Only now ask which keys are stored already (a conflict under a reused key is never written, so
+        # it does not count): the common batch that fits never pays for the query.
+        stored_keys = _stored_keys(
+            operator_id=operator_id, keys=[r.key for root in over for r in by_chain[root]]
+        )
+        for root in over:
+            overruns += _chain_overruns(
+                chain=roots[root], group=by_chain[root], stored=(), stored_keys=stored_keys
+            )
     return sorted(overruns, key=lambda o: o.index)

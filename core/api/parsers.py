@@ -93,6 +93,24 @@ def text_check(document: Any, *, max_depth: int) -> None:
             stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
 
 
+def _deeper_than(document: Any, max_depth: int) -> bool:
+    """Whether text_check would find a value (other than a string) nested deeper than ``max_depth``."""
+    if not isinstance(document, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > max_depth:
+                    return True
+                stack.append((child, depth + 1))
+            elif depth + 1 > max_depth and not isinstance(child, str):
+                return True
+    return False
+
+
 class JSONParser(BaseParser):
     media_type = "application/json"
 
@@ -109,8 +127,12 @@ class JSONParser(BaseParser):
             raise PayloadTooDeepError(_too_deep(max_depth), extra={"max_depth": max_depth}) from exc
         except ValueError as exc:
             raise ParseError(_("JSON parse error: %(error)s") % {"error": exc}) from exc
-        # Deep nesting needs at least max_depth opening brackets; text trouble needs an escape.
-        if raw.count(b"[") + raw.count(b"{") > max_depth or _SUSPECT_ESCAPE.search(raw):
+        # Text trouble needs an escape; deep nesting needs at least max_depth opening brackets, and then a
+        # walk over the containers alone finds it (a usage batch has a thousand objects, none deep, and
+        # its strings need no look). Either way text_check says where.
+        if _SUSPECT_ESCAPE.search(raw) or (
+            raw.count(b"[") + raw.count(b"{") > max_depth and _deeper_than(document, max_depth)
+        ):
             text_check(document, max_depth=max_depth)
         # The top-level object is marked so its serializer checks every value's JSON type (core.api.strict).
         return JsonBody(document) if type(document) is dict else document

@@ -299,3 +299,61 @@ class _Recorder:
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.statements.append(sql)
         return execute(sql, params, many, context)
+
+
+def test_several_in_order_records_of_a_lease_cost_no_query_of_stored_usage(
+    buyer: Organisation, east_cluster: Cluster, east_operator: Organisation
+) -> None:
+    lease = running_lease(east_cluster, buyer, cards=2)
+    t0 = now_s() - timedelta(hours=1)
+
+    def minutes(first: int, n: int) -> list[LeaseUsageInput]:
+        return [
+            LeaseUsageInput(
+                lease_id=lease.pk,
+                idempotency_key=f"m{m}",
+                start_at=t0 + timedelta(minutes=m),
+                end_at=t0 + timedelta(minutes=m + 1),
+                cards=2,
+            )
+            for m in range(first, first + n)
+        ]
+
+    dispatch.lease_usage_report(operator=east_operator, records=minutes(0, 3), actor=SYSTEM)
+    recorder = _Recorder()
+    with connection.execute_wrapper(recorder):
+        result = dispatch.lease_usage_report(operator=east_operator, records=minutes(3, 5), actor=SYSTEM)
+
+    assert result.created == 5
+    assert not [sql for sql in recorder.statements if "usage_record" in sql and "reference" in sql]
+    lease.refresh_from_db()
+    assert lease.last_usage_end_at == t0 + timedelta(minutes=8)
+
+
+def test_an_in_order_batch_does_not_count_a_reused_key_it_will_not_write(
+    east: APIClient, buyer: Organisation, east_cluster: Cluster
+) -> None:
+    """In order (after the frontier) and over the lease only if a conflicting record counted: the keys
+    already stored are asked for, the conflict is not written and the other record is."""
+    lease = running_lease(east_cluster, buyer, cards=4)
+    t0 = lease.start_at
+    assert post(east, rec(lease, "a", t0, minutes=1, cards=4)).status_code == 201
+
+    response = post(
+        east,
+        rec(lease, "a", t0 + timedelta(minutes=1), minutes=1, cards=4),  # key reused, another body
+        rec(lease, "b", t0 + timedelta(minutes=1), minutes=1, cards=4),
+    )
+
+    assert response.status_code == 409 and response.json()["code"] == "usage_conflict", response.json()
+    assert [r["status"] for r in response.json()["extra"]["records"]] == ["conflict", "created"]
+    assert UsageRecord.objects.count() == 2
+    # Whereas two new keys over the same minute are over the lease, in order or not.
+    errors = over(
+        post(
+            east,
+            rec(lease, "c", t0 + timedelta(minutes=2), minutes=1, cards=4),
+            rec(lease, "d", t0 + timedelta(minutes=2), minutes=1, cards=1),
+        )
+    )
+    assert [e["idempotency_key"] for e in errors] == ["c", "d"]
