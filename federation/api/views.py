@@ -28,6 +28,7 @@ from core.api.permissions import IsOperator, IsOrganisationMember
 from core.errors import PermissionDeniedError
 from federation import selectors, services
 from federation.api import serializers as out
+from federation.api.render import Output
 from federation.api.schema import ClusterIdentifierField, HubCodeField, SegmentField, segment_grammar
 from federation.models import (
     REPORTABLE_HEALTH,
@@ -248,16 +249,22 @@ class ResolveApi(APIView):
         }
         if resolution.clusters is not None:
             page = paginator.paginate_queryset(resolution.clusters, request, view=self)
-            data["clusters"] = paginator.get_paginated_response(
-                out.ClusterSummaryOutput(page, many=True).data
-            ).data
+            data["clusters"] = paginator.get_paginated_response(_CLUSTER_SUMMARY.many(page or [])).data
         if resolution.hubs is not None:
-            data["hubs"] = out.HubSummaryOutput(resolution.hubs, many=True).data
+            data["hubs"] = _HUB_SUMMARY.many(resolution.hubs)
         if resolution.cluster is not None:
-            data["cluster"] = out.ClusterDescriptionOutput(resolution.cluster).data
+            data["cluster"] = _CLUSTER_DESCRIPTION.one(resolution.cluster)
         if resolution.island is not None:
-            data["island"] = out.IslandDescriptionOutput(resolution.island).data
+            data["island"] = _ISLAND_DESCRIPTION.one(resolution.island)
         return Response(data)
+
+
+# Resolution renders its declared output serializers without instantiating them per request
+# (federation.api.render): the same fields, bound once.
+_CLUSTER_SUMMARY = Output(out.ClusterSummaryOutput)
+_HUB_SUMMARY = Output(out.HubSummaryOutput)
+_CLUSTER_DESCRIPTION = Output(out.ClusterDescriptionOutput)
+_ISLAND_DESCRIPTION = Output(out.IslandDescriptionOutput)
 
 
 # --- Cluster management (own clusters only) ---------------------------------------------------------
