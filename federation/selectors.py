@@ -97,6 +97,10 @@ def accelerator_resolve(
     """
     key = name.strip().lower()
     if index is None:
+        # Most callers give the slug: one indexed row instead of the whole catalog's spellings.
+        by_slug = Accelerator.objects.filter(slug__iexact=key).first() if key and "\x00" not in key else None
+        if by_slug is not None and by_slug.slug.lower() == key:
+            return by_slug
         index = accelerator_spelling_index()  # the catalog is a few dozen rows
     matches = list(index.get(key, []))
     exact = [accelerator for accelerator in matches if accelerator.slug.lower() == key]

@@ -287,7 +287,7 @@ def cluster_register_idempotent(
         total_cards=total,
         available_cards=total,
     )
-    Island.objects.bulk_create(
+    created = Island.objects.bulk_create(
         [
             Island(
                 cluster=cluster,
@@ -303,6 +303,8 @@ def cluster_register_idempotent(
     _record_status_change(
         cluster=cluster, from_status="", to_status=ClusterStatus.ACTIVE, actor=actor, reason="registered"
     )
+    # SQLite's (binary) name order is Python's.
+    _islands_loaded(cluster, sorted(created, key=lambda island: island.name))
     return cluster, True
 
 
@@ -335,7 +337,7 @@ WITH issued AS (
       FROM cluster,
            unnest(%(island_cpis)s::varchar[], %(island_names)s::varchar[], %(island_cards)s::integer[],
                   %(island_fabrics)s::varchar[]) AS i(cpi, name, cards, fabric)
-    RETURNING id
+    RETURNING id, name
 ), history AS (
     INSERT INTO federation_clusterstatuschange (cluster_id, from_status, to_status, changed_at, actor_user_id,
                                                 actor_token_id, actor_label, reason)
@@ -345,8 +347,33 @@ WITH issued AS (
     RETURNING id
 )
 SELECT (SELECT id FROM cluster), ARRAY(SELECT cpi FROM issued),
-       (SELECT count(*) FROM islands), (SELECT count(*) FROM history)
+       ARRAY(SELECT id FROM islands ORDER BY name), ARRAY(SELECT name FROM islands ORDER BY name),
+       (SELECT count(*) FROM history)
 """
+
+
+def _island_registered(*, cluster: Cluster, spec: IslandSpec, cpi: str, pk: int | None, at: datetime) -> Island:
+    island = Island(
+        pk=pk,
+        cluster=cluster,
+        cpi=cpi,
+        name=spec.name,
+        cards=spec.cards,
+        fabric=spec.fabric,
+        available_cards=spec.cards,
+        unhealthy_cards=0,
+        reported_at=None,
+        created_at=at,
+    )
+    island._state.adding = False
+    island._state.db = connection.alias
+    return island
+
+
+def _islands_loaded(cluster: Cluster, islands: list[Island]) -> None:
+    """Hand a new cluster back with its islands (in the database's name order) as if prefetched, so the
+    caller can show what was registered without reading it back."""
+    cluster._prefetched_objects_cache = {"islands": islands}
 
 
 def _register_postgres(
@@ -396,10 +423,12 @@ def _register_postgres(
         )
         row = cursor.fetchone()
     assert row is not None  # a SELECT without FROM always answers one row
-    cluster_id, claimed, island_rows, history_rows = row
+    cluster_id, claimed, island_ids, island_names, history_rows = row
     if cluster_id is not None:
-        if island_rows != len(islands) or history_rows != 1:  # the statement's own invariant
-            raise RuntimeError(f"registration of {cpi} wrote {island_rows} islands, {history_rows} history rows")
+        if len(island_ids) != len(islands) or history_rows != 1:  # the statement's own invariant
+            raise RuntimeError(
+                f"registration of {cpi} wrote {len(island_ids)} islands and {history_rows} history rows"
+            )
         cluster = Cluster(
             pk=cluster_id,
             operator=operator,
@@ -418,6 +447,14 @@ def _register_postgres(
         )
         cluster._state.adding = False
         cluster._state.db = connection.alias
+        spec_of = {spec.name: spec for spec in islands}
+        _islands_loaded(
+            cluster,
+            [
+                _island_registered(cluster=cluster, spec=spec_of[name], cpi=f"{cpi}:{name}", pk=pk, at=now)
+                for pk, name in zip(island_ids, island_names, strict=True)
+            ],
+        )
         return cluster, True
     if not claimed:
         existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()

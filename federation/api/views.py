@@ -261,6 +261,7 @@ class ResolveApi(APIView):
 
 # Resolution renders its declared output serializers without instantiating them per request
 # (federation.api.render): the same fields, bound once.
+_CLUSTER = Output(out.ClusterOutput)
 _CLUSTER_SUMMARY = Output(out.ClusterSummaryOutput)
 _HUB_SUMMARY = Output(out.HubSummaryOutput)
 _CLUSTER_DESCRIPTION = Output(out.ClusterDescriptionOutput)
@@ -339,8 +340,9 @@ class ClusterListApi(generics.ListAPIView):
             endpoint_url=values["endpoint_url"],
             islands=[IslandSpec(**island) for island in values["islands"]],
         )
-        cluster = _own_clusters(request).get(pk=cluster.pk)
-        return Response(out.ClusterOutput(cluster).data, status=status.HTTP_201_CREATED if created else 200)
+        if not created:  # a retry: show the cluster as it is stored (a new one comes with its islands)
+            cluster = _own_clusters(request).get(pk=cluster.pk)
+        return Response(_CLUSTER.one(cluster), status=status.HTTP_201_CREATED if created else 200)
 
 
 class ClusterDetailApi(APIView):
