@@ -264,7 +264,9 @@ def cluster_describe(*, cluster: Cluster, viewer: Organisation | None) -> Cluste
     )
 
 
-def _cluster_description_generic(*, cluster_cpi: str, viewer: Organisation | None) -> ClusterDescription | None:
+def _cluster_description_generic(
+    *, cluster_cpi: str, viewer: Organisation | None
+) -> ClusterDescription | None:
     cluster = Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
     return None if cluster is None else cluster_describe(cluster=cluster, viewer=viewer)
 
@@ -291,7 +293,9 @@ SELECT c.cpi, c.operator_id, o.slug, o.name, h.code, c.site, c.status, c.health,
 """
 
 
-def _cluster_description_postgres(*, cluster_cpi: str, viewer: Organisation | None) -> ClusterDescription | None:
+def _cluster_description_postgres(
+    *, cluster_cpi: str, viewer: Organisation | None
+) -> ClusterDescription | None:
     with connection.cursor() as cursor:
         cursor.execute(_DESCRIBE_SQL, [timezone.now(), cluster_cpi])
         rows = cursor.fetchall()

@@ -352,7 +352,9 @@ SELECT (SELECT id FROM cluster), ARRAY(SELECT cpi FROM issued),
 """
 
 
-def _island_registered(*, cluster: Cluster, spec: IslandSpec, cpi: str, pk: int | None, at: datetime) -> Island:
+def _island_registered(
+    *, cluster: Cluster, spec: IslandSpec, cpi: str, pk: int | None, at: datetime
+) -> Island:
     island = Island(
         pk=pk,
         cluster=cluster,
