@@ -375,7 +375,7 @@ def _island_registered(
 def _islands_loaded(cluster: Cluster, islands: list[Island]) -> None:
     """Hand a new cluster back with its islands (in the database's name order) as if prefetched, so the
     caller can show what was registered without reading it back."""
-    cluster._prefetched_objects_cache = {"islands": islands}
+    cluster._prefetched_objects_cache = {"islands": islands}  # type: ignore[attr-defined]  # Django's own slot
 
 
 def _register_postgres(

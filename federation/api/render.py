@@ -29,14 +29,18 @@ _Plan = list[tuple[str, serializers.Field, "_Plan | None", bool]]
 def _plan_of(serializer: serializers.Serializer) -> _Plan:
     plan: _Plan = []
     for field in serializer._readable_fields:
+        name = str(field.field_name)
+        unsupported = f"{type(serializer).__name__}.{name}: not supported by render.Output"
         if isinstance(field, RelatedField | serializers.ManyRelatedField | serializers.SerializerMethodField):
-            raise TypeError(f"{type(serializer).__name__}.{field.field_name}: not supported by render.Output")
+            raise TypeError(unsupported)
         if isinstance(field, serializers.ListSerializer):
-            plan.append((field.field_name, field, _plan_of(field.child), True))
+            if not isinstance(field.child, serializers.Serializer):
+                raise TypeError(unsupported)
+            plan.append((name, field, _plan_of(field.child), True))
         elif isinstance(field, serializers.Serializer):
-            plan.append((field.field_name, field, _plan_of(field), False))
+            plan.append((name, field, _plan_of(field), False))
         else:
-            plan.append((field.field_name, field, None, False))
+            plan.append((name, field, None, False))
     return plan
 
 
