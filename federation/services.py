@@ -373,9 +373,13 @@ def _island_registered(
 
 
 def _islands_loaded(cluster: Cluster, islands: list[Island]) -> None:
-    """Hand a new cluster back with its islands (in the database's name order) as if prefetched, so the
-    caller can show what was registered without reading it back."""
-    cluster._prefetched_objects_cache = {"islands": islands}  # type: ignore[attr-defined]  # Django's own slot
+    """Hand a new cluster back with its islands (in the database's name order) prefetched, so the caller
+    can show what was registered without reading it back. Stored as prefetch_related stores them (an
+    evaluated queryset): ``cluster.islands.all()`` answers from it, ``.filter()`` and the like still query."""
+    loaded = cluster.islands.all()
+    loaded._result_cache = islands
+    loaded._prefetch_done = True  # type: ignore[attr-defined]
+    cluster._prefetched_objects_cache = {"islands": loaded}  # type: ignore[attr-defined]  # Django's own slot
 
 
 def _register_postgres(

@@ -312,3 +312,12 @@ def test_one_island_identifier_taken_refuses_all_and_claims_nothing(api, operato
     # The identifiers it did not get stay free for a registration that avoids the taken one.
     other = body(islands=[{"name": "isl-01", "cards": 8, "fabric": "nvlink"}])
     assert api.post(URL, other, format="json").status_code == 201
+
+
+def test_a_new_cluster_comes_back_with_its_islands_loaded_and_still_queryable(operator):
+    cluster = make_cluster(operator=operator, islands=[("isl-02", 8), ("isl-01", 16)])
+
+    assert [i.name for i in cluster.islands.all()] == ["isl-01", "isl-02"]
+    assert cluster.islands.count() == 2
+    assert [i.cards for i in cluster.islands.filter(name="isl-02")] == [8]
+    assert {i.pk for i in cluster.islands.all()} == set(Island.objects.values_list("pk", flat=True))
