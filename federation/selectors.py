@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -24,7 +25,7 @@ from federation.errors import (
     UnknownAcceleratorError,
 )
 from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
-from federation.types import ChipSpec, ClusterDescription, IslandDescription
+from federation.types import ChipSpec, ClusterDescription, IslandDescription, OperatorRef
 
 FACTOR_QUANTUM = Decimal("0.0001")
 STANDARD_CARDS_QUANTUM = Decimal("0.01")
@@ -96,6 +97,10 @@ def accelerator_resolve(
     """
     key = name.strip().lower()
     if index is None:
+        # Most callers give the slug: one indexed row instead of the whole catalog's spellings.
+        by_slug = Accelerator.objects.filter(slug__iexact=key).first() if key and "\x00" not in key else None
+        if by_slug is not None and by_slug.slug.lower() == key:
+            return by_slug
         index = accelerator_spelling_index()  # the catalog is a few dozen rows
     matches = list(index.get(key, []))
     exact = [accelerator for accelerator in matches if accelerator.slug.lower() == key]
@@ -207,7 +212,7 @@ class Resolution:
 
     identifier: str
     level: str
-    operator: Organisation
+    operator: OperatorRef
     hubs: list[HubSummary] | None = None
     clusters: QuerySet[Cluster] | None = None
     cluster: ClusterDescription | None = None
@@ -259,6 +264,102 @@ def cluster_describe(*, cluster: Cluster, viewer: Organisation | None) -> Cluste
     )
 
 
+def _cluster_description_generic(
+    *, cluster_cpi: str, viewer: Organisation | None
+) -> ClusterDescription | None:
+    cluster = Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
+    return None if cluster is None else cluster_describe(cluster=cluster, viewer=viewer)
+
+
+# One statement, one snapshot: the cluster with its operator, hub and chip, the standard card in force
+# and every island (a cluster always has at least one; the LEFT JOIN still answers for one without).
+# Resolution of a full identifier is the hot read of the catalogue, and building this through the ORM
+# (three querysets compiled per request) cost more CPU than PostgreSQL spent answering them.
+_DESCRIBE_SQL = """
+SELECT c.cpi, c.operator_id, o.slug, o.name, h.code, c.site, c.status, c.health, c.total_cards,
+       c.available_cards, c.last_heartbeat_at, c.endpoint_url,
+       a.slug, a.vendor, a.model, a.spec_status, a.dense_fp16_tflops, a.memory_gb,
+       a.memory_bandwidth_gbps, a.interconnect,
+       (SELECT s.dense_fp16_tflops FROM federation_standardcard s
+         WHERE s.effective_from <= %s ORDER BY s.version DESC LIMIT 1),
+       i.cpi, i.name, i.fabric, i.cards, i.available_cards, i.unhealthy_cards, i.reported_at
+  FROM federation_cluster c
+  JOIN core_organisation o ON o.id = c.operator_id
+  JOIN federation_hub h ON h.id = c.hub_id
+  JOIN federation_accelerator a ON a.id = c.accelerator_id
+  LEFT JOIN federation_island i ON i.cluster_id = c.id
+ WHERE c.cpi = %s
+ ORDER BY i.name
+"""
+
+
+def _cluster_description_postgres(
+    *, cluster_cpi: str, viewer: Organisation | None
+) -> ClusterDescription | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_DESCRIBE_SQL, [timezone.now(), cluster_cpi])
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    (cpi, operator_id, operator_slug, operator_name, hub, site, status, health, total, available, beat_at,
+     endpoint_url, slug, vendor, model, spec_status, tflops, memory_gb, bandwidth, interconnect,
+     standard_tflops) = rows[0][:21]  # fmt: skip
+    if standard_tflops is None:  # a platform always has v1 (data migration); this is a broken database
+        raise StandardCard.DoesNotExist("No standard-card definition is in force.")
+    factor = None if tflops is None else (tflops / standard_tflops).quantize(FACTOR_QUANTUM)
+    chip = ChipSpec(
+        slug=slug,
+        vendor=vendor,
+        model=model,
+        spec_status=spec_status,
+        dense_fp16_tflops=tflops,
+        memory_gb=memory_gb,
+        memory_bandwidth_gbps=bandwidth,
+        interconnect=interconnect,
+        standard_card_factor=factor,
+    )
+    islands = [
+        IslandDescription(
+            cpi=row[21],
+            name=row[22],
+            fabric=row[23],
+            cards=row[24],
+            available_cards=row[25],
+            unhealthy_cards=row[26],
+            standard_cards=_standard_cards(row[24], factor),
+            reported_at=row[27],
+        )
+        for row in rows
+        if row[21] is not None
+    ]
+    return ClusterDescription(
+        cpi=cpi,
+        operator=operator_slug,
+        operator_name=operator_name,
+        hub=hub,
+        site=site,
+        chip=chip,
+        status=status,
+        health=health,
+        total_cards=total,
+        available_cards=available,
+        total_standard_cards=_standard_cards(total, factor),
+        available_standard_cards=_standard_cards(available, factor),
+        last_heartbeat_at=beat_at,
+        endpoint_url=endpoint_url if viewer is not None and viewer.pk == operator_id else None,
+        islands=islands,
+    )
+
+
+def cluster_description_get(*, cpi: str, viewer: Organisation | None) -> ClusterDescription | None:
+    """The resource description of the cluster named ``cpi`` (any status, retired included), or None.
+    Read fresh from the database on every call: K2 changes with every heartbeat. One statement on
+    PostgreSQL; the ORM elsewhere (the same description, tests/federation/test_resolve.py compares them)."""
+    if connection.vendor == "postgresql":
+        return _cluster_description_postgres(cluster_cpi=cpi, viewer=viewer)
+    return _cluster_description_generic(cluster_cpi=cpi, viewer=viewer)
+
+
 def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     """Resolve a compute identifier hierarchically.
 
@@ -268,7 +369,8 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     - ``cpi:<operator>:<hub>:<cluster>:<island>`` → the same, plus the island.
 
     Retired clusters are left out of prefix listings but still resolve by their full identifier (so
-    old leases and invoices can name them). Raises InvalidIdentifierError, IdentifierNotFoundError.
+    old leases and invoices can name them). Nothing is cached: every answer shows the capacity (K2) of
+    the last heartbeat applied. Raises InvalidIdentifierError, IdentifierNotFoundError.
     """
     try:
         parsed = identifiers.parse(identifier)
@@ -280,7 +382,8 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
             raise IdentifierNotFoundError(
                 _("No operator %(operator)r.") % {"operator": parsed.operator}, extra={"cpi": identifier}
             )
-        clusters = cluster_list_for_operator(operator=operator).exclude(status="retired")
+        # The listing shows hub and chip codes only: no operator join (it is the one asked about).
+        clusters = Cluster.objects.filter(operator=operator).exclude(status="retired")
         hubs = None
         if parsed.level == identifiers.Level.HUB:
             clusters = clusters.filter(hub__code=parsed.hub)
@@ -300,18 +403,17 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
         return Resolution(
             identifier=identifier,
             level=parsed.level.name.lower(),
-            operator=operator,
+            operator=OperatorRef(slug=operator.slug, name=operator.name),
             hubs=hubs,
-            clusters=clusters.order_by("cpi"),
+            clusters=clusters.select_related("hub", "accelerator").order_by("cpi"),
         )
 
     cluster_cpi = str(parsed.cluster_identifier)
-    cluster = Cluster.objects.select_related("hub", "accelerator", "operator").filter(cpi=cluster_cpi).first()
-    if cluster is None:
+    description = cluster_description_get(cpi=cluster_cpi, viewer=viewer)
+    if description is None:
         raise IdentifierNotFoundError(
             _("No cluster %(cpi)r.") % {"cpi": cluster_cpi}, extra={"cpi": identifier}
         )
-    description = cluster_describe(cluster=cluster, viewer=viewer)
     island = None
     if parsed.level == identifiers.Level.ISLAND:
         island = next((i for i in description.islands if i.cpi == identifier), None)
@@ -322,7 +424,7 @@ def resolve(*, identifier: str, viewer: Organisation | None) -> Resolution:
     return Resolution(
         identifier=identifier,
         level=parsed.level.name.lower(),
-        operator=cluster.operator,
+        operator=OperatorRef(slug=description.operator, name=description.operator_name),
         cluster=description,
         island=island,
     )

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -254,12 +254,24 @@ def cluster_register_idempotent(
             _("Unknown hub %(hub)r.") % {"hub": identifier.hub}, extra={"hub": identifier.hub}
         )
     accelerator = accelerator_resolve(name=accelerator_slug)
+    island_cpis = [str(identifier.child(spec.name)) for spec in islands]
+    if connection.vendor == "postgresql":
+        return _register_postgres(
+            actor=actor,
+            operator=operator,
+            identifier=identifier,
+            hub=hub,
+            accelerator=accelerator,
+            site=site,
+            endpoint_url=endpoint_url,
+            islands=islands,
+            island_cpis=island_cpis,
+        )
     existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
     if existing is not None and _same_registration(
         existing, site=site, accelerator=accelerator, islands=islands, endpoint_url=endpoint_url
     ):
         return existing, False
-    island_cpis = [str(identifier.child(spec.name)) for spec in islands]
     _issue_identifiers(operator=operator, cluster_cpi=cpi, island_cpis=island_cpis)
 
     total = sum(spec.cards for spec in islands)
@@ -275,7 +287,7 @@ def cluster_register_idempotent(
         total_cards=total,
         available_cards=total,
     )
-    Island.objects.bulk_create(
+    created = Island.objects.bulk_create(
         [
             Island(
                 cluster=cluster,
@@ -291,7 +303,178 @@ def cluster_register_idempotent(
     _record_status_change(
         cluster=cluster, from_status="", to_status=ClusterStatus.ACTIVE, actor=actor, reason="registered"
     )
+    # SQLite's (binary) name order is Python's.
+    _islands_loaded(cluster, sorted(created, key=lambda island: island.name))
     return cluster, True
+
+
+# Registration on PostgreSQL: one statement claims every identifier (INSERT … ON CONFLICT DO NOTHING, so a
+# concurrent claim waits for the other transaction and then counts as taken instead of raising), and only
+# if it claimed all of them inserts the cluster, its islands (from arrays, set-based) and the history row.
+# The statement returns the new cluster's id and the identifiers it claimed: all claimed is the common
+# case, a new registration in one round trip; none claimed is a retry (compared with what is stored) or a
+# reused identifier; some claimed is a clash, and raising rolls those claims back with the transaction.
+_REGISTER_SQL = """
+WITH issued AS (
+    INSERT INTO federation_issuedidentifier (cpi, kind, operator_id, issued_at)
+    SELECT w.cpi, w.kind, %(operator_id)s, %(now)s
+      FROM unnest(%(issue_cpis)s::varchar[], %(issue_kinds)s::varchar[]) AS w(cpi, kind)
+        ON CONFLICT (cpi) DO NOTHING
+    RETURNING cpi
+), cluster AS (
+    INSERT INTO federation_cluster (operator_id, cpi, name, hub_id, site, accelerator_id, endpoint_url,
+                                    status, status_before_offline, offline_cause, health, total_cards,
+                                    available_cards, registered_at, updated_at)
+    SELECT %(operator_id)s, %(cpi)s, %(name)s, %(hub_id)s, %(site)s, %(accelerator_id)s, %(endpoint_url)s,
+           %(status)s, '', '', %(health)s, %(total)s, %(total)s, %(now)s, %(now)s
+     WHERE (SELECT count(*) FROM issued) = %(n_issue)s
+        ON CONFLICT DO NOTHING
+    RETURNING id
+), islands AS (
+    INSERT INTO federation_island (cluster_id, cpi, name, cards, fabric, available_cards, unhealthy_cards,
+                                   created_at)
+    SELECT cluster.id, i.cpi, i.name, i.cards, i.fabric, i.cards, 0, %(now)s
+      FROM cluster,
+           unnest(%(island_cpis)s::varchar[], %(island_names)s::varchar[], %(island_cards)s::integer[],
+                  %(island_fabrics)s::varchar[]) AS i(cpi, name, cards, fabric)
+    RETURNING id, name
+), history AS (
+    INSERT INTO federation_clusterstatuschange (cluster_id, from_status, to_status, changed_at, actor_user_id,
+                                                actor_token_id, actor_label, reason)
+    SELECT cluster.id, '', %(status)s, %(now)s, %(actor_user_id)s, %(actor_token_id)s, %(actor_label)s,
+           'registered'
+      FROM cluster
+    RETURNING id
+)
+SELECT (SELECT id FROM cluster), ARRAY(SELECT cpi FROM issued),
+       ARRAY(SELECT id FROM islands ORDER BY name), ARRAY(SELECT name FROM islands ORDER BY name),
+       (SELECT count(*) FROM history)
+"""
+
+
+def _island_registered(
+    *, cluster: Cluster, spec: IslandSpec, cpi: str, pk: int | None, at: datetime
+) -> Island:
+    island = Island(
+        pk=pk,
+        cluster=cluster,
+        cpi=cpi,
+        name=spec.name,
+        cards=spec.cards,
+        fabric=spec.fabric,
+        available_cards=spec.cards,
+        unhealthy_cards=0,
+        reported_at=None,
+        created_at=at,
+    )
+    island._state.adding = False
+    island._state.db = connection.alias
+    return island
+
+
+def _islands_loaded(cluster: Cluster, islands: list[Island]) -> None:
+    """Hand a new cluster back with its islands (in the database's name order) prefetched, so the caller
+    can show what was registered without reading it back. Stored as prefetch_related stores them (an
+    evaluated queryset): ``cluster.islands.all()`` answers from it, ``.filter()`` and the like still query."""
+    loaded = cluster.islands.all()
+    loaded._result_cache = islands
+    loaded._prefetch_done = True  # type: ignore[attr-defined]
+    cluster._prefetched_objects_cache = {"islands": loaded}  # type: ignore[attr-defined]  # Django's own slot
+
+
+def _register_postgres(
+    *,
+    actor: Actor,
+    operator: Organisation,
+    identifier: identifiers.ComputeIdentifier,
+    hub: Hub,
+    accelerator: Accelerator,
+    site: str,
+    endpoint_url: str,
+    islands: Sequence[IslandSpec],
+    island_cpis: Sequence[str],
+) -> tuple[Cluster, bool]:
+    cpi = str(identifier)
+    wanted = [cpi, *island_cpis]
+    now = timezone.now()
+    total = sum(spec.cards for spec in islands)
+    actor_user = actor.user if actor.user is not None and actor.user.pk else None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _REGISTER_SQL,
+            {
+                "operator_id": operator.pk,
+                "now": now,
+                "issue_cpis": wanted,
+                "issue_kinds": [IssuedIdentifier.Kind.CLUSTER.value]
+                + [IssuedIdentifier.Kind.ISLAND.value] * len(island_cpis),
+                "n_issue": len(wanted),
+                "cpi": cpi,
+                "name": identifier.cluster or "",
+                "hub_id": hub.pk,
+                "site": site,
+                "accelerator_id": accelerator.pk,
+                "endpoint_url": endpoint_url,
+                "status": ClusterStatus.ACTIVE.value,
+                "health": Health.UNKNOWN.value,
+                "total": total,
+                "island_cpis": list(island_cpis),
+                "island_names": [spec.name for spec in islands],
+                "island_cards": [spec.cards for spec in islands],
+                "island_fabrics": [spec.fabric for spec in islands],
+                "actor_user_id": actor_user.pk if actor_user is not None else None,
+                "actor_token_id": actor.token.pk if actor.token is not None else None,
+                "actor_label": actor.label[:200],
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None  # a SELECT without FROM always answers one row
+    cluster_id, claimed, island_ids, island_names, history_rows = row
+    if cluster_id is not None:
+        if len(island_ids) != len(islands) or history_rows != 1:  # the statement's own invariant
+            raise RuntimeError(
+                f"registration of {cpi} wrote {len(island_ids)} islands and {history_rows} history rows"
+            )
+        cluster = Cluster(
+            pk=cluster_id,
+            operator=operator,
+            cpi=cpi,
+            name=identifier.cluster or "",
+            hub=hub,
+            site=site,
+            accelerator=accelerator,
+            endpoint_url=endpoint_url,
+            status=ClusterStatus.ACTIVE,
+            health=Health.UNKNOWN,
+            total_cards=total,
+            available_cards=total,
+            registered_at=now,
+            updated_at=now,
+        )
+        cluster._state.adding = False
+        cluster._state.db = connection.alias
+        spec_of = {spec.name: spec for spec in islands}
+        _islands_loaded(
+            cluster,
+            [
+                _island_registered(cluster=cluster, spec=spec_of[name], cpi=f"{cpi}:{name}", pk=pk, at=now)
+                for pk, name in zip(island_ids, island_names, strict=True)
+            ],
+        )
+        return cluster, True
+    if not claimed:
+        existing = Cluster.objects.filter(cpi=cpi, operator=operator).first()
+        if existing is not None and _same_registration(
+            existing, site=site, accelerator=accelerator, islands=islands, endpoint_url=endpoint_url
+        ):
+            return existing, False
+    taken = sorted(set(wanted) - set(claimed))
+    # Raising rolls back whatever this statement claimed (the service is atomic).
+    raise IdentifierTakenError(
+        _("Identifier already issued: %(taken)s. Identifiers are never reused.")
+        % {"taken": ", ".join(taken[:20])},
+        extra={"taken": taken[:20]},
+    )
 
 
 def _lock_cluster(cluster: Cluster) -> Cluster:

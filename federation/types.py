@@ -40,6 +40,14 @@ class LatencyMeasurement:
 
 
 @dataclass(frozen=True)
+class OperatorRef:
+    """An operator as a resolution names it."""
+
+    slug: str
+    name: str
+
+
+@dataclass(frozen=True)
 class ChipSpec:
     slug: str
     vendor: str

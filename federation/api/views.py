@@ -28,6 +28,7 @@ from core.api.permissions import IsOperator, IsOrganisationMember
 from core.errors import PermissionDeniedError
 from federation import selectors, services
 from federation.api import serializers as out
+from federation.api.render import Output
 from federation.api.schema import ClusterIdentifierField, HubCodeField, SegmentField, segment_grammar
 from federation.models import (
     REPORTABLE_HEALTH,
@@ -248,16 +249,23 @@ class ResolveApi(APIView):
         }
         if resolution.clusters is not None:
             page = paginator.paginate_queryset(resolution.clusters, request, view=self)
-            data["clusters"] = paginator.get_paginated_response(
-                out.ClusterSummaryOutput(page, many=True).data
-            ).data
+            data["clusters"] = paginator.get_paginated_response(_CLUSTER_SUMMARY.many(page or [])).data
         if resolution.hubs is not None:
-            data["hubs"] = out.HubSummaryOutput(resolution.hubs, many=True).data
+            data["hubs"] = _HUB_SUMMARY.many(resolution.hubs)
         if resolution.cluster is not None:
-            data["cluster"] = out.ClusterDescriptionOutput(resolution.cluster).data
+            data["cluster"] = _CLUSTER_DESCRIPTION.one(resolution.cluster)
         if resolution.island is not None:
-            data["island"] = out.IslandDescriptionOutput(resolution.island).data
+            data["island"] = _ISLAND_DESCRIPTION.one(resolution.island)
         return Response(data)
+
+
+# Resolution renders its declared output serializers without instantiating them per request
+# (federation.api.render): the same fields, bound once.
+_CLUSTER = Output(out.ClusterOutput)
+_CLUSTER_SUMMARY = Output(out.ClusterSummaryOutput)
+_HUB_SUMMARY = Output(out.HubSummaryOutput)
+_CLUSTER_DESCRIPTION = Output(out.ClusterDescriptionOutput)
+_ISLAND_DESCRIPTION = Output(out.IslandDescriptionOutput)
 
 
 # --- Cluster management (own clusters only) ---------------------------------------------------------
@@ -332,8 +340,9 @@ class ClusterListApi(generics.ListAPIView):
             endpoint_url=values["endpoint_url"],
             islands=[IslandSpec(**island) for island in values["islands"]],
         )
-        cluster = _own_clusters(request).get(pk=cluster.pk)
-        return Response(out.ClusterOutput(cluster).data, status=status.HTTP_201_CREATED if created else 200)
+        if not created:  # a retry: show the cluster as it is stored (a new one comes with its islands)
+            cluster = _own_clusters(request).get(pk=cluster.pk)
+        return Response(_CLUSTER.one(cluster), status=status.HTTP_201_CREATED if created else 200)
 
 
 class ClusterDetailApi(APIView):

@@ -274,3 +274,50 @@ def test_add_and_resize_islands_keeps_totals(api, operator):
     bad = api.patch(f"{URL}/cpi:cucc:nx:zw-ai01/islands/isl-01", {"cards": 0}, format="json")
     assert bad.status_code == 400
     assert Island.objects.get(cpi="cpi:cucc:nx:zw-ai01:isl-01").cards == 32
+
+
+def test_registration_answers_what_was_stored(api):
+    """The 201 answer is built from what the registration wrote; it is what reading the cluster shows."""
+    created = api.post(URL, body(islands=[*body()["islands"], {"name": "a-0", "cards": 8, "fabric": "roce"}]))
+
+    assert created.status_code == 201
+    stored = api.get(f"{URL}/cpi:cucc:nx:zw-ai01").json()
+    assert created.json() == stored
+    assert [i["name"] for i in stored["islands"]] == ["a-0", "isl-01", "isl-02"]
+    again = api.post(URL, body(islands=[*body()["islands"], {"name": "a-0", "cards": 8, "fabric": "roce"}]))
+    assert again.status_code == 200
+    assert again.json() == stored
+
+
+def test_registration_by_alias_or_slug_in_capitals_names_the_catalog_slug(api):
+    by_alias = api.post(URL, body(accelerator="A800-SXM4-80GB"))
+    assert by_alias.status_code == 201, by_alias.json()
+    assert by_alias.json()["accelerator"] == "nvidia-a800-sxm4-80gb"
+    by_slug = api.post(URL, body(cpi="cpi:cucc:nx:zw-ai02", accelerator=" NVIDIA-H20 "))
+    assert by_slug.status_code == 201, by_slug.json()
+    assert by_slug.json()["accelerator"] == "nvidia-h20"
+
+
+def test_one_island_identifier_taken_refuses_all_and_claims_nothing(api, operator):
+    IssuedIdentifier.objects.create(cpi="cpi:cucc:nx:zw-ai01:isl-02", kind="island", operator=operator)
+    before = counts()
+
+    response = api.post(URL, body(), format="json")
+
+    assert response.status_code == 409
+    assert response.json()["code"] == "identifier_taken"
+    assert response.json()["extra"]["taken"] == ["cpi:cucc:nx:zw-ai01:isl-02"]
+    assert counts() == before
+    assert not IssuedIdentifier.objects.filter(cpi="cpi:cucc:nx:zw-ai01").exists()
+    # The identifiers it did not get stay free for a registration that avoids the taken one.
+    other = body(islands=[{"name": "isl-01", "cards": 8, "fabric": "nvlink"}])
+    assert api.post(URL, other, format="json").status_code == 201
+
+
+def test_a_new_cluster_comes_back_with_its_islands_loaded_and_still_queryable(operator):
+    cluster = make_cluster(operator=operator, islands=[("isl-02", 8), ("isl-01", 16)])
+
+    assert [i.name for i in cluster.islands.all()] == ["isl-01", "isl-02"]
+    assert cluster.islands.count() == 2
+    assert [i.cards for i in cluster.islands.filter(name="isl-02")] == [8]
+    assert {i.pk for i in cluster.islands.all()} == set(Island.objects.values_list("pk", flat=True))

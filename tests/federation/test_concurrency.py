@@ -125,3 +125,28 @@ def test_a_heartbeat_locks_its_cluster_and_nothing_it_joins():
     finally:
         release.set()
         holder.join(30)
+
+
+def test_concurrent_identical_registrations_create_one_cluster_and_answer_it_to_all():
+    """Retries racing each other: the first creates, every other waits for it and is answered the same
+    cluster as an idempotent replay (not 409)."""
+    operator = OperatorFactory(slug="cucc")
+
+    def register(index: int) -> tuple[int, bool]:
+        cluster, created = services.cluster_register_idempotent(
+            actor=Actor(organisation=operator, system_label=f"agent-{index}"),
+            operator=operator,
+            cpi="cpi:cucc:nx:zw-ai01",
+            site="Zhongwei",
+            accelerator_slug="nvidia-a800-sxm4-80gb",
+            islands=[IslandSpec("isl-01", 8, "nvlink"), IslandSpec("isl-02", 16, "nvlink")],
+        )
+        return cluster.pk, created
+
+    results = run_in_threads(8, register)
+
+    assert all(isinstance(r, tuple) for r in results), results
+    assert sorted(created for _, created in results) == [False] * 7 + [True]  # type: ignore[misc]
+    assert len({pk for pk, _ in results}) == 1  # type: ignore[misc]
+    assert (Cluster.objects.count(), Island.objects.count(), IssuedIdentifier.objects.count()) == (1, 2, 3)
+    assert ClusterStatusChange.objects.count() == 1

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from core.types import Actor
-from federation import services
+from federation import selectors, services
+from federation.models import Cluster
+from federation.types import IslandReport
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +131,46 @@ def test_resolution_query_count_is_constant(api, operator, django_assert_max_num
     with django_assert_max_num_queries(8):
         data = api.get("/api/v1/resolve/cpi:cucc:nx:zw-ai01").json()
     assert len(data["cluster"]["islands"]) == 40
+
+
+def test_resolution_shows_the_last_heartbeat_at_once(api, operator, fleet):
+    """Nothing is cached between resolutions: K2 and health are those of the last beat applied."""
+    before = api.get("/api/v1/resolve/cpi:cucc:nx:zw-ai01:isl-02").json()
+    assert (before["cluster"]["available_cards"], before["island"]["available_cards"]) == (96, 32)
+
+    services.heartbeat_record(
+        actor=Actor(organisation=operator),
+        cluster=Cluster.objects.get(cpi="cpi:cucc:nx:zw-ai01"),
+        sent_at=timezone.now() - timedelta(seconds=1),
+        health="ok",
+        islands=[IslandReport("isl-02", available_cards=20, unhealthy_cards=4)],
+    )
+
+    after = api.get("/api/v1/resolve/cpi:cucc:nx:zw-ai01:isl-02").json()
+    assert (after["cluster"]["available_cards"], after["island"]["available_cards"]) == (84, 20)
+    assert after["island"]["unhealthy_cards"] == 4
+    assert after["cluster"]["health"] == "ok"
+    assert after["island"]["reported_at"] is not None
+
+
+@pytest.mark.postgres
+def test_postgresql_description_is_the_generic_one(operator, other_operator, fleet):
+    """The one-statement description on PostgreSQL equals the ORM's, for every cluster, viewer and chip
+    (one without published figures included), after heartbeats."""
+    make_cluster(
+        operator=operator, hub="gz", name="unknown-chip", accelerator="huawei-ascend-910c", fabric="hccs"
+    )
+    services.heartbeat_record(
+        actor=Actor(organisation=operator),
+        cluster=Cluster.objects.get(cpi="cpi:cucc:nx:zw-ai01"),
+        sent_at=timezone.now() - timedelta(seconds=1),
+        health="degraded",
+        islands=[IslandReport("isl-01", available_cards=10, unhealthy_cards=2)],
+    )
+    for cpi in Cluster.objects.values_list("cpi", flat=True):
+        for viewer in [operator, other_operator, None]:
+            fast = selectors._cluster_description_postgres(cluster_cpi=cpi, viewer=viewer)
+            generic = selectors._cluster_description_generic(cluster_cpi=cpi, viewer=viewer)
+            assert fast == generic, cpi
+            assert fast is not None and fast.islands
+    assert selectors._cluster_description_postgres(cluster_cpi="cpi:cucc:nx:nothing", viewer=None) is None
