@@ -36,7 +36,7 @@ from decimal import Decimal
 
 import numpy as np
 from django.conf import settings
-from django.db import connections
+from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
 
@@ -228,6 +228,36 @@ def _load_catalogue_quietly() -> Catalogue:
             gc.enable()
 
 
+def _active_holds(floor: datetime) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lease id, island id, start, end, cards) of every active hold ending after ``floor``, times in epoch
+    seconds. On PostgreSQL the database converts the times and the rows come back as plain integers (no
+    model or datetime per row); elsewhere through the ORM."""
+    alias = router.db_for_read(CapacityHold)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(CapacityHold._meta.db_table)
+        # The table name comes from the model's metadata; the one value is a bound parameter.
+        sql = (
+            "SELECT lease_id, island_id, floor(extract(epoch FROM start_at))::bigint, "  # noqa: S608
+            f"floor(extract(epoch FROM end_at))::bigint, cards FROM {table} WHERE active AND end_at > %s"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [floor])
+            rows = cursor.fetchall()
+    else:
+        rows = [
+            (lease_id, island_id, epoch(start_at), epoch(end_at), cards)
+            for lease_id, island_id, start_at, end_at, cards in CapacityHold.objects.filter(
+                active=True, end_at__gt=floor
+            ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
+        ]
+    if not rows:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty, empty
+    table_ = np.array(rows, dtype=np.int64)
+    return table_[:, 0], table_[:, 1], table_[:, 2], table_[:, 3], table_[:, 4]
+
+
 class HoldBook:
     """Every active capacity hold, in growable numpy arrays, followed through LeaseTransition ids."""
 
@@ -346,17 +376,32 @@ class HoldBook:
         self.gaps = {
             pk: now for pk in range(max(last - _INITIAL_GAP_LOOKBACK, 0) + 1, last + 1) if pk not in recent
         }
-        floor = timezone.now().timestamp() - 3600
-        by_lease: dict[int, list[tuple[int, int, int, int]]] = {}
-        rows = CapacityHold.objects.filter(
-            active=True, end_at__gt=datetime.fromtimestamp(floor, tz=UTC)
-        ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
-        for lease_id, island_id, start_at, end_at, cards in rows.iterator(chunk_size=10_000):
-            by_lease.setdefault(lease_id, []).append((island_id, epoch(start_at), epoch(end_at), cards))
-        for lease_id, holds in by_lease.items():
-            self._replace_lease(lease_id, holds)
+        floor = datetime.fromtimestamp(timezone.now().timestamp() - 3600, tz=UTC)
+        lease, island, start, end, cards = _active_holds(floor)
+        self._load_arrays(lease, island, start, end, cards)
         self.last_id = last
         self.loaded = True
+
+    def _load_arrays(
+        self, lease: np.ndarray, island: np.ndarray, start: np.ndarray, end: np.ndarray, cards: np.ndarray
+    ) -> None:
+        """Fill an empty book from whole arrays (one row per hold), grouped by lease: numpy copies and one
+        dictionary entry per lease, where adding holds one by one cost ~4 s of CPU at 100,000 leases."""
+        order = np.argsort(lease, kind="stable")
+        lease, island, start, end, cards = (a[order] for a in (lease, island, start, end, cards))
+        n = len(lease)
+        self._size = 0
+        self._grow(n)
+        self.island[:n], self.start[:n], self.end[:n], self.cards[:n] = island, start, end, cards
+        self.alive[:n] = True
+        self._size = n
+        if n:
+            first = np.concatenate([[0], np.nonzero(lease[1:] != lease[:-1])[0] + 1, [n]])
+            bounds = first.tolist()
+            self.rows_of_lease = {
+                lease_id: list(range(a, b))
+                for lease_id, a, b in zip(lease[first[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True)
+            }
 
     # -- reads ------------------------------------------------------------------------------------
     def overlapping(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
