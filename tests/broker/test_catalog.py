@@ -196,3 +196,50 @@ def test_the_catalogue_is_loaded_with_the_collector_paused(monkeypatch) -> None:
         catalog_module._load_catalogue_quietly()
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_the_book_in_arrays_matches_a_replay_of_its_changes() -> None:
+    """Loaded from arrays, changed lease by lease, sorted again and compacted, the book always answers
+    ``overlapping`` as a plain list of the live holds would, and its sorted rows stay sorted by island,
+    then start."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    lease = np.arange(1, n + 1)
+    island = rng.integers(1, 400, n)
+    start = rng.integers(0, 100_000, n)
+    end = start + rng.integers(1, 20_000, n)
+    cards = rng.integers(1, 9, n)
+    truth = {
+        int(lease_id): [(int(i), int(s), int(e), int(c))]
+        for lease_id, i, s, e, c in zip(lease, island, start, end, cards, strict=True)
+    }
+    book = HoldBook()
+    book._load_arrays(lease, island, start, end, cards)
+    for step in range(40):
+        changed: dict[int, list[tuple[int, int, int, int]]] = {}
+        for lease_id in rng.integers(1, n + 400, 120).tolist():
+            holds = [
+                (
+                    int(rng.integers(1, 400)),
+                    s := int(rng.integers(0, 100_000)),
+                    s + 500,
+                    int(rng.integers(1, 9)),
+                )
+                for _ in range(int(rng.integers(0, 3)))  # none: released
+            ]
+            changed[lease_id] = holds
+            truth[lease_id] = holds
+        book._replace_leases(changed)
+        book._sort_if_ragged()
+        if step % 10 == 9:
+            book._compact(0)
+        for lo, hi in ((0, 200_000), (30_000, 31_000), (99_000, 130_000)):
+            got = sorted(zip(*(a.tolist() for a in book.overlapping(lo, hi)), strict=True))
+            expected = sorted(h for holds in truth.values() for h in holds if h[1] < hi and h[2] > lo)
+            assert got == expected
+        head = slice(0, book.sorted_upto)
+        keys = book.island[head] * 10**6 + book.start[head]
+        assert (np.diff(keys) >= 0).all()
+    assert book.sorted_upto > 0
