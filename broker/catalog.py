@@ -10,8 +10,9 @@ Quoting is the hot path (hundreds per second over 100,000 islands), so each proc
   that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background reloads failing or stuck),
   reload inline; a TTL of 0 always reloads inline;
 - a **hold book**: every active capacity hold, followed incrementally. Each lease change writes a
-  LeaseTransition row; before each quote the book reads the transitions after the last id it has seen and
-  reloads the holds of those leases. Ids are taken at insert but become visible at commit, so a smaller id
+  LeaseTransition row; before a quote the book reads the transitions after the last id it has seen and
+  reloads the holds of those leases (at most every ``_HOLDS_REFRESH_SECONDS`` with a TTL; before every
+  quote with a TTL of 0). Ids are taken at insert but become visible at commit, so a smaller id
   can appear after a larger one: the ids skipped over are remembered and asked for again for a minute.
 
 The catalogue also carries what the operators' heartbeats keep from sale (K2, see federation.selectors:
@@ -50,6 +51,10 @@ _GAP_MEMORY_SECONDS = 60.0
 _INITIAL_GAP_LOOKBACK = 1000
 # A catalogue older than this many TTLs is reloaded inline: the background reloads are failing or stuck.
 _STALE_LIMIT_TTLS = 6
+# With a catalogue TTL (production), the hold book asks for new lease transitions at most this often:
+# one query per quote was a tenth of a quote's time at 200 quotes/s, and a quote is advisory anyway
+# (acceptance re-checks every island under its lock), so it may be this much staler.
+_HOLDS_REFRESH_SECONDS = 0.2
 
 logger = logging.getLogger(__name__)
 
@@ -447,6 +452,7 @@ class Market:
         self.catalogue: Catalogue | None = None
         self.holds = HoldBook()
         self._quotes = 0
+        self._holds_refreshed_at = 0.0
         self._reloader: threading.Thread | None = None
 
     def view(
@@ -468,7 +474,10 @@ class Market:
                 self._reload_in_background()
             if ttl <= 0:  # tests: nothing carried from one quote to the next
                 self.holds = HoldBook()
-            self.holds.refresh()
+            now = time.monotonic()
+            if ttl <= 0 or not self.holds.loaded or now - self._holds_refreshed_at >= _HOLDS_REFRESH_SECONDS:
+                self.holds.refresh()
+                self._holds_refreshed_at = now
             self._quotes += 1
             if self._quotes % 1000 == 0:
                 self.holds.maintain(epoch(timezone.now()))
