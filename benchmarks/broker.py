@@ -619,12 +619,48 @@ def matcher_in_process(job_ids: Sequence[int], n: int) -> tuple[list[float], flo
     placements_find(spec=specs[0], now=timezone.now(), limit=10)
     first = time.perf_counter() - t0
     latencies, feasible = [], []
+    cpu = time.process_time()
     for i in range(n):
         t0 = time.perf_counter()
         result = placements_find(spec=specs[i % len(specs)], now=timezone.now(), limit=10)
         latencies.append(time.perf_counter() - t0)
         feasible.append(result.feasible)
+    MATCHER_CPU_S.append((time.process_time() - cpu) / n)
     return latencies, first, feasible
+
+
+MATCHER_CPU_S: list[float] = []
+
+
+def affordability_in_process(n: int) -> list[tuple[str, int, float]]:
+    """CPU seconds per ``buyer_packs_after_leases`` (what a quote asks of the buyer's packs and live
+    leases) for the quoting buyer and for the buyer holding the most live leases: (who, live leases,
+    CPU s per call)."""
+    from django.db.models import Count
+    from django.utils import timezone
+
+    from broker.draws import buyer_packs_after_leases
+    from broker.models import HOLDING_STATES, Lease
+    from core.models import Organisation
+
+    busiest = (
+        Lease.objects.filter(state__in=HOLDING_STATES, end_at__gt=timezone.now())
+        .values("buyer_id")
+        .annotate(n=Count("id"))
+        .order_by("-n")
+        .first()
+    )
+    buyers = [("quoting buyer", Organisation.objects.get(slug="quoter"), 0)]
+    if busiest:
+        buyers.append(("busiest buyer", Organisation.objects.get(pk=busiest["buyer_id"]), busiest["n"]))
+    out = []
+    for label, buyer, live in buyers:
+        buyer_packs_after_leases(buyer=buyer)
+        cpu = time.process_time()
+        for _ in range(n):
+            buyer_packs_after_leases(buyer=buyer)
+        out.append((label, live, (time.process_time() - cpu) / n))
+    return out
 
 
 def service_in_process(job_ids: Sequence[int], n: int) -> list[float]:
@@ -1002,6 +1038,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
 
     matcher, matcher_first, feasible = matcher_in_process(job_ids, args.matcher_calls)
     service = sorted(service_in_process(job_ids, args.matcher_calls // 2))
+    affordability = affordability_in_process(max(args.matcher_calls // 10, 10))
 
     # --- Report ----------------------------------------------------------------------------------------------------
     ordered = sorted(latencies)
@@ -1044,6 +1081,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         [
             ["calls", f"{len(matcher):,} (first call, loading the catalogue: {matcher_first:.2f} s)"],
             ["p50 / p99 / max ms", f"{ms(percentile(m, 50))} / {ms(percentile(m, 99))} / {ms(m[-1])}"],
+            ["matcher CPU ms per call", f"{MATCHER_CPU_S[-1] * 1000:.2f}"],
+            *(
+                [
+                    f"affordability (buyer_packs_after_leases), {label} with {live:,} live leases: CPU ms per call",
+                    f"{cpu_s * 1000:.2f}",
+                ]
+                for label, live, cpu_s in affordability
+            ),
             [
                 f"quote_create (matcher + affordability + 10 Quote rows), {len(service):,} calls: p50 / p99 ms",
                 f"{ms(percentile(service, 50))} / {ms(percentile(service, 99))}",

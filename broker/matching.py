@@ -605,7 +605,7 @@ def _blocked_starts(
             held = held.copy()
             np.add.at(held, r_island, r_cards)
     position = np.where(of_candidate, index, 0)
-    keep = of_candidate & (held[position] + need[position] > capacity[position])
+    keep = of_candidate & (held[position] > (capacity - need)[position])
     index = np.concatenate([index[keep], r_island])
     hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
     hold_end = np.concatenate([hold_end[keep], r_until])
