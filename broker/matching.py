@@ -586,7 +586,9 @@ def _blocked_starts(
     is_candidate[candidates] = True
     of_candidate = is_candidate[index]
     # Only islands whose holds together could leave too few cards (one pass, one selection).
-    held = np.bincount(index[of_candidate], weights=hold_cards[of_candidate], minlength=c.size)
+    selected = np.flatnonzero(of_candidate)
+    selected_index = index[selected]
+    held = np.bincount(selected_index, weights=hold_cards[selected], minlength=c.size)
     first_only = r_island = r_cards = r_until = empty
     if reports is not None:
         mine = is_candidate[reports.island]
@@ -604,8 +606,7 @@ def _blocked_starts(
         if len(r_island):
             held = held.copy()
             np.add.at(held, r_island, r_cards)
-    position = np.where(of_candidate, index, 0)
-    keep = of_candidate & (held[position] > (capacity - need)[position])
+    keep = selected[held[selected_index] + need[selected_index] > capacity[selected_index]]
     index = np.concatenate([index[keep], r_island])
     hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
     hold_end = np.concatenate([hold_end[keep], r_until])
