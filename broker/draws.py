@@ -373,7 +373,7 @@ def _live_lease_draws(
         )
     with connection.cursor() as cursor:
         cursor.execute(_LIVE_LEASE_DRAWS_SQL, [buyer_id, list(HOLDING_STATES), at, list(exclude_lease_ids)])
-        return [tuple(row) for row in cursor.fetchall()]  # type: ignore[misc]
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 _LIVE_LEASE_DRAWS_SQL = (
