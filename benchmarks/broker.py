@@ -84,7 +84,6 @@ QUOTE_P99_TARGET_S = 0.050
 QUOTE_RATE_TARGET = 200
 QUOTE_CPU_TARGET_S = 0.010  # 200 quotes/s on 2 cores (issue 14)
 FIRST_QUOTE_TARGET_S = 1.0
-IDLE_SECONDS = 10.0
 USAGE_RATE_TARGET = 20_000
 USAGE_BATCH = 1_000
 USAGE_RECORD_SECONDS = 60
@@ -633,6 +632,18 @@ def matcher_in_process(job_ids: Sequence[int], n: int) -> tuple[list[float], flo
 MATCHER_CPU_S: list[float] = []
 
 
+def catalogue_load_cpu_s(loads: int = 3) -> float:
+    """CPU seconds of one full catalogue load (broker.catalog), the median of ``loads``, in this process."""
+    from broker.catalog import _load_catalogue_quietly
+
+    times = []
+    for _ in range(loads):
+        cpu = time.process_time()
+        _load_catalogue_quietly()
+        times.append(time.process_time() - cpu)
+    return sorted(times)[len(times) // 2]
+
+
 def affordability_in_process(n: int) -> list[tuple[str, int, float]]:
     """CPU seconds per ``buyer_packs_after_leases`` (what a quote asks of the buyer's packs and live
     leases) for the quoting buyer and for the buyer holding the most live leases: (who, live leases,
@@ -951,11 +962,6 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             check=quoted,
         )
         errors += warm.errors
-        # What the servers spend with no request at all (the catalogue reloaded every TTL in each worker):
-        # a cost per second, not per quote, which the per-quote figure below includes at the run's rate.
-        with Timer() as idle_timer, CpuSampler(server_pids=server_pids, database=database.name) as idle_cpu:
-            time.sleep(IDLE_SECONDS)
-        idle_rate = {group: idle_cpu.seconds(group) / idle_timer.seconds for group in ("server", "postgres")}
         single = run_closed_loop(
             requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
             host=servers.host,
@@ -1051,10 +1057,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     # --- Report ----------------------------------------------------------------------------------------------------
     ordered = sorted(latencies)
     quote_cpu_s = (quote_cpu.seconds("server") + quote_cpu.seconds("postgres")) / len(latencies)
-    quote_net_s = {
-        group: max(quote_cpu.seconds(group) - idle_rate[group] * wall, 0.0) / len(latencies)
-        for group in ("server", "postgres")
-    }
+    # Each worker reloads the catalogue about once a TTL while quotes arrive (broker.catalog): a cost per
+    # second, not per quote, so at a few quotes a second (a shared machine) it dominates the per-quote
+    # figure. Its server side is estimated from a load timed in this process.
+    reload_cpu_s = catalogue_load_cpu_s()
+    reload_per_quote_s = reload_cpu_s * args.workers * (wall / args.catalog_ttl) / len(latencies)
+    quote_net_s = max(quote_cpu.seconds("server") / len(latencies) - reload_per_quote_s, 0.0)
     p50, p99, p999 = (percentile(ordered, p) for p in (50, 99, 99.9))
     rate = len(latencies) / wall
     windows = windowed_rates(done_at)
@@ -1082,12 +1090,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 f"{quote_cpu.own_seconds / len(latencies) * 1000:.2f}",
             ],
             [
-                f"idle servers ({IDLE_SECONDS:.0f} s, no request): CPU ms per second, servers / PostgreSQL",
-                f"{idle_rate['server'] * 1000:.1f} / {idle_rate['postgres'] * 1000:.1f}",
+                "catalogue reload (while quoting, every TTL in each worker): CPU ms per load in this process; "
+                "its share per quote at this run's rate / at 200 quotes/s",
+                f"{reload_cpu_s * 1000:.0f}; {reload_per_quote_s * 1000:.2f} / "
+                f"{reload_cpu_s * args.workers / args.catalog_ttl / QUOTE_RATE_TARGET * 1000:.2f}",
             ],
             [
-                "CPU ms per quote net of the idle rate (what a quote adds): servers / PostgreSQL",
-                f"{quote_net_s['server'] * 1000:.2f} / {quote_net_s['postgres'] * 1000:.2f}",
+                "servers' CPU ms per quote without the catalogue reloads (what a quote itself costs)",
+                f"{quote_net_s * 1000:.2f}",
             ],
             [
                 "first quote per server (catalogue load): wall; CPU servers + PostgreSQL",
@@ -1162,8 +1172,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             [f"≥ {QUOTE_RATE_TARGET} quotes/s", f"{rate:,.0f} /s", verdict(rate >= QUOTE_RATE_TARGET)],
             [f"CPU per quote (servers + PostgreSQL) ≤ {QUOTE_CPU_TARGET_S * 1000:.0f} ms",
              f"{quote_cpu_s * 1000:.2f} ms", verdict(quote_cpu_s <= QUOTE_CPU_TARGET_S)],
-            ["CPU per quote net of the idle rate ≤ 10 ms", f"{sum(quote_net_s.values()) * 1000:.2f} ms",
-             verdict(sum(quote_net_s.values()) <= QUOTE_CPU_TARGET_S)],
+            ["CPU per quote without catalogue reloads (servers + PostgreSQL) ≤ 10 ms",
+             f"{(quote_net_s + quote_cpu.seconds('postgres') / len(latencies)) * 1000:.2f} ms",
+             verdict(quote_net_s + quote_cpu.seconds("postgres") / len(latencies) <= QUOTE_CPU_TARGET_S)],
             [f"first quote of a new server ≤ {FIRST_QUOTE_TARGET_S:.0f} s", f"{max(cold) * 1000:,.0f} ms",
              verdict(max(cold) <= FIRST_QUOTE_TARGET_S)],
             *(
