@@ -54,7 +54,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -195,8 +195,14 @@ def place_leases(
     return leases, refused
 
 
-def build_market(args: argparse.Namespace, database_url: str) -> Market:
-    """Organisations through the services, everything else with COPY (see the module docstring)."""
+def build_market(
+    args: argparse.Namespace,
+    database_url: str,
+    *,
+    place: Callable[..., tuple[list[LeasePlan], int]] | None = None,
+) -> Market:
+    """Organisations through the services, everything else with COPY (see the module docstring).
+    ``place`` lays out the leases (default :func:`place_leases`; benchmarks.soak runs every lease now)."""
     import psycopg
     from django.utils import timezone
 
@@ -260,7 +266,7 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
     island_cards = [cards for plan in fleet for _, cards, _ in plan.islands]
 
     with Timer() as place_timer:
-        leases, refused = place_leases(
+        leases, refused = (place or place_leases)(
             n=args.leases, island_cards=island_cards, buyer_ids=buyer_ids, now=now, rng=rng
         )
     # Expected cost and draw as a quote carries them: the tariff's bands, each priced to the fen.
@@ -384,7 +390,7 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
                 (
                     pk, lease.buyer_id, data.name, "", _body_hash(data, data.earliest_start_at), lease.cards,
                     None, "[]", None, None, "[]", "island", hub_ids[lease.hub], 50, lease.start, lease.end,
-                    duration, None, False, "price", Decimal(1), "placed", "", lease.created, lease.created, "{}",
+                    duration, None, False, "price", Decimal(1), "placed", "", "{}", lease.created, lease.created,
                 )
             )  # fmt: skip
         rows["broker_job"] = _copy(
@@ -393,8 +399,7 @@ def build_market(args: argparse.Namespace, database_url: str) -> Market:
             ("id", "buyer_id", "name", "idempotency_key", "body_hash", "cards", "standard_cards", "accelerators",
              "min_fp16_tflops", "min_memory_gb", "fabrics", "gang", "origin_hub_id", "latency_budget_ms",
              "earliest_start_at", "deadline_at", "duration_seconds", "max_price_per_card_hour", "checkpointable",
-             "preference", "price_weight", "state", "failure_reason", "created_at", "updated_at",
-             "quote_summary"),
+             "preference", "price_weight", "state", "failure_reason", "quote_summary", "created_at", "updated_at"),
             job_rows,
         )  # fmt: skip
         del job_rows
@@ -852,7 +857,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--reuse",
         action="store_true",
         help="quote over the market a previous run left in --database-url (kept with --keep or given): no "
-        "set-up, no usage part",
+        "set-up, quotes only",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("quotes", "usage"),
+        help="run one part: the quotes (with the breakdown) or the usage over REST; both by default",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -910,6 +920,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
 
     settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = args.catalog_ttl
     if args.reuse:
+        args.only = "quotes"
         market = reused_market()
     else:
         market = build_market(args, database.url)
@@ -924,77 +935,81 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     server_pids = [p.pid for p in servers.processes]
     client = JsonClient(host=servers.host, ports=servers.ports)
     try:
-        with Timer() as jobs_timer:
-            job_ids = create_jobs(
-                client,
-                token=market.quote_buyer_token,
-                n=args.jobs,
-                duration_hours=args.duration_hours,
-                seed=args.seed,
+        if args.only != "usage":
+            with Timer() as jobs_timer:
+                job_ids = create_jobs(
+                    client,
+                    token=market.quote_buyer_token,
+                    n=args.jobs,
+                    duration_hours=args.duration_hours,
+                    seed=args.seed,
+                )
+            # The first quote of each server loads the catalogue and the hold book.
+            cold = []
+            with CpuSampler(server_pids=server_pids, database=database.name) as cold_cpu:
+                for port in servers.ports:
+                    one = run_closed_loop(
+                        requests=quote_requests(job_ids, 1, market.quote_buyer_token),
+                        host=servers.host,
+                        ports=[port],
+                        concurrency=1,
+                        check=quoted,
+                    )
+                    errors += one.errors
+                    cold.append(one.latency_s[0])
+            rss_after_load = [process_rss_mb(pid) for pid in server_pids]
+            print(
+                "first quote per server (catalogue + hold book load): "
+                + ", ".join(f"{x:.2f} s" for x in cold)
+                + f" (CPU: servers {cold_cpu.seconds('server'):.2f} s, PostgreSQL {cold_cpu.seconds('postgres'):.2f} s)"
+                + "; server RSS after it: "
+                + ", ".join(f"{x:.0f} MiB" for x in rss_after_load),
+                flush=True,
             )
-        # The first quote of each server loads the catalogue and the hold book.
-        cold = []
-        with CpuSampler(server_pids=server_pids, database=database.name) as cold_cpu:
-            for port in servers.ports:
-                one = run_closed_loop(
-                    requests=quote_requests(job_ids, 1, market.quote_buyer_token),
-                    host=servers.host,
-                    ports=[port],
-                    concurrency=1,
-                    check=quoted,
-                )
-                errors += one.errors
-                cold.append(one.latency_s[0])
-        rss_after_load = [process_rss_mb(pid) for pid in server_pids]
-        print(
-            "first quote per server (catalogue + hold book load): "
-            + ", ".join(f"{x:.2f} s" for x in cold)
-            + f" (CPU: servers {cold_cpu.seconds('server'):.2f} s, PostgreSQL {cold_cpu.seconds('postgres'):.2f} s)"
-            + "; server RSS after it: "
-            + ", ".join(f"{x:.0f} MiB" for x in rss_after_load),
-            flush=True,
-        )
-        warm = run_closed_loop(
-            requests=quote_requests(job_ids, args.warmup, market.quote_buyer_token, offset=1),
-            host=servers.host,
-            ports=servers.ports,
-            concurrency=args.concurrency,
-            check=quoted,
-        )
-        errors += warm.errors
-        single = run_closed_loop(
-            requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
-            host=servers.host,
-            ports=servers.ports,
-            concurrency=1,
-            check=quoted,
-        )
-        errors += single.errors
-        latencies: list[float] = []
-        done_at: list[float] = []
-        wall = 0.0
-        rounds = 0
-        with CpuSampler(server_pids=server_pids, database=database.name) as quote_cpu:
-            while wall < args.min_seconds or rounds == 0:
-                result = run_closed_loop(
-                    requests=quote_requests(job_ids, args.quotes, market.quote_buyer_token, offset=rounds),
-                    host=servers.host,
-                    ports=servers.ports,
-                    concurrency=args.concurrency,
-                    check=quoted,
-                )
-                errors += result.errors[:20]
-                latencies += result.latency_s
-                done_at += [wall + t for t in result.done_at_s]
-                wall += result.wall_s
-                rounds += 1
-        print(f"quotes: {len(latencies):,} in {wall:.1f} s ({rounds} round(s))", flush=True)
+            warm = run_closed_loop(
+                requests=quote_requests(job_ids, args.warmup, market.quote_buyer_token, offset=1),
+                host=servers.host,
+                ports=servers.ports,
+                concurrency=args.concurrency,
+                check=quoted,
+            )
+            errors += warm.errors
+            single = run_closed_loop(
+                requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
+                host=servers.host,
+                ports=servers.ports,
+                concurrency=1,
+                check=quoted,
+            )
+            errors += single.errors
+            latencies: list[float] = []
+            done_at: list[float] = []
+            wall = 0.0
+            rounds = 0
+            with CpuSampler(server_pids=server_pids, database=database.name) as quote_cpu:
+                while wall < args.min_seconds or rounds == 0:
+                    result = run_closed_loop(
+                        requests=quote_requests(
+                            job_ids, args.quotes, market.quote_buyer_token, offset=rounds
+                        ),
+                        host=servers.host,
+                        ports=servers.ports,
+                        concurrency=args.concurrency,
+                        check=quoted,
+                    )
+                    errors += result.errors[:20]
+                    latencies += result.latency_s
+                    done_at += [wall + t for t in result.done_at_s]
+                    wall += result.wall_s
+                    rounds += 1
+            print(f"quotes: {len(latencies):,} in {wall:.1f} s ({rounds} round(s))", flush=True)
 
-        if not args.reuse:
+        if args.only != "quotes":
             # Usage over REST against the running leases.
             now = timezone.now().replace(microsecond=0)
             rows = usage_rows(market, n=args.records, now=now)
-            copy_s = usage_copy_baseline(market, rows)
+            with CpuSampler(database=database.name) as copy_cpu:
+                copy_s = usage_copy_baseline(market, rows)
             batches = usage_batches(rows)
             requests = [
                 HttpRequest(
@@ -1017,6 +1032,29 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     None if created == len(batches[index][1]) else f"usage batch {index}: {created} created"
                 )
 
+            # Warm each worker's usage path (imports, URL resolution, the body's validator) outside the timed
+            # part, as the quotes do when both parts run: an empty batch is refused with 400 and writes nothing.
+            if args.only == "usage":
+                warm_token = market.operator_tokens[batches[0][0]]
+                for port in servers.ports:
+                    warmed = run_closed_loop(
+                        requests=[
+                            HttpRequest(
+                                "POST",
+                                "/api/v1/operator/usage",
+                                {"Authorization": f"Bearer {warm_token}", "Content-Type": "application/json"},
+                                b'{"records": []}',
+                            )
+                        ]
+                        * 4,
+                        host=servers.host,
+                        ports=[port],
+                        concurrency=1,
+                        check=lambda i, status, body: (
+                            None if status == 400 else f"usage warm-up: HTTP {status}"
+                        ),
+                    )
+                    errors += warmed.errors
             with CpuSampler(server_pids=server_pids, database=database.name) as usage_cpu:
                 usage = run_closed_loop(
                     requests=requests,
@@ -1043,98 +1081,103 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         servers.stop(keep_log=bool(errors))
         if errors:
             errors.append(f"server log: {servers.log_path}")
-    if not args.reuse:
+    if args.only != "quotes":
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM metering_usagerecord")
             stored_count = cursor.fetchone()[0]
         if stored_count != len(rows):
             errors.append(f"{stored_count} usage records stored, {len(rows)} sent")
 
-    matcher, matcher_first, feasible = matcher_in_process(job_ids, args.matcher_calls)
-    service = sorted(service_in_process(job_ids, args.matcher_calls // 2))
-    affordability = affordability_in_process(max(args.matcher_calls // 10, 10))
-
+    if args.only != "usage":
+        matcher, matcher_first, feasible = matcher_in_process(job_ids, args.matcher_calls)
+        service = sorted(service_in_process(job_ids, args.matcher_calls // 2))
+        affordability = affordability_in_process(max(args.matcher_calls // 10, 10))
     # --- Report ----------------------------------------------------------------------------------------------------
-    ordered = sorted(latencies)
-    quote_cpu_s = (quote_cpu.seconds("server") + quote_cpu.seconds("postgres")) / len(latencies)
-    # Each worker reloads the catalogue about once a TTL while quotes arrive (broker.catalog): a cost per
-    # second, not per quote, so at a few quotes a second (a shared machine) it dominates the per-quote
-    # figure. Its server side is estimated from a load timed in this process.
-    reload_cpu_s = catalogue_load_cpu_s()
-    reload_per_quote_s = reload_cpu_s * args.workers * (wall / args.catalog_ttl) / len(latencies)
-    quote_net_s = max(quote_cpu.seconds("server") / len(latencies) - reload_per_quote_s, 0.0)
-    p50, p99, p999 = (percentile(ordered, p) for p in (50, 99, 99.9))
-    rate = len(latencies) / wall
-    windows = windowed_rates(done_at)
-    islands = len(market.island_cards)
-    print_table(
-        f"Quote latency over HTTP: POST /api/v1/jobs/<id>/quotes, 8 cards, island gang, any chip, 48-hour window, "
-        f"{args.duration_hours} h run; {args.concurrency} clients, {args.workers} workers",
-        ["figure", "value"],
-        [
-            ["market", f"{len(market.fleet):,} clusters, {islands:,} islands, {len(market.leases):,} leases"],
-            ["quotes timed", f"{len(latencies):,} over {wall:.1f} s (after {args.warmup} warm-up)"],
-            ["p50 / p90 ms", f"{ms(p50)} / {ms(percentile(ordered, 90))}"],
-            ["p99 / p99.9 / max ms", f"{ms(p99)} / {ms(p999)} / {ms(ordered[-1])}"],
-            ["quotes per second (sustained)", f"{rate:,.0f}"],
+    if args.only != "usage":
+        ordered = sorted(latencies)
+        quote_cpu_s = (quote_cpu.seconds("server") + quote_cpu.seconds("postgres")) / len(latencies)
+        # Each worker reloads the catalogue about once a TTL while quotes arrive (broker.catalog): a cost per
+        # second, not per quote, so at a few quotes a second (a shared machine) it dominates the per-quote
+        # figure. Its server side is estimated from a load timed in this process.
+        reload_cpu_s = catalogue_load_cpu_s()
+        reload_per_quote_s = reload_cpu_s * args.workers * (wall / args.catalog_ttl) / len(latencies)
+        quote_net_s = max(quote_cpu.seconds("server") / len(latencies) - reload_per_quote_s, 0.0)
+        p50, p99, p999 = (percentile(ordered, p) for p in (50, 99, 99.9))
+        rate = len(latencies) / wall
+        windows = windowed_rates(done_at)
+        islands = len(market.island_cards)
+        print_table(
+            f"Quote latency over HTTP: POST /api/v1/jobs/<id>/quotes, 8 cards, island gang, any chip, 48-hour window, "
+            f"{args.duration_hours} h run; {args.concurrency} clients, {args.workers} workers",
+            ["figure", "value"],
             [
-                f"one client alone ({len(single.latency_s):,} quotes): p50 / p99 ms, quotes/s",
-                f"{ms(percentile(sorted(single.latency_s), 50))} / {ms(percentile(sorted(single.latency_s), 99))}, "
-                f"{len(single.latency_s) / single.wall_s:,.0f}",
-            ],
-            ["quotes per second in 10 slices (min / median / max)", spread(windows) if windows else "—"],
-            [
-                "CPU ms per quote: servers / PostgreSQL / clients",
-                f"{quote_cpu.seconds('server') / len(latencies) * 1000:.2f} / "
-                f"{quote_cpu.seconds('postgres') / len(latencies) * 1000:.2f} / "
-                f"{quote_cpu.own_seconds / len(latencies) * 1000:.2f}",
-            ],
-            [
-                "catalogue reload (while quoting, every TTL in each worker): CPU ms per load in this process; "
-                "its share per quote at this run's rate / at 200 quotes/s",
-                f"{reload_cpu_s * 1000:.0f}; {reload_per_quote_s * 1000:.2f} / "
-                f"{reload_cpu_s * args.workers / args.catalog_ttl / QUOTE_RATE_TARGET * 1000:.2f}",
-            ],
-            [
-                "servers' CPU ms per quote without the catalogue reloads (what a quote itself costs)",
-                f"{quote_net_s * 1000:.2f}",
-            ],
-            [
-                "first quote per server (catalogue load): wall; CPU servers + PostgreSQL",
-                ", ".join(f"{x * 1000:,.0f} ms" for x in cold)
-                + f"; {(cold_cpu.seconds('server') + cold_cpu.seconds('postgres')) * 1000:,.0f} ms",
-            ],
-            ["jobs submitted (POST /jobs)", f"{args.jobs} in {jobs_timer.seconds:.1f} s"],
-        ],
-    )
-    m = sorted(matcher)
-    print_table(
-        "Breakdown, in this process (one caller, no HTTP): the matcher (broker.services.quotes.placements_find) "
-        "and the quote service",
-        ["figure", "value"],
-        [
-            ["calls", f"{len(matcher):,} (first call, loading the catalogue: {matcher_first:.2f} s)"],
-            ["p50 / p99 / max ms", f"{ms(percentile(m, 50))} / {ms(percentile(m, 99))} / {ms(m[-1])}"],
-            ["matcher CPU ms per call", f"{MATCHER_CPU_S[-1] * 1000:.2f}"],
-            *(
                 [
-                    f"affordability (buyer_packs_after_leases), {label} with {live:,} live leases: CPU ms per call",
-                    f"{cpu_s * 1000:.2f}",
-                ]
-                for label, live, cpu_s in affordability
-            ),
-            [
-                f"quote_create (matcher + affordability + 10 Quote rows), {len(service):,} calls: p50 / p99 ms",
-                f"{ms(percentile(service, 50))} / {ms(percentile(service, 99))}",
+                    "market",
+                    f"{len(market.fleet):,} clusters, {islands:,} islands, {len(market.leases):,} leases",
+                ],
+                ["quotes timed", f"{len(latencies):,} over {wall:.1f} s (after {args.warmup} warm-up)"],
+                ["p50 / p90 ms", f"{ms(p50)} / {ms(percentile(ordered, 90))}"],
+                ["p99 / p99.9 / max ms", f"{ms(p99)} / {ms(p999)} / {ms(ordered[-1])}"],
+                ["quotes per second (sustained)", f"{rate:,.0f}"],
+                [
+                    f"one client alone ({len(single.latency_s):,} quotes): p50 / p99 ms, quotes/s",
+                    f"{ms(percentile(sorted(single.latency_s), 50))} / {ms(percentile(sorted(single.latency_s), 99))}, "
+                    f"{len(single.latency_s) / single.wall_s:,.0f}",
+                ],
+                ["quotes per second in 10 slices (min / median / max)", spread(windows) if windows else "—"],
+                [
+                    "CPU ms per quote: servers / PostgreSQL / clients",
+                    f"{quote_cpu.seconds('server') / len(latencies) * 1000:.2f} / "
+                    f"{quote_cpu.seconds('postgres') / len(latencies) * 1000:.2f} / "
+                    f"{quote_cpu.own_seconds / len(latencies) * 1000:.2f}",
+                ],
+                [
+                    "catalogue reload (while quoting, every TTL in each worker): CPU ms per load in this process; "
+                    "its share per quote at this run's rate / at 200 quotes/s",
+                    f"{reload_cpu_s * 1000:.0f}; {reload_per_quote_s * 1000:.2f} / "
+                    f"{reload_cpu_s * args.workers / args.catalog_ttl / QUOTE_RATE_TARGET * 1000:.2f}",
+                ],
+                [
+                    "servers' CPU ms per quote without the catalogue reloads (what a quote itself costs)",
+                    f"{quote_net_s * 1000:.2f}",
+                ],
+                [
+                    "first quote per server (catalogue load): wall; CPU servers + PostgreSQL",
+                    ", ".join(f"{x * 1000:,.0f} ms" for x in cold)
+                    + f"; {(cold_cpu.seconds('server') + cold_cpu.seconds('postgres')) * 1000:,.0f} ms",
+                ],
+                ["jobs submitted (POST /jobs)", f"{args.jobs} in {jobs_timer.seconds:.1f} s"],
             ],
+        )
+        m = sorted(matcher)
+        print_table(
+            "Breakdown, in this process (one caller, no HTTP): the matcher (broker.services.quotes.placements_find) "
+            "and the quote service",
+            ["figure", "value"],
             [
-                "feasible islands per call (min / median / max)",
-                f"{min(feasible):,} / {sorted(feasible)[len(feasible) // 2]:,} / {max(feasible):,}",
+                ["calls", f"{len(matcher):,} (first call, loading the catalogue: {matcher_first:.2f} s)"],
+                ["p50 / p99 / max ms", f"{ms(percentile(m, 50))} / {ms(percentile(m, 99))} / {ms(m[-1])}"],
+                ["matcher CPU ms per call", f"{MATCHER_CPU_S[-1] * 1000:.2f}"],
+                *(
+                    [
+                        f"affordability (buyer_packs_after_leases), {label} with {live:,} live leases: CPU ms "
+                        "per call",
+                        f"{cpu_s * 1000:.2f}",
+                    ]
+                    for label, live, cpu_s in affordability
+                ),
+                [
+                    f"quote_create (matcher + affordability + 10 Quote rows), {len(service):,} calls: p50 / p99 ms",
+                    f"{ms(percentile(service, 50))} / {ms(percentile(service, 99))}",
+                ],
+                [
+                    "feasible islands per call (min / median / max)",
+                    f"{min(feasible):,} / {sorted(feasible)[len(feasible) // 2]:,} / {max(feasible):,}",
+                ],
+                ["this process's peak RSS", f"{peak_rss_mb():.0f} MiB"],
             ],
-            ["this process's peak RSS", f"{peak_rss_mb():.0f} MiB"],
-        ],
-    )
-    if not args.reuse:
+        )
+    if args.only != "quotes":
         usage_rate = len(rows) / usage.wall_s
         copy_rate = len(rows) / copy_s
         u = sorted(usage.latency_s)
@@ -1155,19 +1198,27 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             f"{usage_cpu.seconds('postgres') / len(rows) * 1e6:.1f}; replayed batch: all {len(batches[again][1]):,} "
             f"duplicates in {replay.latency_s[0] * 1000:.0f} ms; stored {stored_count:,} of {len(rows):,}"
         )
+        print(
+            f"CPU µs per record: REST {(usage_cpu.seconds('server') + usage_cpu.seconds('postgres')) / len(rows) * 1e6:.1f}"
+            f" (servers + PostgreSQL); COPY {(copy_cpu.own_seconds + copy_cpu.seconds('postgres')) / len(rows) * 1e6:.1f}"
+            " (this process + PostgreSQL)"
+        )
     rss = servers.peak_rss_mb
     print(
         "peak RSS (VmHWM) of the server processes: "
         + ", ".join("?" if math.isnan(x) else f"{x:.0f} MiB" for x in rss)
-        + f"; after loading the catalogue: {', '.join(f'{x:.0f} MiB' for x in rss_after_load)}"
+        + (
+            f"; after loading the catalogue: {', '.join(f'{x:.0f} MiB' for x in rss_after_load)}"
+            if args.only != "usage"
+            else ""
+        )
     )
     print(
         f"machine at the end: {machine_description()}; whole run {time.perf_counter() - started:.0f} s (set-up {setup_s:.0f} s)"
     )
-    print_table(
-        "Results",
-        ["target", "measured", ""],
-        [
+    results = []
+    if args.only != "usage":
+        results += [
             [f"quote p99 ≤ {QUOTE_P99_TARGET_S * 1000:.0f} ms", f"{ms(p99)} ms", verdict(p99 <= QUOTE_P99_TARGET_S)],
             [f"≥ {QUOTE_RATE_TARGET} quotes/s", f"{rate:,.0f} /s", verdict(rate >= QUOTE_RATE_TARGET)],
             [f"CPU per quote (servers + PostgreSQL) ≤ {QUOTE_CPU_TARGET_S * 1000:.0f} ms",
@@ -1177,14 +1228,13 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
              verdict(quote_net_s + quote_cpu.seconds("postgres") / len(latencies) <= QUOTE_CPU_TARGET_S)],
             [f"first quote of a new server ≤ {FIRST_QUOTE_TARGET_S:.0f} s", f"{max(cold) * 1000:,.0f} ms",
              verdict(max(cold) <= FIRST_QUOTE_TARGET_S)],
-            *(
-                []
-                if args.reuse
-                else [[f"usage over REST ≥ {USAGE_RATE_TARGET:,} records/s", f"{usage_rate:,.0f} /s",
-                       verdict(usage_rate >= USAGE_RATE_TARGET)]]
-            ),
-        ],
-    )  # fmt: skip
+        ]  # fmt: skip
+    if args.only != "quotes":
+        results += [
+            [f"usage over REST ≥ {USAGE_RATE_TARGET:,} records/s", f"{usage_rate:,.0f} /s",
+             verdict(usage_rate >= USAGE_RATE_TARGET)],
+        ]  # fmt: skip
+    print_table("Results", ["target", "measured", ""], results)
     return errors
 
 
