@@ -21,6 +21,7 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
+from django.db import connections, router
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -353,6 +354,35 @@ def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
     ]
 
 
+def _live_lease_draws(
+    *, buyer_id: int, at: datetime, exclude_lease_ids: Sequence[int]
+) -> list[tuple[str, Decimal, datetime, datetime]]:
+    """(draw class, expected draw, start, end) of the buyer's live leases ending after ``at``, by start.
+
+    Every quote asks this, usually of a buyer with no live lease at all, and building the ORM query
+    cost more CPU than running it; on PostgreSQL the statement is fixed text (the values bound), with
+    the ORM elsewhere. Same rows, same order."""
+    alias = router.db_for_read(Lease)
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return list(
+            Lease.objects.filter(buyer_id=buyer_id, state__in=HOLDING_STATES, end_at__gt=at)
+            .exclude(pk__in=list(exclude_lease_ids))
+            .order_by("start_at", "id")
+            .values_list("draw_class", "expected_draw", "start_at", "end_at")
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(_LIVE_LEASE_DRAWS_SQL, [buyer_id, list(HOLDING_STATES), at, list(exclude_lease_ids)])
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+_LIVE_LEASE_DRAWS_SQL = (
+    "SELECT draw_class, expected_draw, start_at, end_at FROM broker_lease "
+    "WHERE buyer_id = %s AND state = ANY(%s) AND end_at > %s AND NOT (id = ANY(%s::bigint[])) "
+    "ORDER BY start_at, id"
+)
+
+
 def buyer_packs_after_leases(
     *, buyer: Organisation, at: datetime | None = None, exclude_lease_ids: Sequence[int] = ()
 ) -> BuyerPacks:
@@ -360,12 +390,7 @@ def buyer_packs_after_leases(
     time still to come), drawn rating's way. Three queries."""
     at = at or timezone.now()
     slots = _buyer_packs(buyer=buyer, at=at)
-    live = list(
-        Lease.objects.filter(buyer=buyer, state__in=HOLDING_STATES, end_at__gt=at)
-        .exclude(pk__in=list(exclude_lease_ids))
-        .order_by("start_at", "id")
-        .values_list("draw_class", "expected_draw", "start_at", "end_at")
-    )
+    live = _live_lease_draws(buyer_id=buyer.pk, at=at, exclude_lease_ids=exclude_lease_ids)
     packs = BuyerPacks(slots=slots, factors=chip_factors({row[0] for row in live}))
     for chip, expected, start_at, end_at in live:
         total = (end_at - start_at).total_seconds()

@@ -166,11 +166,15 @@ def match(
     cluster_best_k = np.zeros(m, dtype=np.int64)
     cluster_best_value = np.zeros(m, dtype=np.float64)
     if window.starts:
-        for t in np.unique(c.cluster_tariff[c.cluster_tariff > 0]):
-            values = delta[int(t)] = integrated_multiplier(tariff_of(int(t)), window)
-            of_t = c.cluster_tariff == t
-            cluster_best_k[of_t] = int(np.argmin(values))
-            cluster_best_value[of_t] = float(values.min())
+        tariffs, of_cluster = c.tariff_groups  # a handful of tariffs: one integration each
+        best_k = np.zeros(len(tariffs) + 1, dtype=np.int64)
+        best_value = np.zeros(len(tariffs) + 1, dtype=np.float64)
+        for i, t in enumerate(tariffs.tolist()):
+            values = delta[t] = integrated_multiplier(tariff_of(t), window)
+            best_k[i + 1] = int(np.argmin(values))
+            best_value[i + 1] = float(values[best_k[i + 1]])
+        cluster_best_k = best_k[of_cluster]
+        cluster_best_value = best_value[of_cluster]
     if spec.max_price_per_card_hour is not None and window.starts:
         # Average price per card-hour (per standard card-hour) at the cheapest start of the window.
         per_card_hour = c.cluster_rate * cluster_best_value / (window.duration * _E4)
@@ -421,7 +425,7 @@ def _rank_offers(
 
 def _first_feasible(blocked: BlockedStarts, islands: np.ndarray) -> int:
     """The earliest start index any of ``islands`` (feasible somewhere) can take."""
-    if not np.isin(islands, blocked.island).all():
+    if not blocked.has_all(islands):
         return 0  # an island no hold touches can start at the window's first start
     return int(np.argmax(blocked.feasible_many(islands).any(axis=0)))
 
@@ -521,6 +525,13 @@ class BlockedStarts:
         lo = np.searchsorted(self.island, island, side="left")
         return bool(lo < len(self.island) and self.island[lo] == island)
 
+    def has_all(self, islands: np.ndarray) -> bool:
+        """Whether every one of ``islands`` has a blocked range (a binary search each, ``island`` being
+        sorted, where ``np.isin`` would sort every blocked range again)."""
+        at = np.searchsorted(self.island, islands, side="left")
+        inside = at < len(self.island)
+        return bool(inside.all() and (self.island[at[inside]] == islands).all())
+
     def feasible(self, island: int) -> np.ndarray:
         ok = np.ones(self.starts, dtype=bool)
         lo, hi = np.searchsorted(self.island, [island, island + 1], side="left")
@@ -575,7 +586,9 @@ def _blocked_starts(
     is_candidate[candidates] = True
     of_candidate = is_candidate[index]
     # Only islands whose holds together could leave too few cards (one pass, one selection).
-    held = np.bincount(index[of_candidate], weights=hold_cards[of_candidate], minlength=c.size)
+    selected = np.flatnonzero(of_candidate)
+    selected_index = index[selected]
+    held = np.bincount(selected_index, weights=hold_cards[selected], minlength=c.size)
     first_only = r_island = r_cards = r_until = empty
     if reports is not None:
         mine = is_candidate[reports.island]
@@ -593,8 +606,7 @@ def _blocked_starts(
         if len(r_island):
             held = held.copy()
             np.add.at(held, r_island, r_cards)
-    position = np.where(of_candidate, index, 0)
-    keep = of_candidate & (held[position] + need[position] > capacity[position])
+    keep = selected[held[selected_index] + need[selected_index] > capacity[selected_index]]
     index = np.concatenate([index[keep], r_island])
     hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
     hold_end = np.concatenate([hold_end[keep], r_until])
@@ -645,7 +657,7 @@ def _short_ranges(
     slots = np.concatenate([first, last])
     deltas = np.concatenate([hold_cards, -hold_cards])
     # One sort key: island, then slot, then releases before takes at the same slot edge.
-    order = np.argsort(islands * (2 * _slots + 4) + slots * 2 + (deltas > 0))
+    order = np.argsort(islands * (2 * _slots + 4) + slots * 2 + (deltas > 0), kind="stable")
     islands, slots, deltas = islands[order], slots[order], deltas[order]
     level = np.cumsum(deltas)  # each island's edges sum to zero, so the running sum restarts per island
     next_slot = np.concatenate([slots[1:], [0]])
@@ -899,7 +911,7 @@ def start_costs(
         reports = binding_reports(c, window, considered)
         need = np.full(c.size, cards, dtype=np.int64)
         blocked = _blocked_starts(c, holds, window, positions, need, reports)
-        if np.isin(positions, blocked.island).all():
+        if blocked.has_all(positions):
             free = np.asarray(blocked.feasible_many(positions).any(axis=0), dtype=bool)
         else:
             free[:] = True

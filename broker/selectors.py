@@ -34,6 +34,7 @@ def job_get_for(*, buyer: Organisation, job_id: int) -> Job:
     job = job_list_for(buyer=buyer).filter(pk=job_id).first() if 0 < job_id < 2**63 else None
     if job is None:
         raise JobNotFoundError(_("No job %(id)s.") % {"id": job_id}, extra={"job_id": job_id})
+    job.buyer = buyer  # the row was selected by it: no query for ``job.buyer`` later (a quote reads it)
     return job
 
 

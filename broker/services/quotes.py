@@ -156,7 +156,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     now = now or timezone.now()
     limit = min(max(limit or settings.CARDHOUR_QUOTE_LIMIT_DEFAULT, 1), settings.CARDHOUR_QUOTE_LIMIT_MAX)
     spec = job_spec(job=job)
-    result = placements_find(spec=spec, buyer=job.buyer, now=now, limit=limit, distinct=True)
+    result = placements_find(spec=spec, now=now, limit=limit, distinct=True)
     relaxations = (
         []
         if result.placements
