@@ -1405,9 +1405,9 @@ class RatedFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.filter(rated_at__isnull=False)
+            return queryset.rated()
         if self.value() == "no":
-            return queryset.filter(rated_at__isnull=True)
+            return queryset.unrated()
         return queryset
 
 
@@ -1714,6 +1714,10 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [RatedFilter, OperatorFilter, BuyerFilter]
     search_fields = ["idempotency_key__exact", "reference__exact"]
     list_select_related = ["operator", "cluster", "buyer"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[UsageRecord]:
+        return super().get_queryset(request).with_rated()  # type: ignore[attr-defined]
+
     fields = readonly_fields = (
         "operator",
         "cluster",
@@ -1776,9 +1780,9 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     def end(self, obj: UsageRecord) -> str:
         return _local(obj.end_at)
 
-    @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="rated_at")
+    @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="is_rated")
     def is_rated(self, obj: UsageRecord) -> bool:
-        return obj.rated_at is not None
+        return bool(getattr(obj, "is_rated", obj.rated_at is not None))
 
     @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: UsageRecord) -> str:

@@ -2,18 +2,21 @@
 
 One batch (default 5,000 records) is one transaction:
 
-1. claim the oldest unrated records ``FOR UPDATE SKIP LOCKED`` (two workers never claim the same record);
+1. claim the oldest records of the pending-rating queue (UsagePending: a narrow copy of what rating reads,
+   written with each usage record) ``FOR UPDATE SKIP LOCKED`` and delete them in the same statement (two
+   workers never claim the same record; the usage table itself is neither read nor updated);
 2. split each record at its tariff's band edges and local midnights (metering.tariffs, daylight-saving safe,
    half-open) into slices, price each slice at the record's *locked* price card —
    ``gross = rate × card-hours × multiplier``, ``commission = gross × CARDHOUR_PLATFORM_COMMISSION`` — and draw
    ``card-hours × multiplier`` (× the chip's standard-card factor for a standard pack) from the buyer's usable
    packs, the one that expires first first; a slice that empties a pack continues on the next as a second
    row; what no pack covers is *arrears*, and the buyer is flagged at once;
-3. post one balanced transfer for the batch (per account sums of the rows), insert the rated segments that
-   explain it row by row, and mark the records rated.
+3. post one balanced transfer for the batch (per account sums of the rows) and COPY the rated segments
+   that explain it row by row (each carries its record's buyer and operator).
 
-A crash anywhere rolls the whole batch back, so a rerun produces the same ledger; a record already rated is
-never claimed again. Every amount is an exact integer of micro-units (core.money), rounded half-even once
+A crash anywhere rolls the whole batch back — the queue rows come back with it — so a rerun produces the
+same ledger; a record already rated has no queue row and is never claimed again (and the unique
+(usage_record, seq) index refuses a second set of its segments). Every amount is an exact integer of micro-units (core.money), rounded half-even once
 per row.
 
 Ledger signs (balance = Σ entries): a pack holds +card-hours; issuance starts at −bought and climbs back as
@@ -47,18 +50,23 @@ from metering.models import (
     PriceCard,
     RatedSegment,
     TransferKind,
-    UsageRecord,
+    UsagePending,
     card_hour_unit,
 )
 from metering.selectors.tariffs import compiled_tariff
 from metering.services import ledger
 from metering.services.packs import pack_value_of_draw
 from metering.services.usage import epoch_seconds as _epoch  # one definition of the epoch
+from metering.tariffs import CompiledTariff
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECONDS_E4 = 3600 * 10**4  # card-seconds × multiplier (10⁻⁴) → card-hours
+_COMMISSION = ("commission", 0, "")
+_SPREAD = ("spread", 0, "")
 _SEGMENT_COLUMNS = (
     "usage_record_id",
+    "buyer_id",
+    "operator_id",
     "seq",
     "start_at",
     "end_at",
@@ -175,23 +183,34 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
     commission_e6 = to_micros(settings.CARDHOUR_PLATFORM_COMMISSION)
     packs = _lock_packs(buyer_ids={r[3] for r in records})
 
-    rows: list[list] = []
+    rows: list[tuple] = []
     # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below.
     sums: dict[tuple, int] = defaultdict(int)
     shortfalls: dict[tuple[int, str], tuple[int, int]] = {}
+    multipliers: dict[int, Decimal] = {}
+    factors: dict[int, Decimal] = {}
     hook = _before_record
+    tariffs: dict[int, CompiledTariff] = {}
     for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
         if hook is not None:
             hook(record_id)
         rate_e6, tariff_version_id = price_cards[price_card_id]
-        tariff = compiled_tariff(tariff_version_id=tariff_version_id)
+        tariff = tariffs.get(tariff_version_id)
+        if tariff is None:
+            tariff = tariffs[tariff_version_id] = compiled_tariff(tariff_version_id=tariff_version_id)
+        multipliers_e4 = tariff.multipliers_e4
+        bands = tariff.bands
         chip_slug, chip_tflops = chips[cluster_id]
         buyer_packs = packs.get(buyer_id_, ())
+        money_key = ("buyer_money", buyer_id_, "")
+        operator_key = ("operator", operator_id, "")
         seq = 0
         for slice_start, slice_end, band_index in tariff.slices(start_at, end_at):
-            m_e4 = tariff.multipliers_e4[band_index]
-            band = tariff.bands[band_index]
-            multiplier = Decimal(m_e4).scaleb(-4)
+            m_e4 = multipliers_e4[band_index]
+            band = bands[band_index]
+            multiplier = multipliers.get(m_e4)
+            if multiplier is None:
+                multiplier = multipliers[m_e4] = Decimal(m_e4).scaleb(-4)
             left = cards * (slice_end - slice_start)
             factor_e4: int | None = None
             for pack in buyer_packs:
@@ -233,12 +252,16 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                 pack.value += value
                 gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
                 commission = round_div(gross * commission_e6, MICROS)
-                std = (
-                    Decimal(factor_e4).scaleb(-4) if factor_e4 and pack.class_key == STANDARD_CLASS else None
-                )
+                std = None
+                if factor_e4 and pack.class_key == STANDARD_CLASS:
+                    std = factors.get(factor_e4)
+                    if std is None:
+                        std = factors[factor_e4] = Decimal(factor_e4).scaleb(-4)
                 rows.append(
-                    [
+                    (
                         record_id,
+                        buyer_id_,
+                        operator_id,
                         seq,
                         slice_start,
                         slice_end,
@@ -252,21 +275,23 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                         gross,
                         commission,
                         value,
-                    ]
+                    )
                 )
                 seq += 1
-                sums[("buyer_money", buyer_id_, "")] += value
-                sums[("operator", operator_id, "")] -= gross - commission
-                sums[("commission", 0, "")] -= commission
-                sums[("spread", 0, "")] -= value - gross
+                sums[money_key] += value
+                sums[operator_key] -= gross - commission
+                sums[_COMMISSION] -= commission
+                sums[_SPREAD] -= value - gross
                 left -= covered
             if left:
                 draw = round_div(left * m_e4 * MICROS, _SECONDS_E4)
                 gross = round_div(rate_e6 * left * m_e4, _SECONDS_E4)
                 commission = round_div(gross * commission_e6, MICROS)
                 rows.append(
-                    [
+                    (
                         record_id,
+                        buyer_id_,
+                        operator_id,
                         seq,
                         slice_start,
                         slice_end,
@@ -280,14 +305,14 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                         gross,
                         commission,
                         gross,
-                    ]
+                    )
                 )
                 seq += 1
                 sums[("arrears", buyer_id_, chip_slug)] -= draw
                 sums[("issuance", 0, chip_slug)] += draw
-                sums[("buyer_money", buyer_id_, "")] += gross
-                sums[("operator", operator_id, "")] -= gross - commission
-                sums[("commission", 0, "")] -= commission
+                sums[money_key] += gross
+                sums[operator_key] -= gross - commission
+                sums[_COMMISSION] -= commission
                 previous = shortfalls.get((buyer_id_, chip_slug), (record_id, 0))
                 shortfalls[(buyer_id_, chip_slug)] = (previous[0], previous[1] + draw)
 
@@ -307,7 +332,6 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         posted_at=now,
     )
     _insert_segments(rows, transfer_id=transfer.pk)
-    _mark_rated([r[0] for r in records], transfer_id=transfer.pk, now=now)
 
     emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
     if emptied:
@@ -319,43 +343,46 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
 
 
 def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
-    """The oldest unrated records, locked, skipping those another worker holds; times as epoch seconds."""
+    """Take the oldest pending records off the queue, skipping those another worker holds; times as epoch
+    seconds, in record id order. The rows are deleted by this transaction: if it rolls back they are
+    pending again."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT id, operator_id, cluster_id, buyer_id, cards,
-                       extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint, price_card_id
-                  FROM metering_usagerecord
-                 WHERE rated_at IS NULL AND (%s::bigint IS NULL OR buyer_id = %s::bigint)
-                 ORDER BY id
-                 LIMIT %s
-                   FOR UPDATE SKIP LOCKED
+                DELETE FROM metering_usagepending
+                 WHERE usage_record_id = ANY(ARRAY(
+                        SELECT usage_record_id FROM metering_usagepending
+                         WHERE (%s::bigint IS NULL OR buyer_id = %s::bigint)
+                         ORDER BY usage_record_id
+                         LIMIT %s
+                           FOR UPDATE SKIP LOCKED))
+                RETURNING usage_record_id, operator_id, cluster_id, buyer_id, cards,
+                          extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint,
+                          price_card_id
                 """,
                 [buyer_id, buyer_id, batch_size],
             )
-            return cursor.fetchall()
-    claim = UsageRecord.objects.select_for_update(skip_locked=True).filter(rated_at__isnull=True)
+            return sorted(cursor.fetchall())
+    claim = UsagePending.objects.select_for_update(skip_locked=True)
     if buyer_id is not None:
         claim = claim.filter(buyer_id=buyer_id)
-    rows = claim.order_by("id").values_list(
-        "id", "operator_id", "cluster_id", "buyer_id", "cards", "start_at", "end_at", "price_card_id"
-    )[:batch_size]
-    return [(*row[:5], _epoch(row[5]), _epoch(row[6]), row[7]) for row in rows]
-
-
-def _mark_rated(ids: list[int], *, transfer_id: int, now: datetime) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE metering_usagerecord SET rated_at = %s, rating_transfer_id = %s WHERE id = ANY(%s)",
-                [now, transfer_id, ids],
-            )
-        return
+    rows = list(
+        claim.order_by("usage_record_id").values_list(
+            "usage_record_id",
+            "operator_id",
+            "cluster_id",
+            "buyer_id",
+            "cards",
+            "start_at",
+            "end_at",
+            "price_card_id",
+        )[:batch_size]
+    )
+    ids = [row[0] for row in rows]
     for offset in range(0, len(ids), 500):
-        UsageRecord.objects.filter(pk__in=ids[offset : offset + 500]).update(
-            rated_at=now, rating_transfer_id=transfer_id
-        )
+        UsagePending.objects.filter(pk__in=ids[offset : offset + 500]).delete()
+    return [(*row[:5], _epoch(row[5]), _epoch(row[6]), row[7]) for row in rows]
 
 
 def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
@@ -437,18 +464,25 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
     ]
 
 
-def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
+def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
+    """Write the batch's segments: one COPY on PostgreSQL (timestamps sent as text, formatted once per
+    distinct instant: neighbouring records share band edges), bulk_create elsewhere."""
     if connection.vendor == "postgresql":
         columns = ", ".join(_SEGMENT_COLUMNS)
+        instants: dict[int, str] = {}
         with (
             connection.cursor() as cursor,
             cursor.copy(f"COPY metering_ratedsegment ({columns}) FROM STDIN") as copy,
         ):
+            write_row = copy.write_row
             for row in rows:
-                row[2] = _at(row[2])
-                row[3] = _at(row[3])
-                row.append(transfer_id)
-                copy.write_row(row)
+                start = instants.get(row[4])
+                if start is None:
+                    start = instants[row[4]] = _iso(row[4])
+                end = instants.get(row[5])
+                if end is None:
+                    end = instants[row[5]] = _iso(row[5])
+                write_row((*row[:4], start, end, *row[6:], transfer_id))
         return
     RatedSegment.objects.bulk_create(
         [
@@ -456,7 +490,7 @@ def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
                 **dict(
                     zip(
                         _SEGMENT_COLUMNS,
-                        [*row[:2], _at(row[2]), _at(row[3]), *row[4:], transfer_id],
+                        [*row[:4], _at(row[4]), _at(row[5]), *row[6:], transfer_id],
                         strict=True,
                     )
                 )
@@ -465,6 +499,11 @@ def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
         ],
         batch_size=1000,
     )
+
+
+def _iso(seconds: int) -> str:
+    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz."""
+    return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S+00")
 
 
 def _flag_exhaustion(

@@ -262,7 +262,7 @@ def _run(
                 usage_rate_pending(batch_size=10, buyer=buyer)
         finally:
             rating._before_record = None
-        assert UsageRecord.objects.filter(buyer=buyer, rated_at__isnull=False).count() == 10  # batch 1 kept
+        assert UsageRecord.objects.filter(buyer=buyer).rated().count() == 10  # batch 1 kept
     usage_rate_pending(batch_size=10, buyer=buyer)
     segments = [
         (ids.index(r), seq, band, pack_draw, gross, commission, value)
@@ -331,9 +331,9 @@ def test_concurrent_rating_never_posts_twice(
     assert not errors
     assert sum(counts) == 400
     assert RatedSegment.objects.values("usage_record_id").distinct().count() == 400
-    assert UsageRecord.objects.filter(rated_at__isnull=True).count() == 0
+    assert UsageRecord.objects.unrated().count() == 0
     assert LedgerTransfer.objects.filter(kind="usage").count() == len(
-        set(UsageRecord.objects.values_list("rating_transfer_id", flat=True))
+        set(RatedSegment.objects.values_list("transfer_id", flat=True))
     )
     assert_ledger_balanced()
     expected = sum(
