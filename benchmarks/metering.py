@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--operators", type=int, default=5)
     parser.add_argument("--clusters", type=int, default=30)
     parser.add_argument("--buyers", type=int, default=200)
-    parser.add_argument("--rating-batch", type=int, default=5_000)
+    parser.add_argument("--rating-batch", type=int, default=20_000)
     parser.add_argument(
         "--database-url", help="use this PostgreSQL database (not dropped) instead of a new one"
     )

@@ -1,6 +1,6 @@
 """Rating: price unrated usage records and post them to the ledger, set-based, exactly once.
 
-One batch (default 5,000 records) is one transaction:
+One batch (default 20,000 records, CARDHOUR_RATING_BATCH_SIZE) is one transaction:
 
 1. claim the oldest records of the pending-rating queue (UsagePending: a narrow copy of what rating reads,
    written with each usage record) ``FOR UPDATE SKIP LOCKED`` and delete them in the same statement (two
@@ -55,12 +55,12 @@ from metering.models import (
 )
 from metering.selectors.tariffs import compiled_tariff
 from metering.services import ledger
-from metering.services.packs import pack_value_of_draw
 from metering.services.usage import epoch_seconds as _epoch  # one definition of the epoch
 from metering.tariffs import CompiledTariff
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECONDS_E4 = 3600 * 10**4  # card-seconds × multiplier (10⁻⁴) → card-hours
+_FOREVER = 2**62
 _COMMISSION = ("commission", 0, "")
 _SPREAD = ("spread", 0, "")
 _SEGMENT_COLUMNS = (
@@ -88,7 +88,7 @@ def _at(seconds: int) -> datetime:
     return _EPOCH + timedelta(seconds=seconds)
 
 
-@dataclass
+@dataclass(slots=True)
 class _PackState:
     pack_id: int
     account_id: int
@@ -120,6 +120,19 @@ class _StandardCards:
         if chip_tflops is None or not self.starts:
             return None
         index = max(bisect.bisect_right(self.starts, at) - 1, 0)
+        return self._factor(chip_tflops, index)
+
+    def factor_span(self, chip_tflops: Decimal | None, at: int) -> tuple[int | None, int, int]:
+        """The factor in force at ``at`` and the span ``[from, until)`` it is in force for (open ends as
+        far past / future), so rating asks once per cluster and version, not once per slice."""
+        if chip_tflops is None or not self.starts:
+            return None, -_FOREVER, _FOREVER
+        position = bisect.bisect_right(self.starts, at)
+        since = self.starts[position - 1] if position > 1 else -_FOREVER
+        until = self.starts[position] if position < len(self.starts) else _FOREVER
+        return self._factor(chip_tflops, max(position - 1, 0)), since, until
+
+    def _factor(self, chip_tflops: Decimal, index: int) -> int:
         key = (chip_tflops, index)
         factor = self.cache.get(key)
         if factor is None:
@@ -191,6 +204,8 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
     factors: dict[int, Decimal] = {}
     hook = _before_record
     tariffs: dict[int, CompiledTariff] = {}
+    factor_spans: dict[int, tuple[int | None, int, int]] = {}
+    rdiv = round_div
     for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
         if hook is not None:
             hook(record_id)
@@ -204,6 +219,10 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         buyer_packs = packs.get(buyer_id_, ())
         money_key = ("buyer_money", buyer_id_, "")
         operator_key = ("operator", operator_id, "")
+        factor_span = factor_spans.get(cluster_id)
+        if factor_span is None or not factor_span[1] <= start_at < factor_span[2]:
+            factor_span = factor_spans[cluster_id] = standard.factor_span(chip_tflops, start_at)
+        record_factor_e4, _since, factor_until = factor_span
         seq = 0
         for slice_start, slice_end, band_index in tariff.slices(start_at, end_at):
             m_e4 = multipliers_e4[band_index]
@@ -220,7 +239,11 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     continue
                 if pack.class_key == STANDARD_CLASS:
                     if factor_e4 is None:
-                        factor_e4 = standard.factor_e4(chip_tflops, slice_start)
+                        factor_e4 = (
+                            record_factor_e4
+                            if slice_start < factor_until
+                            else standard.factor_e4(chip_tflops, slice_start)
+                        )
                     if not factor_e4:
                         continue
                     per_second_num, per_second_den = m_e4 * factor_e4 * MICROS, _SECONDS_E4 * 10**4
@@ -228,30 +251,32 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     per_second_num, per_second_den = m_e4 * MICROS, _SECONDS_E4
                 else:
                     continue
-                draw = round_div(left * per_second_num, per_second_den)
+                balance = pack.balance
+                draw = rdiv(left * per_second_num, per_second_den)
                 covered = left
-                if draw > pack.balance:
+                if draw > balance:
                     # The pack runs out inside this slice: it pays for the card-seconds it fully covers.
-                    covered = pack.balance * per_second_den // per_second_num
+                    covered = balance * per_second_den // per_second_num
                     if covered == 0:
                         pack.dust = True
                         continue
-                    draw = round_div(covered * per_second_num, per_second_den)
-                value = pack_value_of_draw(
-                    price_micros=pack.price,
-                    quantity_micros=pack.quantity,
-                    balance_before=pack.balance,
-                    draw=draw,
+                    draw = rdiv(covered * per_second_num, per_second_den)
+                # packs.pack_value_of_draw, inlined (a keyword call per segment showed in the profile):
+                # the value of the pack drawn so far after this draw, less before it, each rounded once.
+                quantity = pack.quantity
+                drawn_before = quantity - balance
+                value = rdiv((drawn_before + draw) * pack.price, quantity) - rdiv(
+                    drawn_before * pack.price, quantity
                 )
-                pack.balance -= draw
-                if pack.balance * per_second_den // per_second_num == 0:
+                pack.balance = balance = balance - draw
+                if balance * per_second_den // per_second_num == 0:
                     # What is left cannot pay for one more card-second at this rate: the pack is spent
                     # (so the buyer is flagged now, not when a later record finds it empty).
                     pack.dust = True
                 pack.drawn += draw
                 pack.value += value
-                gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
-                commission = round_div(gross * commission_e6, MICROS)
+                gross = rdiv(rate_e6 * covered * m_e4, _SECONDS_E4)
+                commission = rdiv(gross * commission_e6, MICROS)
                 std = None
                 if factor_e4 and pack.class_key == STANDARD_CLASS:
                     std = factors.get(factor_e4)
@@ -284,9 +309,9 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                 sums[_SPREAD] -= value - gross
                 left -= covered
             if left:
-                draw = round_div(left * m_e4 * MICROS, _SECONDS_E4)
-                gross = round_div(rate_e6 * left * m_e4, _SECONDS_E4)
-                commission = round_div(gross * commission_e6, MICROS)
+                draw = rdiv(left * m_e4 * MICROS, _SECONDS_E4)
+                gross = rdiv(rate_e6 * left * m_e4, _SECONDS_E4)
+                commission = rdiv(gross * commission_e6, MICROS)
                 rows.append(
                     (
                         record_id,
@@ -469,20 +494,13 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
     distinct instant: neighbouring records share band edges), bulk_create elsewhere."""
     if connection.vendor == "postgresql":
         columns = ", ".join(_SEGMENT_COLUMNS)
-        instants: dict[int, str] = {}
         with (
+            connection.wrap_database_errors,  # COPY's errors as Django's (IntegrityError, OperationalError)
             connection.cursor() as cursor,
             cursor.copy(f"COPY metering_ratedsegment ({columns}) FROM STDIN") as copy,
         ):
-            write_row = copy.write_row
-            for row in rows:
-                start = instants.get(row[4])
-                if start is None:
-                    start = instants[row[4]] = _iso(row[4])
-                end = instants.get(row[5])
-                if end is None:
-                    end = instants[row[5]] = _iso(row[5])
-                write_row((*row[:4], start, end, *row[6:], transfer_id))
+            for offset in range(0, len(rows), 2000):
+                copy.write(_copy_text(rows[offset : offset + 2000], transfer_id=transfer_id))
         return
     RatedSegment.objects.bulk_create(
         [
@@ -501,9 +519,76 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
     )
 
 
-def _iso(seconds: int) -> str:
-    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz."""
-    return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M:%S+00")
+def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
+    """Segment rows in COPY's text format, formatted here rather than value by value by the driver (the
+    costliest part of writing them): integers as digits, NULL as ``\\N``, each timestamp formatted once
+    per distinct instant (neighbouring records share band edges). The text values are band codes and pack
+    class keys (slugs), escaped all the same."""
+    instants: dict[int, str] = {}
+    days: dict[int, str] = {}
+    texts: dict[object, str] = {}
+    lines = []
+    for (
+        record_id,
+        buyer_id,
+        operator_id,
+        seq,
+        start,
+        end,
+        band,
+        multiplier,
+        card_seconds,
+        pack_id,
+        pack_class,
+        standard_factor,
+        draw,
+        gross,
+        commission,
+        value,
+    ) in rows:
+        start_text = instants.get(start)
+        if start_text is None:
+            start_text = instants[start] = _iso(start, days)
+        end_text = instants.get(end)
+        if end_text is None:
+            end_text = instants[end] = _iso(end, days)
+        band_text = texts.get(band)
+        if band_text is None:
+            band_text = texts[band] = _copy_escape(band)
+        class_text = texts.get(pack_class)
+        if class_text is None:
+            class_text = texts[pack_class] = _copy_escape(pack_class)
+        lines.append(
+            f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{band_text}\t"
+            f"{multiplier}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t{class_text}\t"
+            f"{_NULL if standard_factor is None else standard_factor}\t{draw}\t{gross}\t{commission}\t"
+            f"{value}\t{transfer_id}\n"
+        )
+    return "".join(lines)
+
+
+_NULL = "\\N"
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_escape(text: str) -> str:
+    return text.translate(_COPY_ESCAPES)
+
+
+def _iso(seconds: int, days: dict[int, str]) -> str:
+    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz: the date formatted once
+    per day (in ``days``), the time of day from two small tables (strftime per instant cost more than the
+    rest of the row)."""
+    day, second = divmod(seconds, 86_400)
+    date_text = days.get(day)
+    if date_text is None:
+        date_text = days[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d ")
+    minute, second = divmod(second, 60)
+    return f"{date_text}{_MINUTES[minute]}{_SECONDS[second]}+00"
+
+
+_MINUTES = tuple(f"{m // 60:02d}:{m % 60:02d}:" for m in range(1440))
+_SECONDS = tuple(f"{s:02d}" for s in range(60))
 
 
 def _flag_exhaustion(
@@ -519,30 +604,40 @@ def _flag_exhaustion(
     used: dict[tuple[int, str], int] = {}
     for record_id, _op, cluster_id, buyer_id, *_rest in records:
         used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
+    now_s = _epoch(now)
+    dry: dict[tuple[int, str], tuple[int, int]] = {}
     for (buyer_id, chip_slug), first_record in used.items():
         left = any(
-            p.balance > 0
-            and not p.dust
-            and p.expires > _epoch(now)
-            and p.class_key in (chip_slug, STANDARD_CLASS)
+            p.balance > 0 and not p.dust and p.expires > now_s and p.class_key in (chip_slug, STANDARD_CLASS)
             for p in packs.get(buyer_id, ())
         )
-        if left:
-            continue
-        record_id, shortfall = shortfalls.get((buyer_id, chip_slug), (first_record, 0))
-        open_flag = (
-            BuyerExhaustion.objects.select_for_update()
-            .filter(buyer_id=buyer_id, pack_class=chip_slug, cleared_at__isnull=True)
-            .first()
-        )
+        if not left:
+            dry[(buyer_id, chip_slug)] = shortfalls.get((buyer_id, chip_slug), (first_record, 0))
+    if not dry:
+        return
+    # One query for the open flags of every dry (buyer, class) of the batch, not one per pair.
+    open_flags = {
+        (flag.buyer_id, flag.pack_class): flag
+        for flag in BuyerExhaustion.objects.select_for_update()
+        .filter(buyer_id__in={buyer_id for buyer_id, _ in dry}, cleared_at__isnull=True)
+        .order_by("pk")
+    }
+    raised = []
+    grown = []
+    for (buyer_id, chip_slug), (record_id, shortfall) in dry.items():
+        open_flag = open_flags.get((buyer_id, chip_slug))
         if open_flag is None:
-            BuyerExhaustion.objects.create(
-                buyer_id=buyer_id,
-                pack_class=chip_slug,
-                raised_at=now,
-                usage_record_id=record_id,
-                shortfall=shortfall,
+            raised.append(
+                BuyerExhaustion(
+                    buyer_id=buyer_id,
+                    pack_class=chip_slug,
+                    raised_at=now,
+                    usage_record_id=record_id,
+                    shortfall=shortfall,
+                )
             )
         elif shortfall:
             open_flag.shortfall += shortfall
-            open_flag.save(update_fields=["shortfall"])
+            grown.append(open_flag)
+    BuyerExhaustion.objects.bulk_create(raised)
+    BuyerExhaustion.objects.bulk_update(grown, ["shortfall"])
