@@ -336,10 +336,11 @@ def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
         )
     )
     latest = [
-        UsageLine(start_at=start, end_at=end, cards=cards, received_at=received, rated=is_rated)
-        for cards, start, end, received, is_rated in records.with_rated()
-        .order_by("-end_at", "-id")
-        .values_list("cards", "start_at", "end_at", "received_at", "is_rated")[:recent]
+        # A record still in the pending-rating queue is not rated yet (one left join, one-to-one).
+        UsageLine(start_at=start, end_at=end, cards=cards, received_at=received, rated=pending is None)
+        for cards, start, end, received, pending in records.order_by("-end_at", "-id").values_list(
+            "cards", "start_at", "end_at", "received_at", "rating_pending"
+        )[:recent]
     ]
     return LeaseUsage(
         records=int(totals["count"] or 0),

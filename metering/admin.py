@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -108,6 +108,7 @@ from metering.models import (
     UsageRecord,
     card_hour_unit,
 )
+from metering.models.usage import UsageRecordQuerySet
 from metering.tariffs import (
     BANDS,
     WEEKDAY_NAMES,
@@ -1404,10 +1405,11 @@ class RatedFilter(admin.SimpleListFilter):
         return [("yes", "rated"), ("no", "not rated yet")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        records = cast(UsageRecordQuerySet, queryset)
         if self.value() == "yes":
-            return queryset.rated()
+            return records.rated()
         if self.value() == "no":
-            return queryset.unrated()
+            return records.unrated()
         return queryset
 
 
