@@ -1784,7 +1784,8 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="is_rated")
     def is_rated(self, obj: UsageRecord) -> bool:
-        return bool(getattr(obj, "is_rated", obj.rated_at is not None))
+        annotated = getattr(obj, "is_rated", None)  # get_queryset's with_rated(): no query per row
+        return obj.rated_at is not None if annotated is None else bool(annotated)
 
     @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: UsageRecord) -> str:
