@@ -431,7 +431,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
 
     from metering.models import UsageRecord
 
-    rated = UsageRecord.objects.filter(buyer=world.buyer, rated_at__isnull=False).count()
+    rated = UsageRecord.objects.filter(buyer=world.buyer).rated().count()
     print(f"heavy buyer: {rated:,} rated usage records in {LEASES} leases ({heavy_setup.seconds:.1f} s)")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")

@@ -1232,7 +1232,7 @@ def report(
         )
         per_lease = dict(cursor.fetchall())
     segments = RatedSegment.objects.aggregate(cs=Sum("card_seconds"), gross=Sum("gross"), n=Count("id"))
-    unrated = UsageRecord.objects.filter(rated_at__isnull=True).count()
+    unrated = UsageRecord.objects.unrated().count()
     lease_mismatch = [
         o.plan.pod.name
         for o in placed

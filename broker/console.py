@@ -406,7 +406,7 @@ def cluster_usage_recent(*, cluster: Cluster, now: datetime | None = None) -> Cl
             continue
         by_day[day][band] = by_day[day].get(band, Decimal(0)) + _card_hours(card_seconds)
         bands.add(band)
-    unrated = UsageRecord.objects.filter(cluster=cluster, start_at__gte=since, rated_at__isnull=True).count()
+    unrated = UsageRecord.objects.filter(cluster=cluster, start_at__gte=since).unrated().count()
     return ClusterUsage(
         days=[UsageDay(day=day, card_hours_by_band=values) for day, values in by_day.items()],
         bands=sorted(bands),
@@ -466,12 +466,12 @@ def lease_usage(*, lease: Lease, limit: int = USAGE_RECORDS_LIMIT) -> LeaseUsage
     """The usage records reported against ``lease`` (by its metering reference, by its operator):
     three queries, whatever the number of records."""
     records = UsageRecord.objects.filter(operator_id=lease.operator_id, reference=lease.reference)
-    counts = records.aggregate(total=Count("pk"), unrated=Count("pk", filter=Q(rated_at__isnull=True)))
+    counts = records.aggregate(total=Count("pk"), unrated=Count("pk", filter=Q(rating_pending__isnull=False)))
     rated = RatedSegment.objects.filter(
         usage_record__operator_id=lease.operator_id, usage_record__reference=lease.reference
     ).aggregate(n=Coalesce(Sum("card_seconds"), 0))["n"]
     return LeaseUsage(
-        records=list(records.order_by("-start_at", "-id")[:limit]),
+        records=list(records.with_rated().order_by("-start_at", "-id")[:limit]),
         record_count=counts["total"],
         unrated_records=counts["unrated"],
         rated_card_hours=_card_hours(rated),

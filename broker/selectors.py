@@ -290,7 +290,7 @@ def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
     records not rated yet (a few, between rating runs) are read row by row."""
     records = UsageRecord.objects.filter(buyer_id=lease.buyer_id, reference=lease.reference)
     totals = records.aggregate(count=Count("id"), last_end_at=Max("end_at"))
-    unrated = list(records.filter(rated_at__isnull=True).values_list("cards", "start_at", "end_at"))
+    unrated = list(records.unrated().values_list("cards", "start_at", "end_at"))
     unrated_seconds = sum(cards * int((end - start).total_seconds()) for cards, start, end in unrated)
     rows = (
         RatedSegment.objects.filter(
@@ -337,9 +337,10 @@ def lease_usage(*, lease: Lease, recent: int = 10) -> LeaseUsage:
         )
     )
     latest = [
-        UsageLine(start_at=start, end_at=end, cards=cards, received_at=received, rated=rated_at is not None)
-        for cards, start, end, received, rated_at in records.order_by("-end_at", "-id").values_list(
-            "cards", "start_at", "end_at", "received_at", "rated_at"
+        # A record still in the pending-rating queue is not rated yet (one left join, one-to-one).
+        UsageLine(start_at=start, end_at=end, cards=cards, received_at=received, rated=pending is None)
+        for cards, start, end, received, pending in records.order_by("-end_at", "-id").values_list(
+            "cards", "start_at", "end_at", "received_at", "rating_pending"
         )[:recent]
     ]
     return LeaseUsage(

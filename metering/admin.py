@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -108,6 +108,7 @@ from metering.models import (
     UsageRecord,
     card_hour_unit,
 )
+from metering.models.usage import UsageRecordQuerySet
 from metering.tariffs import (
     BANDS,
     WEEKDAY_NAMES,
@@ -1404,10 +1405,11 @@ class RatedFilter(admin.SimpleListFilter):
         return [("yes", "rated"), ("no", "not rated yet")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        records = cast(UsageRecordQuerySet, queryset)
         if self.value() == "yes":
-            return queryset.filter(rated_at__isnull=False)
+            return records.rated()
         if self.value() == "no":
-            return queryset.filter(rated_at__isnull=True)
+            return records.unrated()
         return queryset
 
 
@@ -1714,6 +1716,10 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [RatedFilter, OperatorFilter, BuyerFilter]
     search_fields = ["idempotency_key__exact", "reference__exact"]
     list_select_related = ["operator", "cluster", "buyer"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[UsageRecord]:
+        return super().get_queryset(request).with_rated()  # type: ignore[attr-defined]
+
     fields = readonly_fields = (
         "operator",
         "cluster",
@@ -1776,9 +1782,10 @@ class UsageRecordAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     def end(self, obj: UsageRecord) -> str:
         return _local(obj.end_at)
 
-    @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="rated_at")
+    @admin.display(description=gettext_lazy("Rated"), boolean=True, ordering="is_rated")
     def is_rated(self, obj: UsageRecord) -> bool:
-        return obj.rated_at is not None
+        annotated = getattr(obj, "is_rated", None)  # get_queryset's with_rated(): no query per row
+        return obj.rated_at is not None if annotated is None else bool(annotated)
 
     @admin.display(description=gettext_lazy("Card-hours"))
     def card_hours(self, obj: UsageRecord) -> str:

@@ -13,7 +13,7 @@ from metering.models import ReconciliationRun, UsageRecord
 
 @gauge_source("metering")
 def metering_gauges() -> Iterator[Metric]:
-    unrated = UsageRecord.objects.filter(rated_at__isnull=True)  # the partial index usage_record_unrated
+    unrated = UsageRecord.objects.unrated()  # the pending-rating queue, a small table
     yield GaugeMetricFamily(
         "cardhour_usage_unrated_records", "Usage records accepted and not yet rated.", value=unrated.count()
     )

@@ -294,7 +294,7 @@ CARDHOUR_PLATFORM_COMMISSION = Decimal(env("CARDHOUR_PLATFORM_COMMISSION", defau
 CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
 CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
 CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
-CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=5_000)
+CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=20_000)
 # The platform's seller entity, printed on every invoice and settlement and frozen into it at issue.
 # Production sets the company's real details; left empty, statements name only "Cardhour".
 CARDHOUR_SELLER = {

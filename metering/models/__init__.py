@@ -40,7 +40,7 @@ from metering.models.tariffs import (
     TariffVersion,
     TariffWindow,
 )
-from metering.models.usage import BuyerExhaustion, RatedSegment, UsageRecord
+from metering.models.usage import BuyerExhaustion, RatedSegment, UsagePending, UsageRecord
 
 __all__ = [
     "ALL_MONTHS",
@@ -75,6 +75,7 @@ __all__ = [
     "TariffVersion",
     "TariffWindow",
     "TransferKind",
+    "UsagePending",
     "UsageRecord",
     "card_hour_unit",
     "pack_class_key",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils.translation import gettext_lazy as _
 
 from core.models import Organisation
@@ -13,14 +15,32 @@ from metering.models.packs import Pack
 from metering.models.tariffs import Band, PriceCard
 
 
+class UsageRecordQuerySet(models.QuerySet["UsageRecord"]):
+    """Rated or not is whether the record still waits in the pending-rating queue (UsagePending)."""
+
+    def unrated(self) -> UsageRecordQuerySet:
+        return self.filter(Exists(UsagePending.objects.filter(usage_record_id=OuterRef("pk"))))
+
+    def rated(self) -> UsageRecordQuerySet:
+        return self.exclude(Exists(UsagePending.objects.filter(usage_record_id=OuterRef("pk"))))
+
+    def with_rated(self) -> UsageRecordQuerySet:
+        """Annotate ``is_rated`` (one anti-join, for lists)."""
+        return self.annotate(is_rated=~Exists(UsagePending.objects.filter(usage_record_id=OuterRef("pk"))))
+
+
 class UsageRecord(models.Model):
     """N cards of a cluster used by a buyer over ``[start_at, end_at)`` (whole seconds), priced with a
     locked price card. ``(operator, idempotency_key)`` is unique in the database; ``body_hash`` tells a
-    replay of the same body from a conflicting one."""
+    replay of the same body from a conflicting one.
+
+    The row is written once and never updated: a record waits for rating as a narrow UsagePending row
+    (inserted by the same statement), and rating deletes that row and writes the record's segments. So
+    "rated" is "not pending", and when and by which transfer it was rated is on its segments.
+    """
 
     # Foreign keys without their own index where a composite index below starts with the column: this is
-    # the hottest table (every record is written once and updated once by rating), and each index costs
-    # every write.
+    # the hottest table (every record is written once), and each index costs every write.
     operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="+", db_index=False)
     cluster = models.ForeignKey(
         Cluster, on_delete=models.PROTECT, related_name="usage_records", db_index=False
@@ -38,15 +58,8 @@ class UsageRecord(models.Model):
     reference = models.CharField(max_length=200, blank=True, help_text=_("What produced it, e.g. a lease."))
     body_hash = models.CharField(max_length=64)
     received_at = models.DateTimeField()
-    rated_at = models.DateTimeField(null=True, blank=True)
-    rating_transfer = models.ForeignKey(
-        LedgerTransfer,
-        on_delete=models.PROTECT,
-        null=True,
-        blank=True,
-        related_name="usage_records",
-        db_index=False,
-    )
+
+    objects = UsageRecordQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
@@ -56,7 +69,6 @@ class UsageRecord(models.Model):
             models.CheckConstraint(condition=Q(cards__gt=0), name="usage_record_cards_positive"),
         ]
         indexes = [
-            models.Index(fields=["id"], condition=Q(rated_at__isnull=True), name="usage_record_unrated"),
             models.Index(fields=["buyer", "start_at"], name="usage_record_buyer_start"),
             models.Index(fields=["cluster", "start_at"], name="usage_record_cluster_start"),
             models.Index(fields=["reference"], name="usage_record_reference"),
@@ -64,6 +76,49 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"usage {self.pk}: {self.cards} cards on {self.cluster_id} [{self.start_at}, {self.end_at})"
+
+    @property
+    def rating_transfer(self) -> LedgerTransfer | None:
+        """The usage transfer that rated this record (its segments'), or None while it is pending."""
+        first = self.segments.select_related("transfer").order_by("seq").first()
+        return first.transfer if first is not None else None
+
+    @property
+    def rated_at(self) -> datetime | None:
+        """When rating posted this record (its transfer's time), or None while it is pending."""
+        transfer = self.rating_transfer
+        return transfer.posted_at if transfer is not None else None
+
+
+class UsagePending(models.Model):
+    """A usage record waiting for rating: the narrow queue rating claims from, instead of the wide usage row.
+
+    Inserted in the same statement as its record (metering.services.usage) with a copy of everything
+    rating reads, so rating never reads or updates the usage table; rating deletes the row in the
+    transaction that posts the record's segments and ledger transfer (a crash rolls the delete back).
+    The copied columns carry no foreign keys (the record's have them); the reconciliation task checks they
+    equal the record's (``pending_record_mismatch``). Usage is partitioned by month later; this queue stays
+    one small, hot, unpartitioned table keyed by the record id.
+    """
+
+    usage_record = models.OneToOneField(
+        UsageRecord, on_delete=models.CASCADE, primary_key=True, related_name="rating_pending"
+    )
+    operator_id = models.BigIntegerField()
+    cluster_id = models.BigIntegerField()
+    buyer_id = models.BigIntegerField()
+    price_card_id = models.BigIntegerField()
+    cards = models.PositiveIntegerField()
+    start_at = models.DateTimeField()
+    end_at = models.DateTimeField()
+
+    class Meta:
+        # No index but the primary key: rating claims in id order, and the admin's "re-run rating for a
+        # buyer" scans this small table.
+        ordering = ["usage_record_id"]
+
+    def __str__(self) -> str:
+        return f"usage {self.usage_record_id} pending rating"
 
 
 class RatedSegment(models.Model):
@@ -76,9 +131,22 @@ class RatedSegment(models.Model):
     """
 
     # Only the primary key and (usage_record, seq) are indexed: rating writes a million of these rows at a
-    # time. Statements reach segments through their usage records (indexed by buyer and by cluster).
+    # time. The references rating writes (record, pack, transfer) carry no database foreign key: each
+    # would cost a lookup and a row lock on its parent per segment (on the usage record, a write to the
+    # wide row). Nothing deletes usage records, packs or transfers (PROTECT everywhere else), and
+    # metering.services.maintenance.ledger_reconcile checks what the keys guarded: every segment's record,
+    # transfer and pack exist, the pack is the segment's buyer's, and buyer/operator are the record's
+    # (``segment_dangling_reference``).
     usage_record = models.ForeignKey(
-        UsageRecord, on_delete=models.PROTECT, related_name="segments", db_index=False
+        UsageRecord, on_delete=models.PROTECT, related_name="segments", db_index=False, db_constraint=False
+    )
+    # The record's buyer and operator, copied so that a month's statements (and, once segments are
+    # partitioned by month, a single partition) are read without going through the usage records.
+    buyer = models.ForeignKey(
+        Organisation, on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
+    )
+    operator = models.ForeignKey(
+        Organisation, on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
     )
     seq = models.PositiveSmallIntegerField()
     start_at = models.DateTimeField()
@@ -87,7 +155,13 @@ class RatedSegment(models.Model):
     multiplier = models.DecimalField(max_digits=8, decimal_places=4)
     card_seconds = models.BigIntegerField()
     pack = models.ForeignKey(
-        Pack, on_delete=models.PROTECT, null=True, blank=True, related_name="segments", db_index=False
+        Pack,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="segments",
+        db_index=False,
+        db_constraint=False,
     )
     pack_class = models.CharField(max_length=80)
     standard_factor = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
@@ -96,7 +170,11 @@ class RatedSegment(models.Model):
     commission = models.BigIntegerField()
     buyer_value = models.BigIntegerField()
     transfer = models.ForeignKey(
-        LedgerTransfer, on_delete=models.PROTECT, related_name="segments", db_index=False
+        LedgerTransfer,
+        on_delete=models.PROTECT,
+        related_name="segments",
+        db_index=False,
+        db_constraint=False,
     )
     invoice = models.ForeignKey(
         "metering.Invoice",

@@ -424,8 +424,8 @@ def usage_unrated_for(*, buyer: Organisation, period: UsagePeriod) -> UnratedUsa
     """The buyer's usage records overlapping the period that rating has not priced yet (it runs every
     minute), with their card-seconds, in one query."""
     records = UsageRecord.objects.filter(
-        buyer=buyer, rated_at__isnull=True, start_at__lt=period.ends_at, end_at__gt=period.starts_at
-    )
+        buyer=buyer, start_at__lt=period.ends_at, end_at__gt=period.starts_at
+    ).unrated()
     if period.chip:
         records = records.filter(cluster__accelerator__slug=period.chip)
     if period.cluster_id is not None:

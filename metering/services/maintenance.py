@@ -20,6 +20,7 @@ from django.db.models import (
     BigIntegerField,
     Case,
     CharField,
+    Count,
     Exists,
     F,
     Func,
@@ -47,6 +48,7 @@ from metering.models import (
     RatedSegment,
     ReconciliationRun,
     TransferKind,
+    UsagePending,
     UsageRecord,
 )
 from metering.services import ledger
@@ -450,21 +452,35 @@ def _check_usage_transfers() -> list[Breach]:
         ),
         _breach(
             "segment_transfer_mismatch",
-            "A rated segment's transfer is not the one that rated its usage record.",
-            RatedSegment.objects.exclude(transfer_id=F("usage_record__rating_transfer_id"))
-            .values("id", "usage_record_id", "transfer_id")
-            .order_by("id"),
+            "A usage record's segments are on more than one transfer (it was rated more than once).",
+            RatedSegment.objects.order_by()
+            .values("usage_record_id")
+            .annotate(transfers=Count("transfer_id", distinct=True))
+            .filter(transfers__gt=1)
+            .values("usage_record_id", "transfers"),
         ),
         _breach(
             "rated_record_without_segments",
-            "A usage record is marked rated but has no rated segments or no transfer.",
-            UsageRecord.objects.filter(rated_at__isnull=False)
-            .filter(
-                Q(rating_transfer__isnull=True)
-                | ~Exists(RatedSegment.objects.filter(usage_record_id=OuterRef("pk")))
-            )
-            .values("id", "rated_at")
+            "A usage record is no longer pending rating but has no rated segments.",
+            UsageRecord.objects.rated()
+            .filter(~Exists(RatedSegment.objects.filter(usage_record_id=OuterRef("pk"))))
+            .values("id")
             .order_by("id"),
+        ),
+        _breach(
+            "segment_dangling_reference",
+            # What the segments' dropped foreign keys guarded (they cost a parent lookup and lock per row
+            # written): each segment's record, transfer (a usage one) and pack exist, the pack is the
+            # segment's buyer's, and the segment's buyer and operator are its record's.
+            "A rated segment's usage record, usage transfer or pack is missing, or its buyer, operator or "
+            "pack is not its record's.",
+            _dangling_segments(),
+        ),
+        _breach(
+            "pending_record_mismatch",
+            "A usage record's pending-rating row differs from the record, or the record already has "
+            "segments (it would be rated twice).",
+            _pending_mismatches(),
         ),
         _breach(
             "record_card_seconds_mismatch",
@@ -475,10 +491,48 @@ def _check_usage_transfers() -> list[Breach]:
     return [b for b in breaches if b is not None]
 
 
+def _dangling_segments() -> QuerySet[Any, Any]:
+    record = UsageRecord.objects.filter(
+        pk=OuterRef("usage_record_id"), buyer_id=OuterRef("buyer_id"), operator_id=OuterRef("operator_id")
+    )
+    return (
+        RatedSegment.objects.filter(
+            ~Exists(record)
+            | ~Exists(LedgerTransfer.objects.filter(pk=OuterRef("transfer_id"), kind=TransferKind.USAGE))
+            | (
+                Q(pack_id__isnull=False)
+                & ~Exists(Pack.objects.filter(pk=OuterRef("pack_id"), buyer_id=OuterRef("buyer_id")))
+            )
+        )
+        .values("id", "usage_record_id", "transfer_id", "pack_id")
+        .order_by("id")
+    )
+
+
+def _pending_mismatches() -> QuerySet[Any, Any]:
+    record = UsageRecord.objects.filter(
+        pk=OuterRef("usage_record_id"),
+        operator_id=OuterRef("operator_id"),
+        cluster_id=OuterRef("cluster_id"),
+        buyer_id=OuterRef("buyer_id"),
+        price_card_id=OuterRef("price_card_id"),
+        cards=OuterRef("cards"),
+        start_at=OuterRef("start_at"),
+        end_at=OuterRef("end_at"),
+    )
+    return (
+        UsagePending.objects.filter(
+            ~Exists(record) | Exists(RatedSegment.objects.filter(usage_record_id=OuterRef("usage_record_id")))
+        )
+        .values("usage_record_id")
+        .order_by("usage_record_id")
+    )
+
+
 def _card_seconds_mismatches() -> QuerySet[Any, Any]:
     """Rated records whose segments' card-seconds differ from cards × (end − start), in SQL."""
     return (
-        UsageRecord.objects.filter(rated_at__isnull=False)
+        UsageRecord.objects.rated()
         .annotate(
             segment_seconds=_sum("segments__card_seconds"),
             expected=Cast("cards", BigIntegerField()) * (_EpochSeconds("end_at") - _EpochSeconds("start_at")),
@@ -498,9 +552,11 @@ def ledger_reconcile() -> ReconciliationReport:
     is its account's; each stored balance equals the sum of the account's entries; no non-negative
     account is below zero; every paid order has exactly one pack and one ``pack_purchase:<order id>``
     transfer, and every purchase transfer has its paid order; every pack's balance equals card-hours bought
-    − rated draws − refunds − expiry; every usage transfer posts what its rated segments say, every
-    segment is on its record's rating transfer and every rated record's segments add up to its
-    card-seconds. Reads only, then records the outcome as a ReconciliationRun; takes no locks (a posting commits its entries and balances together, so a
+    − rated draws − refunds − expiry; every usage transfer posts what its rated segments say, each record's
+    segments are on one transfer, every record no longer pending rating has segments adding up to its
+    card-seconds; every segment's record, usage transfer and pack exist and agree on buyer and operator
+    (what the segments' foreign keys used to guard); every pending-rating row matches its record and has no
+    segments yet. Reads only, then records the outcome as a ReconciliationRun; takes no locks (a posting commits its entries and balances together, so a
     consistent snapshot — one statement each — sees either all of a transfer or none of it).
     """
     outermost = not connection.in_atomic_block

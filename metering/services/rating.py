@@ -1,19 +1,22 @@
 """Rating: price unrated usage records and post them to the ledger, set-based, exactly once.
 
-One batch (default 5,000 records) is one transaction:
+One batch (default 20,000 records, CARDHOUR_RATING_BATCH_SIZE) is one transaction:
 
-1. claim the oldest unrated records ``FOR UPDATE SKIP LOCKED`` (two workers never claim the same record);
+1. claim the oldest records of the pending-rating queue (UsagePending: a narrow copy of what rating reads,
+   written with each usage record) ``FOR UPDATE SKIP LOCKED`` and delete them in the same statement (two
+   workers never claim the same record; the usage table itself is neither read nor updated);
 2. split each record at its tariff's band edges and local midnights (metering.tariffs, daylight-saving safe,
    half-open) into slices, price each slice at the record's *locked* price card —
    ``gross = rate × card-hours × multiplier``, ``commission = gross × CARDHOUR_PLATFORM_COMMISSION`` — and draw
    ``card-hours × multiplier`` (× the chip's standard-card factor for a standard pack) from the buyer's usable
    packs, the one that expires first first; a slice that empties a pack continues on the next as a second
    row; what no pack covers is *arrears*, and the buyer is flagged at once;
-3. post one balanced transfer for the batch (per account sums of the rows), insert the rated segments that
-   explain it row by row, and mark the records rated.
+3. post one balanced transfer for the batch (per account sums of the rows) and COPY the rated segments
+   that explain it row by row (each carries its record's buyer and operator).
 
-A crash anywhere rolls the whole batch back, so a rerun produces the same ledger; a record already rated is
-never claimed again. Every amount is an exact integer of micro-units (core.money), rounded half-even once
+A crash anywhere rolls the whole batch back — the queue rows come back with it — so a rerun produces the
+same ledger; a record already rated has no queue row and is never claimed again (and the unique
+(usage_record, seq) index refuses a second set of its segments). Every amount is an exact integer of micro-units (core.money), rounded half-even once
 per row.
 
 Ledger signs (balance = Σ entries): a pack holds +card-hours; issuance starts at −bought and climbs back as
@@ -47,18 +50,23 @@ from metering.models import (
     PriceCard,
     RatedSegment,
     TransferKind,
-    UsageRecord,
+    UsagePending,
     card_hour_unit,
 )
 from metering.selectors.tariffs import compiled_tariff
 from metering.services import ledger
-from metering.services.packs import pack_value_of_draw
 from metering.services.usage import epoch_seconds as _epoch  # one definition of the epoch
+from metering.tariffs import CompiledTariff
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECONDS_E4 = 3600 * 10**4  # card-seconds × multiplier (10⁻⁴) → card-hours
+_FOREVER = 2**62
+_COMMISSION = ("commission", 0, "")
+_SPREAD = ("spread", 0, "")
 _SEGMENT_COLUMNS = (
     "usage_record_id",
+    "buyer_id",
+    "operator_id",
     "seq",
     "start_at",
     "end_at",
@@ -80,7 +88,7 @@ def _at(seconds: int) -> datetime:
     return _EPOCH + timedelta(seconds=seconds)
 
 
-@dataclass
+@dataclass(slots=True)
 class _PackState:
     pack_id: int
     account_id: int
@@ -112,6 +120,19 @@ class _StandardCards:
         if chip_tflops is None or not self.starts:
             return None
         index = max(bisect.bisect_right(self.starts, at) - 1, 0)
+        return self._factor(chip_tflops, index)
+
+    def factor_span(self, chip_tflops: Decimal | None, at: int) -> tuple[int | None, int, int]:
+        """The factor in force at ``at`` and the span ``[from, until)`` it is in force for (open ends as
+        far past / future), so rating asks once per cluster and version, not once per slice."""
+        if chip_tflops is None or not self.starts:
+            return None, -_FOREVER, _FOREVER
+        position = bisect.bisect_right(self.starts, at)
+        since = self.starts[position - 1] if position > 1 else -_FOREVER
+        until = self.starts[position] if position < len(self.starts) else _FOREVER
+        return self._factor(chip_tflops, max(position - 1, 0)), since, until
+
+    def _factor(self, chip_tflops: Decimal, index: int) -> int:
         key = (chip_tflops, index)
         factor = self.cache.get(key)
         if factor is None:
@@ -175,23 +196,40 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
     commission_e6 = to_micros(settings.CARDHOUR_PLATFORM_COMMISSION)
     packs = _lock_packs(buyer_ids={r[3] for r in records})
 
-    rows: list[list] = []
+    rows: list[tuple] = []
     # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below.
     sums: dict[tuple, int] = defaultdict(int)
     shortfalls: dict[tuple[int, str], tuple[int, int]] = {}
+    multipliers: dict[int, Decimal] = {}
+    factors: dict[int, Decimal] = {}
     hook = _before_record
+    tariffs: dict[int, CompiledTariff] = {}
+    factor_spans: dict[int, tuple[int | None, int, int]] = {}
+    rdiv = round_div
     for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
         if hook is not None:
             hook(record_id)
         rate_e6, tariff_version_id = price_cards[price_card_id]
-        tariff = compiled_tariff(tariff_version_id=tariff_version_id)
+        tariff = tariffs.get(tariff_version_id)
+        if tariff is None:
+            tariff = tariffs[tariff_version_id] = compiled_tariff(tariff_version_id=tariff_version_id)
+        multipliers_e4 = tariff.multipliers_e4
+        bands = tariff.bands
         chip_slug, chip_tflops = chips[cluster_id]
         buyer_packs = packs.get(buyer_id_, ())
+        money_key = ("buyer_money", buyer_id_, "")
+        operator_key = ("operator", operator_id, "")
+        factor_span = factor_spans.get(cluster_id)
+        if factor_span is None or not factor_span[1] <= start_at < factor_span[2]:
+            factor_span = factor_spans[cluster_id] = standard.factor_span(chip_tflops, start_at)
+        record_factor_e4, _since, factor_until = factor_span
         seq = 0
         for slice_start, slice_end, band_index in tariff.slices(start_at, end_at):
-            m_e4 = tariff.multipliers_e4[band_index]
-            band = tariff.bands[band_index]
-            multiplier = Decimal(m_e4).scaleb(-4)
+            m_e4 = multipliers_e4[band_index]
+            band = bands[band_index]
+            multiplier = multipliers.get(m_e4)
+            if multiplier is None:
+                multiplier = multipliers[m_e4] = Decimal(m_e4).scaleb(-4)
             left = cards * (slice_end - slice_start)
             factor_e4: int | None = None
             for pack in buyer_packs:
@@ -201,7 +239,11 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     continue
                 if pack.class_key == STANDARD_CLASS:
                     if factor_e4 is None:
-                        factor_e4 = standard.factor_e4(chip_tflops, slice_start)
+                        factor_e4 = (
+                            record_factor_e4
+                            if slice_start < factor_until
+                            else standard.factor_e4(chip_tflops, slice_start)
+                        )
                     if not factor_e4:
                         continue
                     per_second_num, per_second_den = m_e4 * factor_e4 * MICROS, _SECONDS_E4 * 10**4
@@ -209,36 +251,42 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                     per_second_num, per_second_den = m_e4 * MICROS, _SECONDS_E4
                 else:
                     continue
-                draw = round_div(left * per_second_num, per_second_den)
+                balance = pack.balance
+                draw = rdiv(left * per_second_num, per_second_den)
                 covered = left
-                if draw > pack.balance:
+                if draw > balance:
                     # The pack runs out inside this slice: it pays for the card-seconds it fully covers.
-                    covered = pack.balance * per_second_den // per_second_num
+                    covered = balance * per_second_den // per_second_num
                     if covered == 0:
                         pack.dust = True
                         continue
-                    draw = round_div(covered * per_second_num, per_second_den)
-                value = pack_value_of_draw(
-                    price_micros=pack.price,
-                    quantity_micros=pack.quantity,
-                    balance_before=pack.balance,
-                    draw=draw,
+                    draw = rdiv(covered * per_second_num, per_second_den)
+                # packs.pack_value_of_draw, inlined (a keyword call per segment showed in the profile):
+                # the value of the pack drawn so far after this draw, less before it, each rounded once.
+                quantity = pack.quantity
+                drawn_before = quantity - balance
+                value = rdiv((drawn_before + draw) * pack.price, quantity) - rdiv(
+                    drawn_before * pack.price, quantity
                 )
-                pack.balance -= draw
-                if pack.balance * per_second_den // per_second_num == 0:
+                pack.balance = balance = balance - draw
+                if balance * per_second_den // per_second_num == 0:
                     # What is left cannot pay for one more card-second at this rate: the pack is spent
                     # (so the buyer is flagged now, not when a later record finds it empty).
                     pack.dust = True
                 pack.drawn += draw
                 pack.value += value
-                gross = round_div(rate_e6 * covered * m_e4, _SECONDS_E4)
-                commission = round_div(gross * commission_e6, MICROS)
-                std = (
-                    Decimal(factor_e4).scaleb(-4) if factor_e4 and pack.class_key == STANDARD_CLASS else None
-                )
+                gross = rdiv(rate_e6 * covered * m_e4, _SECONDS_E4)
+                commission = rdiv(gross * commission_e6, MICROS)
+                std = None
+                if factor_e4 and pack.class_key == STANDARD_CLASS:
+                    std = factors.get(factor_e4)
+                    if std is None:
+                        std = factors[factor_e4] = Decimal(factor_e4).scaleb(-4)
                 rows.append(
-                    [
+                    (
                         record_id,
+                        buyer_id_,
+                        operator_id,
                         seq,
                         slice_start,
                         slice_end,
@@ -252,21 +300,23 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                         gross,
                         commission,
                         value,
-                    ]
+                    )
                 )
                 seq += 1
-                sums[("buyer_money", buyer_id_, "")] += value
-                sums[("operator", operator_id, "")] -= gross - commission
-                sums[("commission", 0, "")] -= commission
-                sums[("spread", 0, "")] -= value - gross
+                sums[money_key] += value
+                sums[operator_key] -= gross - commission
+                sums[_COMMISSION] -= commission
+                sums[_SPREAD] -= value - gross
                 left -= covered
             if left:
-                draw = round_div(left * m_e4 * MICROS, _SECONDS_E4)
-                gross = round_div(rate_e6 * left * m_e4, _SECONDS_E4)
-                commission = round_div(gross * commission_e6, MICROS)
+                draw = rdiv(left * m_e4 * MICROS, _SECONDS_E4)
+                gross = rdiv(rate_e6 * left * m_e4, _SECONDS_E4)
+                commission = rdiv(gross * commission_e6, MICROS)
                 rows.append(
-                    [
+                    (
                         record_id,
+                        buyer_id_,
+                        operator_id,
                         seq,
                         slice_start,
                         slice_end,
@@ -280,14 +330,14 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
                         gross,
                         commission,
                         gross,
-                    ]
+                    )
                 )
                 seq += 1
                 sums[("arrears", buyer_id_, chip_slug)] -= draw
                 sums[("issuance", 0, chip_slug)] += draw
-                sums[("buyer_money", buyer_id_, "")] += gross
-                sums[("operator", operator_id, "")] -= gross - commission
-                sums[("commission", 0, "")] -= commission
+                sums[money_key] += gross
+                sums[operator_key] -= gross - commission
+                sums[_COMMISSION] -= commission
                 previous = shortfalls.get((buyer_id_, chip_slug), (record_id, 0))
                 shortfalls[(buyer_id_, chip_slug)] = (previous[0], previous[1] + draw)
 
@@ -307,7 +357,6 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
         posted_at=now,
     )
     _insert_segments(rows, transfer_id=transfer.pk)
-    _mark_rated([r[0] for r in records], transfer_id=transfer.pk, now=now)
 
     emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
     if emptied:
@@ -319,43 +368,46 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
 
 
 def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
-    """The oldest unrated records, locked, skipping those another worker holds; times as epoch seconds."""
+    """Take the oldest pending records off the queue, skipping those another worker holds; times as epoch
+    seconds, in record id order. The rows are deleted by this transaction: if it rolls back they are
+    pending again."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT id, operator_id, cluster_id, buyer_id, cards,
-                       extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint, price_card_id
-                  FROM metering_usagerecord
-                 WHERE rated_at IS NULL AND (%s::bigint IS NULL OR buyer_id = %s::bigint)
-                 ORDER BY id
-                 LIMIT %s
-                   FOR UPDATE SKIP LOCKED
+                DELETE FROM metering_usagepending
+                 WHERE usage_record_id = ANY(ARRAY(
+                        SELECT usage_record_id FROM metering_usagepending
+                         WHERE (%s::bigint IS NULL OR buyer_id = %s::bigint)
+                         ORDER BY usage_record_id
+                         LIMIT %s
+                           FOR UPDATE SKIP LOCKED))
+                RETURNING usage_record_id, operator_id, cluster_id, buyer_id, cards,
+                          extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint,
+                          price_card_id
                 """,
                 [buyer_id, buyer_id, batch_size],
             )
-            return cursor.fetchall()
-    claim = UsageRecord.objects.select_for_update(skip_locked=True).filter(rated_at__isnull=True)
+            return sorted(cursor.fetchall())
+    claim = UsagePending.objects.select_for_update(skip_locked=True)
     if buyer_id is not None:
         claim = claim.filter(buyer_id=buyer_id)
-    rows = claim.order_by("id").values_list(
-        "id", "operator_id", "cluster_id", "buyer_id", "cards", "start_at", "end_at", "price_card_id"
-    )[:batch_size]
-    return [(*row[:5], _epoch(row[5]), _epoch(row[6]), row[7]) for row in rows]
-
-
-def _mark_rated(ids: list[int], *, transfer_id: int, now: datetime) -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE metering_usagerecord SET rated_at = %s, rating_transfer_id = %s WHERE id = ANY(%s)",
-                [now, transfer_id, ids],
-            )
-        return
+    rows = list(
+        claim.order_by("usage_record_id").values_list(
+            "usage_record_id",
+            "operator_id",
+            "cluster_id",
+            "buyer_id",
+            "cards",
+            "start_at",
+            "end_at",
+            "price_card_id",
+        )[:batch_size]
+    )
+    ids = [row[0] for row in rows]
     for offset in range(0, len(ids), 500):
-        UsageRecord.objects.filter(pk__in=ids[offset : offset + 500]).update(
-            rated_at=now, rating_transfer_id=transfer_id
-        )
+        UsagePending.objects.filter(pk__in=ids[offset : offset + 500]).delete()
+    return [(*row[:5], _epoch(row[5]), _epoch(row[6]), row[7]) for row in rows]
 
 
 def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
@@ -437,18 +489,18 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
     ]
 
 
-def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
+def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
+    """Write the batch's segments: one COPY on PostgreSQL (timestamps sent as text, formatted once per
+    distinct instant: neighbouring records share band edges), bulk_create elsewhere."""
     if connection.vendor == "postgresql":
         columns = ", ".join(_SEGMENT_COLUMNS)
         with (
+            connection.wrap_database_errors,  # COPY's errors as Django's (IntegrityError, OperationalError)
             connection.cursor() as cursor,
             cursor.copy(f"COPY metering_ratedsegment ({columns}) FROM STDIN") as copy,
         ):
-            for row in rows:
-                row[2] = _at(row[2])
-                row[3] = _at(row[3])
-                row.append(transfer_id)
-                copy.write_row(row)
+            for offset in range(0, len(rows), 2000):
+                copy.write(_copy_text(rows[offset : offset + 2000], transfer_id=transfer_id))
         return
     RatedSegment.objects.bulk_create(
         [
@@ -456,7 +508,7 @@ def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
                 **dict(
                     zip(
                         _SEGMENT_COLUMNS,
-                        [*row[:2], _at(row[2]), _at(row[3]), *row[4:], transfer_id],
+                        [*row[:4], _at(row[4]), _at(row[5]), *row[6:], transfer_id],
                         strict=True,
                     )
                 )
@@ -465,6 +517,78 @@ def _insert_segments(rows: list[list], *, transfer_id: int) -> None:
         ],
         batch_size=1000,
     )
+
+
+def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
+    """Segment rows in COPY's text format, formatted here rather than value by value by the driver (the
+    costliest part of writing them): integers as digits, NULL as ``\\N``, each timestamp formatted once
+    per distinct instant (neighbouring records share band edges). The text values are band codes and pack
+    class keys (slugs), escaped all the same."""
+    instants: dict[int, str] = {}
+    days: dict[int, str] = {}
+    texts: dict[object, str] = {}
+    lines = []
+    for (
+        record_id,
+        buyer_id,
+        operator_id,
+        seq,
+        start,
+        end,
+        band,
+        multiplier,
+        card_seconds,
+        pack_id,
+        pack_class,
+        standard_factor,
+        draw,
+        gross,
+        commission,
+        value,
+    ) in rows:
+        start_text = instants.get(start)
+        if start_text is None:
+            start_text = instants[start] = _iso(start, days)
+        end_text = instants.get(end)
+        if end_text is None:
+            end_text = instants[end] = _iso(end, days)
+        band_text = texts.get(band)
+        if band_text is None:
+            band_text = texts[band] = _copy_escape(band)
+        class_text = texts.get(pack_class)
+        if class_text is None:
+            class_text = texts[pack_class] = _copy_escape(pack_class)
+        lines.append(
+            f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{band_text}\t"
+            f"{multiplier}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t{class_text}\t"
+            f"{_NULL if standard_factor is None else standard_factor}\t{draw}\t{gross}\t{commission}\t"
+            f"{value}\t{transfer_id}\n"
+        )
+    return "".join(lines)
+
+
+_NULL = "\\N"
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_escape(text: str) -> str:
+    return text.translate(_COPY_ESCAPES)
+
+
+def _iso(seconds: int, days: dict[int, str]) -> str:
+    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz: the date formatted once
+    per day (in ``days``), the time of day from two small tables (strftime per instant cost more than the
+    rest of the row)."""
+    day, second = divmod(seconds, 86_400)
+    date_text = days.get(day)
+    if date_text is None:
+        date_text = days[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d ")
+    minute, second = divmod(second, 60)
+    return f"{date_text}{_MINUTES[minute]}{_SECONDS[second]}+00"
+
+
+_MINUTES = tuple(f"{m // 60:02d}:{m % 60:02d}:" for m in range(1440))
+_SECONDS = tuple(f"{s:02d}" for s in range(60))
 
 
 def _flag_exhaustion(
@@ -480,30 +604,40 @@ def _flag_exhaustion(
     used: dict[tuple[int, str], int] = {}
     for record_id, _op, cluster_id, buyer_id, *_rest in records:
         used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
+    now_s = _epoch(now)
+    dry: dict[tuple[int, str], tuple[int, int]] = {}
     for (buyer_id, chip_slug), first_record in used.items():
         left = any(
-            p.balance > 0
-            and not p.dust
-            and p.expires > _epoch(now)
-            and p.class_key in (chip_slug, STANDARD_CLASS)
+            p.balance > 0 and not p.dust and p.expires > now_s and p.class_key in (chip_slug, STANDARD_CLASS)
             for p in packs.get(buyer_id, ())
         )
-        if left:
-            continue
-        record_id, shortfall = shortfalls.get((buyer_id, chip_slug), (first_record, 0))
-        open_flag = (
-            BuyerExhaustion.objects.select_for_update()
-            .filter(buyer_id=buyer_id, pack_class=chip_slug, cleared_at__isnull=True)
-            .first()
-        )
+        if not left:
+            dry[(buyer_id, chip_slug)] = shortfalls.get((buyer_id, chip_slug), (first_record, 0))
+    if not dry:
+        return
+    # One query for the open flags of every dry (buyer, class) of the batch, not one per pair.
+    open_flags = {
+        (flag.buyer_id, flag.pack_class): flag
+        for flag in BuyerExhaustion.objects.select_for_update()
+        .filter(buyer_id__in={buyer_id for buyer_id, _ in dry}, cleared_at__isnull=True)
+        .order_by("pk")
+    }
+    raised = []
+    grown = []
+    for (buyer_id, chip_slug), (record_id, shortfall) in dry.items():
+        open_flag = open_flags.get((buyer_id, chip_slug))
         if open_flag is None:
-            BuyerExhaustion.objects.create(
-                buyer_id=buyer_id,
-                pack_class=chip_slug,
-                raised_at=now,
-                usage_record_id=record_id,
-                shortfall=shortfall,
+            raised.append(
+                BuyerExhaustion(
+                    buyer_id=buyer_id,
+                    pack_class=chip_slug,
+                    raised_at=now,
+                    usage_record_id=record_id,
+                    shortfall=shortfall,
+                )
             )
         elif shortfall:
             open_flag.shortfall += shortfall
-            open_flag.save(update_fields=["shortfall"])
+            grown.append(open_flag)
+    BuyerExhaustion.objects.bulk_create(raised)
+    BuyerExhaustion.objects.bulk_update(grown, ["shortfall"])

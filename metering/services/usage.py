@@ -30,7 +30,7 @@ from django.utils.translation import gettext as _
 from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
-from metering.models import PriceCard, UsageRecord
+from metering.models import PriceCard, UsagePending, UsageRecord
 from metering.types import UsageBatchResult, UsageRecordError, UsageRecordInput, UsageRecordOutcome
 
 # An agent's clock may run a little ahead; usage ending further in the future than this is refused.
@@ -359,15 +359,26 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
                         r.hash,
                     )
                 )
+        # The records and their pending-rating queue rows (metering.models.UsagePending) in one statement:
+        # a record is never stored without the row that gets it rated.
         cursor.execute(
             """
-            INSERT INTO metering_usagerecord (operator_id, cluster_id, buyer_id, cards, start_at, end_at,
-                price_card_id, idempotency_key, reference, body_hash, received_at)
-            SELECT %s, cluster_id, buyer_id, cards, start_at, end_at, price_card_id, idempotency_key,
-                   reference, body_hash, %s
-              FROM metering_usage_stage
-            ON CONFLICT (operator_id, idempotency_key) DO NOTHING
-            RETURNING idempotency_key, id
+            WITH inserted AS (
+                INSERT INTO metering_usagerecord (operator_id, cluster_id, buyer_id, cards, start_at, end_at,
+                    price_card_id, idempotency_key, reference, body_hash, received_at)
+                SELECT %s, cluster_id, buyer_id, cards, start_at, end_at, price_card_id, idempotency_key,
+                       reference, body_hash, %s
+                  FROM metering_usage_stage
+                ON CONFLICT (operator_id, idempotency_key) DO NOTHING
+                RETURNING id, operator_id, cluster_id, buyer_id, price_card_id, cards, start_at, end_at,
+                          idempotency_key
+            ), queued AS (
+                INSERT INTO metering_usagepending (usage_record_id, operator_id, cluster_id, buyer_id,
+                    price_card_id, cards, start_at, end_at)
+                SELECT id, operator_id, cluster_id, buyer_id, price_card_id, cards, start_at, end_at
+                  FROM inserted
+            )
+            SELECT idempotency_key, id FROM inserted
             """,
             [operator_id, received_at],
         )
@@ -395,11 +406,29 @@ def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: da
         batch_size=2000,
         ignore_conflicts=True,
     )
-    wanted = {r.key: r.hash for r in rows}
+    wanted = {r.key: r for r in rows}
     inserted = UsageRecord.objects.filter(
         operator_id=operator_id, idempotency_key__in=wanted, received_at=received_at
     ).values_list("idempotency_key", "id", "body_hash")
-    return {key: pk for key, pk, body_hash in inserted if wanted[key] == body_hash}
+    ids = {key: pk for key, pk, body_hash in inserted if wanted[key].hash == body_hash}
+    # Each new record's pending-rating queue row (metering.models.UsagePending), in this transaction.
+    UsagePending.objects.bulk_create(
+        [
+            UsagePending(
+                usage_record_id=pk,
+                operator_id=operator_id,
+                cluster_id=wanted[key].cluster_id,
+                buyer_id=wanted[key].buyer_id,
+                price_card_id=wanted[key].price_card_id,
+                cards=wanted[key].cards,
+                start_at=wanted[key].start,
+                end_at=wanted[key].end,
+            )
+            for key, pk in ids.items()
+        ],
+        batch_size=2000,
+    )
+    return ids
 
 
 def _existing(*, operator_id: int, keys: list[str]) -> dict[str, tuple[int, str]]:

@@ -473,7 +473,7 @@ def test_usage_up_to_the_last_report_stays_billed_and_the_replacement_runs_the_r
     assert UsageRecord.objects.filter(reference=f"lease:{lease.pk}").count() == 2
     lease.refresh_from_db()
     assert lease.ended_at == lease.last_usage_end_at == t0 + timedelta(minutes=45)
-    assert UsageRecord.objects.filter(rated_at__isnull=True).count() == 0
+    assert UsageRecord.objects.unrated().count() == 0
     new = replacement_of(lease)
     assert new.end_at - new.start_at == timedelta(seconds=2 * HOUR - 45 * 60)
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connections
+from django.db import IntegrityError, connection, connections
 from django.db.models import Sum
 
 from core.models import Organisation
@@ -21,9 +21,11 @@ from metering.models import (
     Pack,
     PriceCard,
     RatedSegment,
+    UsagePending,
     UsageRecord,
 )
 from metering.services import rating
+from metering.services.maintenance import ledger_reconcile
 from metering.services.rating import usage_rate_pending
 from metering.services.usage import usage_record_create_batch
 from metering.types import UsageRecordInput
@@ -262,7 +264,7 @@ def _run(
                 usage_rate_pending(batch_size=10, buyer=buyer)
         finally:
             rating._before_record = None
-        assert UsageRecord.objects.filter(buyer=buyer, rated_at__isnull=False).count() == 10  # batch 1 kept
+        assert UsageRecord.objects.filter(buyer=buyer).rated().count() == 10  # batch 1 kept
     usage_rate_pending(batch_size=10, buyer=buyer)
     segments = [
         (ids.index(r), seq, band, pack_draw, gross, commission, value)
@@ -331,9 +333,9 @@ def test_concurrent_rating_never_posts_twice(
     assert not errors
     assert sum(counts) == 400
     assert RatedSegment.objects.values("usage_record_id").distinct().count() == 400
-    assert UsageRecord.objects.filter(rated_at__isnull=True).count() == 0
+    assert UsageRecord.objects.unrated().count() == 0
     assert LedgerTransfer.objects.filter(kind="usage").count() == len(
-        set(UsageRecord.objects.values_list("rating_transfer_id", flat=True))
+        set(RatedSegment.objects.values_list("transfer_id", flat=True))
     )
     assert_ledger_balanced()
     expected = sum(
@@ -341,3 +343,101 @@ def test_concurrent_rating_never_posts_twice(
     )  # all inside the valley (00:00–08:00)
     drawn = RatedSegment.objects.aggregate(d=Sum("pack_draw"))["d"]
     assert abs(drawn - expected) <= 400  # half-a-micro rounding per row at most
+
+
+def test_rating_takes_records_off_the_pending_queue_and_stamps_segments_with_the_parties(
+    world: tuple[Organisation, Organisation],
+) -> None:
+    seller, buyer = world
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000", paid_at=local(2, 0))
+    ids = report(seller, ("q-1", 2, local(3, 7), local(3, 9)), ("q-2", 1, local(3, 9), local(3, 10)))
+    assert set(UsagePending.objects.values_list("usage_record_id", flat=True)) == set(ids)
+    assert UsageRecord.objects.get(pk=ids[0]).rated_at is None
+
+    assert usage_rate_pending() == 2
+
+    assert not UsagePending.objects.exists()
+    transfer = LedgerTransfer.objects.get(kind="usage")
+    for record in UsageRecord.objects.filter(pk__in=ids):
+        assert record.rating_transfer == transfer and record.rated_at == transfer.posted_at
+    assert set(RatedSegment.objects.values_list("buyer_id", "operator_id", "transfer_id")) == {
+        (buyer.pk, seller.pk, transfer.pk)
+    }
+    assert ledger_reconcile().ok
+
+
+def test_a_crashed_batch_leaves_its_records_pending_and_nothing_posted(
+    world: tuple[Organisation, Organisation],
+) -> None:
+    seller, buyer = world
+    pack = make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000", paid_at=local(2, 0))
+    report(seller, *[(f"c-{n}", 1, local(3, n), local(3, n + 1)) for n in range(5)])
+    before = balances()
+
+    def crash(record_id: int) -> None:
+        raise RuntimeError("worker killed")
+
+    rating._before_record = crash
+    try:
+        with pytest.raises(RuntimeError):
+            usage_rate_pending()
+    finally:
+        rating._before_record = None
+
+    assert UsagePending.objects.count() == 5
+    assert not RatedSegment.objects.exists() and not LedgerTransfer.objects.filter(kind="usage").exists()
+    assert balances() == before and LedgerAccount.objects.get(pack=pack).balance == 100 * M
+    assert usage_rate_pending() == 5
+    assert not UsagePending.objects.exists()
+
+
+def test_a_record_queued_again_after_rating_is_refused_not_billed_twice(
+    world: tuple[Organisation, Organisation],
+) -> None:
+    """If a pending row ever came back for a rated record, its segments' unique (record, seq) index stops
+    the batch: nothing is posted twice (and the reconciliation names the row)."""
+    seller, buyer = world
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000", paid_at=local(2, 0))
+    (record_id,) = report(seller, ("d-1", 2, local(3, 7), local(3, 9)))
+    usage_rate_pending()
+    ledger_before = (balances(), LedgerEntry.objects.count(), RatedSegment.objects.count())
+    record = UsageRecord.objects.get(pk=record_id)
+    UsagePending.objects.create(
+        usage_record=record,
+        operator_id=record.operator_id,
+        cluster_id=record.cluster_id,
+        buyer_id=record.buyer_id,
+        price_card_id=record.price_card_id,
+        cards=record.cards,
+        start_at=record.start_at,
+        end_at=record.end_at,
+    )
+    assert ledger_reconcile().codes() == ["pending_record_mismatch"]
+
+    with pytest.raises(IntegrityError):
+        usage_rate_pending()
+
+    assert (balances(), LedgerEntry.objects.count(), RatedSegment.objects.count()) == ledger_before
+
+
+@pytest.mark.postgres
+def test_rating_never_writes_the_usage_row(world: tuple[Organisation, Organisation]) -> None:
+    """The wide usage row is written once, at ingest: rating neither updates nor locks it (no new tuple
+    version, no locker in xmax)."""
+    seller, buyer = world
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="1000", paid_at=local(2, 0))
+    ids = report(seller, *[(f"x-{n}", 1, local(3, n), local(3, n + 1)) for n in range(3)])
+
+    def versions() -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT id, ctid::text, xmin::text, xmax::text FROM metering_usagerecord"
+                " WHERE id = ANY(%s) ORDER BY id",
+                [ids],
+            )
+            return cursor.fetchall()
+
+    before = versions()
+    assert usage_rate_pending() == 3
+    assert versions() == before
+    assert all(xmax == "0" for *_, xmax in before)

@@ -10,7 +10,14 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 
-from metering.models import LedgerAccount, LedgerTransfer, PackOrder, RatedSegment
+from metering.models import (
+    LedgerAccount,
+    LedgerTransfer,
+    PackOrder,
+    RatedSegment,
+    UsagePending,
+    UsageRecord,
+)
 from metering.services.billing import billing_close_period
 from metering.services.maintenance import ledger_reconcile, packs_expire_due
 from tests.metering.test_billing_close import World, sh
@@ -121,3 +128,59 @@ def test_negative_pack_is_reported(ledger: World, is_postgres: bool) -> None:
     report = ledger_reconcile()
     assert "account_negative" in report.codes()
     assert "account_balance_mismatch" in report.codes()
+
+
+def test_segment_whose_record_is_gone_is_reported(ledger: World) -> None:
+    """Segments keep no database foreign key to their record, pack or transfer (rating writes millions):
+    the reconciliation checks what those keys guarded."""
+    segment = RatedSegment.objects.filter(pack__isnull=False).first()
+    RatedSegment.objects.filter(pk=segment.pk).update(usage_record_id=10**9)
+    report = ledger_reconcile()
+    assert "segment_dangling_reference" in report.codes()
+    dangling = next(b for b in report.breaches if b.code == "segment_dangling_reference")
+    assert dangling.count == 1 and dangling.sample[0]["id"] == segment.pk
+
+
+def test_segment_on_a_missing_transfer_or_pack_or_another_buyers_pack_is_reported(ledger: World) -> None:
+    first, second, third = RatedSegment.objects.filter(pack__isnull=False).order_by("id")[:3]
+    RatedSegment.objects.filter(pk=first.pk).update(transfer_id=10**9)
+    RatedSegment.objects.filter(pk=second.pk).update(pack_id=10**9)
+    # The segment claims another buyer (one that holds no pack at all): its pack is not that buyer's.
+    RatedSegment.objects.filter(pk=third.pk).update(buyer_id=ledger.beta.pk)
+    report = ledger_reconcile()
+    dangling = next(b for b in report.breaches if b.code == "segment_dangling_reference")
+    assert {row["id"] for row in dangling.sample} == {first.pk, second.pk, third.pk}
+
+
+def test_segment_with_another_buyer_than_its_record_is_reported(ledger: World) -> None:
+    segment = RatedSegment.objects.first()
+    RatedSegment.objects.filter(pk=segment.pk).update(buyer_id=ledger.operator.pk)
+    report = ledger_reconcile()
+    assert "segment_dangling_reference" in report.codes()
+
+
+def test_pending_row_that_differs_from_its_record_or_was_rated_is_reported(ledger: World) -> None:
+    rated = UsageRecord.objects.rated().order_by("id")[:2]
+    for record in rated:
+        UsagePending.objects.create(
+            usage_record=record,
+            operator_id=record.operator_id,
+            cluster_id=record.cluster_id,
+            buyer_id=record.buyer_id,
+            price_card_id=record.price_card_id,
+            cards=record.cards + (1 if record == rated[1] else 0),
+            start_at=record.start_at,
+            end_at=record.end_at,
+        )
+    report = ledger_reconcile()
+    pending = next(b for b in report.breaches if b.code == "pending_record_mismatch")
+    assert [row["usage_record_id"] for row in pending.sample] == [r.pk for r in rated]
+
+
+def test_record_rated_without_segments_is_reported(ledger: World) -> None:
+    record = UsageRecord.objects.rated().first()
+    RatedSegment.objects.filter(usage_record=record).update(usage_record_id=10**9)
+    report = ledger_reconcile()
+    assert {"rated_record_without_segments", "segment_dangling_reference"} <= set(report.codes())
+    missing = next(b for b in report.breaches if b.code == "rated_record_without_segments")
+    assert missing.sample[0]["id"] == record.pk

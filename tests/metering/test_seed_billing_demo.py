@@ -47,7 +47,7 @@ def test_seed_billing_demo_is_complete_and_idempotent(tmp_path: Path) -> None:
     assert PriceCard.objects.filter(tariff_version__tariff__code="cn-gd").exists()
     assert PackProduct.objects.filter(accelerator__isnull=True).exists()
     assert Pack.objects.filter(buyer__slug="demo-buyer").count() == 3
-    assert UsageRecord.objects.filter(rated_at__isnull=True).count() == 0
+    assert UsageRecord.objects.unrated().count() == 0
     assert (
         RatedSegment.objects.filter(band="peak").exists()
         and RatedSegment.objects.filter(band="valley").exists()

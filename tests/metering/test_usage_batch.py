@@ -11,7 +11,7 @@ from django.test import override_settings
 from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
-from metering.models import PriceCard, UsageRecord
+from metering.models import PriceCard, UsagePending, UsageRecord
 from metering.services.usage import usage_record_create_batch
 from metering.types import UsageRecordInput
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
@@ -193,3 +193,42 @@ def test_a_buyer_organisation_must_exist_as_a_buyer(world: Organisation) -> None
     BuyerFactory(slug="globex")
     result = usage_record_create_batch(operator=world, records=[record(buyer="globex")])
     assert UsageRecord.objects.get(pk=result.outcomes[0].record_id).buyer.slug == "globex"
+
+
+def _pending(record_id: int) -> tuple:
+    return UsagePending.objects.values_list(
+        "operator_id", "cluster_id", "buyer_id", "price_card_id", "cards", "start_at", "end_at"
+    ).get(usage_record_id=record_id)
+
+
+def test_each_created_record_waits_in_the_pending_rating_queue_with_its_own_figures(
+    world: Organisation,
+) -> None:
+    """The queue row is written with the record (one statement on PostgreSQL) and copies what rating reads."""
+    result = usage_record_create_batch(
+        operator=world, records=[record("q-1"), record("q-2", cards=4, end_at=local(3, 8))]
+    )
+    for outcome in result.outcomes:
+        stored = UsageRecord.objects.get(pk=outcome.record_id)
+        assert _pending(stored.pk) == (
+            stored.operator_id,
+            stored.cluster_id,
+            stored.buyer_id,
+            stored.price_card_id,
+            stored.cards,
+            stored.start_at,
+            stored.end_at,
+        )
+    assert UsagePending.objects.count() == 2
+    assert UsageRecord.objects.unrated().count() == 2 and UsageRecord.objects.rated().count() == 0
+
+
+def test_a_duplicate_or_conflict_queues_nothing_more(world: Organisation) -> None:
+    first = usage_record_create_batch(operator=world, records=[record("q-1")])
+    again = usage_record_create_batch(
+        operator=world, records=[record("q-1"), record("q-1", cards=2), record("q-2"), record("q-2")]
+    )
+    assert [o.status for o in again.outcomes] == ["duplicate", "conflict", "created", "duplicate"]
+    assert sorted(UsagePending.objects.values_list("usage_record_id", flat=True)) == sorted(
+        {first.outcomes[0].record_id, again.outcomes[2].record_id}
+    )
