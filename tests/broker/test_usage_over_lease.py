@@ -289,13 +289,7 @@ def test_the_check_costs_no_query_for_in_order_reports(
     recorder = _Recorder()
     with connection.execute_wrapper(recorder):
         dispatch.lease_usage_report(operator=east_operator, records=batch(1), actor=SYSTEM)
-    # A lookup of records by reference, not the ingest's own insert (which also fills the pending-rating
-    # queue, whose key column is usage_record_id).
-    assert not [
-        sql
-        for sql in recorder.statements
-        if "usage_record" in sql and "reference" in sql and "INSERT INTO metering_usagepending" not in sql
-    ]
+    assert not recorder.stored_usage_reads()
 
 
 class _Recorder:
@@ -305,6 +299,15 @@ class _Recorder:
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.statements.append(sql)
         return execute(sql, params, many, context)
+
+    def stored_usage_reads(self) -> list[str]:
+        """Lookups of stored records by reference; not the ingest's own insert, which also fills the
+        pending-rating queue (whose key column is usage_record_id)."""
+        return [
+            sql
+            for sql in self.statements
+            if "usage_record" in sql and "reference" in sql and "INSERT INTO metering_usagepending" not in sql
+        ]
 
 
 def test_several_in_order_records_of_a_lease_cost_no_query_of_stored_usage(
@@ -331,7 +334,7 @@ def test_several_in_order_records_of_a_lease_cost_no_query_of_stored_usage(
         result = dispatch.lease_usage_report(operator=east_operator, records=minutes(3, 5), actor=SYSTEM)
 
     assert result.created == 5
-    assert not [sql for sql in recorder.statements if "usage_record" in sql and "reference" in sql]
+    assert not recorder.stored_usage_reads()
     lease.refresh_from_db()
     assert lease.last_usage_end_at == t0 + timedelta(minutes=8)
 
