@@ -41,7 +41,10 @@ def _datetime_text(value: Any) -> Any:
 def _in_utc(value: datetime) -> datetime:
     # The same instant on datetime.UTC: pydantic's own tzinfo makes every later comparison and subtraction
     # several times slower (a usage batch does a dozen per record), and the database stores UTC anyway.
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+03:00 has no UTC instant in datetime's range
+        raise PydanticCustomError("datetime_range", "Date-time out of range.") from None
 
 
 AwareDateTime = Annotated[AwareDatetime, BeforeValidator(_datetime_text), AfterValidator(_in_utc)]
@@ -106,6 +109,8 @@ def _message(error: Any) -> str:
         return _("Ensure this field has no more than %(max_length)s elements.") % {
             "max_length": ctx.get("max_length")
         }
+    if kind == "datetime_range":
+        return _("Datetime value out of range.")
     if kind == "timezone_aware":
         return _("Include a UTC offset (e.g. 2026-11-21T10:00:00+08:00 or ...Z).")
     if kind.startswith(("datetime_", "date_", "time_")):

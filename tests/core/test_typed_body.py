@@ -168,3 +168,11 @@ def test_the_depth_walk_agrees_with_the_text_check(document: Any, max_depth: int
         too_deep = True
 
     assert _deeper_than(document, max_depth) is too_deep
+
+
+def test_a_date_time_with_no_utc_instant_is_a_field_error_not_a_500() -> None:
+    """0001-01-01T00:00:00+03:00 is a valid ISO 8601 string whose UTC instant falls before year 1: the
+    conversion to UTC overflows (schemathesis found it as a 500 on the usage endpoint)."""
+    detail = fields_of({"items": [{"n": 1, "at": "0001-01-01T00:00:00+03:00"}]})
+
+    assert detail == {"items": {"0": {"at": ["Datetime value out of range."]}}}
