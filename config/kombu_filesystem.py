@@ -10,6 +10,14 @@ a consumer sees either no file or the whole message, never part of one. A tempor
 ``<stamp>_<uuid>.<queue>.msg`` pattern consumers look for; one left by a producer killed mid-write is
 ignored, and removed once it is an hour old.
 
+The exchange tables (which queues a fanout or direct exchange reaches, one ``<exchange>.exchange`` file in the
+control folder) had the same fault: kombu checks that the file exists, then creates it with a truncating
+open and locks it only afterwards, so a second process binding at the same moment could lock the new, still
+empty file first and die on it (``JSONDecodeError`` in ``_queue_bind``; seen when four producers started at
+once). Here a binder takes an exclusive lock on a separate ``.lock`` file, reads the table, and writes a
+changed table under a temporary name renamed into place; a reader reads without a lock and sees the old table
+or the new one, never part of one.
+
 Selected by settings (``CELERY_BROKER_TRANSPORT``) whenever the broker URL is ``filesystem://``.
 """
 
@@ -22,7 +30,7 @@ import uuid
 from typing import Any
 
 from kombu.transport import filesystem
-from kombu.utils.json import dumps
+from kombu.utils.json import dumps, loads
 
 TEMP_PREFIX = ".part-"
 STALE_TEMP_SECONDS = 3600
@@ -44,6 +52,45 @@ class Channel(filesystem.Channel):
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def get_table(self, exchange: Any) -> list[Any]:
+        """The queues bound to ``exchange``: the table as last renamed into place, or none."""
+        file = self._exchange_file(exchange)
+        try:
+            data = file.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open {file}") from exc
+        return [filesystem.exchange_queue_t(*q) for q in loads(data.decode())] if data else []
+
+    def _queue_bind(self, exchange: Any, routing_key: Any, pattern: Any, queue: Any) -> None:
+        """Add ``queue`` to ``exchange``'s table, once, under the table's lock; the table is replaced whole."""
+        file = self._exchange_file(exchange)
+        self.control_folder.mkdir(exist_ok=True)
+        binding = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        try:
+            with open(f"{file}.lock", "a+b") as lock_file:
+                filesystem.lock(lock_file, filesystem.LOCK_EX)
+                try:
+                    queues = self.get_table(exchange)
+                    if binding in queues:
+                        return
+                    queues.insert(0, binding)
+                    temporary = file.with_name(f"{TEMP_PREFIX}{uuid.uuid4()}-{file.name}")
+                    try:
+                        with open(temporary, "wb") as f:
+                            f.write(dumps(queues).encode())
+                            f.flush()
+                            os.fsync(f.fileno())
+                        os.replace(temporary, file)
+                    finally:
+                        with contextlib.suppress(OSError):
+                            os.unlink(temporary)
+                finally:
+                    filesystem.unlock(lock_file)
+        except OSError as exc:
+            raise filesystem.ChannelError(f"Cannot open {file}") from exc
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
         self._sweep_stale_temporaries()

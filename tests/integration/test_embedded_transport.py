@@ -129,8 +129,11 @@ def test_a_message_file_appears_under_its_final_name_only_when_whole(
     seen: list[tuple[bool, dict]] = []
     real_replace = os.replace
 
-    def checked_replace(source: str, target: str) -> None:
+    def checked_replace(source: str, target: str | Path) -> None:
         # At the moment of the rename the final name does not exist yet and the source is the whole message.
+        if not str(target).endswith(".msg"):  # an exchange table, replaced whole too
+            real_replace(source, target)
+            return
         seen.append((os.path.exists(target), json.loads(Path(source).read_bytes())))
         real_replace(source, target)
 
@@ -153,3 +156,34 @@ def test_a_message_file_appears_under_its_final_name_only_when_whole(
 
     assert len(seen) == 1 and seen[0][0] is False
     assert seen[0][1]["body"]
+
+
+def _bind_many(control: str, worker: int, start: float) -> None:
+    from kombu import Connection
+
+    options = {"data_folder_in": control, "data_folder_out": control, "control_folder": control}
+    with Connection("filesystem://", transport=kombu_filesystem.Transport, transport_options=options) as conn:
+        channel = conn.default_channel
+        while time.time() < start:  # every process binds at the same moment
+            time.sleep(0.001)
+        for n in range(40):
+            channel._queue_bind("celery", f"key-{worker}-{n}", "", f"queue-{worker}-{n}")
+            assert channel.get_table("celery"), "a reader saw an empty or torn table"
+
+
+def test_processes_binding_one_exchange_at_once_keep_every_binding(tmp_path: Path) -> None:
+    """Kombu's own binding created the table file, then locked it: a second binder could lock the new, still
+    empty file first and die on it (JSONDecodeError), or truncate a table another had just written."""
+    control = tmp_path / "control"
+    control.mkdir()
+    start = time.time() + 2
+    context = multiprocessing.get_context("spawn")
+    binders = [context.Process(target=_bind_many, args=(str(control), w, start)) for w in range(6)]
+    for process in binders:
+        process.start()
+    for process in binders:
+        process.join(timeout=60)
+    assert [process.exitcode for process in binders] == [0] * 6
+    table = json.loads((control / "celery.exchange").read_bytes())
+    assert sorted(q[2] for q in table) == sorted(f"queue-{w}-{n}" for w in range(6) for n in range(40))
+    assert not [n for n in os.listdir(control) if n.startswith(kombu_filesystem.TEMP_PREFIX)]
