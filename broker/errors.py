@@ -91,3 +91,31 @@ class LeaseTimeInvalidError(InvalidInputError):
     future, before usage already reported); ``extra.reason`` says which."""
 
     code = "lease_time_invalid"
+
+
+# --- Budgets and caps (broker.budgets) --------------------------------------------------------------
+
+
+class BudgetCapExceededError(ConflictError):
+    """Accepting would take a budget's posted spend plus its open holds plus this lease's expected cost over
+    its hard cap; ``extra`` has ``cap``, ``spent``, ``held``, ``this_lease`` (CNY), ``scope``, ``period`` and
+    ``budget_id``."""
+
+    code = "budget_cap_exceeded"
+
+
+class BudgetNotFoundError(NotFoundError):
+    code = "budget_not_found"
+
+
+class BudgetInvalidError(InvalidInputError):
+    """A budget that breaks a rule; ``extra.fields`` maps each field to its messages."""
+
+    code = "budget_invalid"
+
+
+class NotABudgetManagerError(PermissionDeniedError):
+    """Only owners and administrators (or a token they issued with ``can_manage_tokens``) set budgets and
+    the alert endpoint; members and other tokens read them."""
+
+    code = "not_a_budget_manager"

@@ -342,3 +342,14 @@ class BuyerPreference(models.Model):
 
     def __str__(self) -> str:
         return f"preferences of {self.buyer_id}"
+
+
+# Budgets and caps live in their own package (broker/budgets); imported here so Django registers them.
+from broker.budgets.models import (  # noqa: E402, F401
+    Budget,
+    BudgetAlert,
+    BudgetBreach,
+    BudgetHold,
+    BuyerEndpoint,
+    LeaseOrigin,
+)

@@ -39,3 +39,26 @@ def lease_events_deliver() -> int:
 def quotes_purge() -> int:
     """Delete quotes that expired more than a day ago and were never accepted (hourly)."""
     return quotes.quotes_purge()
+
+
+# --- Budgets and caps (broker.budgets) --------------------------------------------------------------
+
+
+@shared_task(
+    name="broker.leases_stop_over_cap", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def leases_stop_over_cap() -> int:
+    """Evaluate budgets on posted spend (threshold alerts, cap breaches) and ask operators to stop the
+    running leases of breached scopes (every 10 s, beside leases_stop_exhausted)."""
+    return dispatch.leases_stop_over_cap()
+
+
+@shared_task(
+    name="broker.budget_alerts_deliver", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def budget_alerts_deliver(alert_ids: list[int] | None = None) -> int:
+    """E-mail and POST due budget alerts (queued after the commit that raised them, and every 5 s for
+    retries with backoff). Safe to run twice: each run claims its own rows."""
+    from broker.budgets.services import budget_alerts_deliver_due
+
+    return budget_alerts_deliver_due(alert_ids=alert_ids)

@@ -1092,3 +1092,83 @@ def lease_event_deliveries_retry(
     )
     logger.info("lease events retried by %s: %s pending, %s given up", actor.label, pending, revived)
     return pending + revived
+
+
+# --- Budget caps (broker.budgets) -------------------------------------------------------------------
+# Kept in one block: the budget evaluation raises the breach flags, this stops the leases they cover.
+
+BUDGET_CAP_REASON = "budget cap reached"
+
+
+def leases_stop_over_cap(*, buyer_ids: set[int] | None = None, now: datetime | None = None) -> int:
+    """Evaluate the buyers' budgets on their posted spend (alerts once per threshold, a breach flag when a
+    hard cap is reached; ``buyer_ids`` None = every buyer with an enabled budget) and ask operators to stop
+    the running leases in the scope of each open breach of the current period; return how many.
+
+    Like leases_stop_exhausted: each lease is its own transaction, moves to stop_requested (the operator
+    pulls the change or receives the event) and the buyer gets a ``budget_cap_reached`` notice naming the
+    lease; a lease already asked to stop is not touched again, so running it twice is safe. A breach is
+    cleared when the cap is raised above the spend, the budget disabled or deleted, or the month ends.
+    """
+    from broker.budgets.models import JOB_PERIOD, BudgetBreach
+    from broker.budgets.selectors import month_key
+    from broker.budgets.services import budgets_evaluate
+
+    now = now or timezone.now()
+    budgets_evaluate(buyer_ids=buyer_ids, now=now)
+    breaches = BudgetBreach.objects.filter(
+        cleared_at__isnull=True, period_key__in=(month_key(at=now), JOB_PERIOD), budget__enabled=True
+    ).select_related("budget")
+    if buyer_ids is not None:
+        breaches = breaches.filter(budget__buyer_id__in=buyer_ids)
+    stopped = 0
+    for breach in breaches.order_by("pk"):
+        for lease_id in _running_in_budget_scope(budget=breach.budget):
+            if _lease_stop_for_cap(lease_id=lease_id, breach_id=breach.pk, now=now):
+                stopped += 1
+    return stopped
+
+
+def _running_in_budget_scope(*, budget: Any) -> list[int]:
+    from broker.budgets.models import BudgetScope
+
+    running = Lease.objects.filter(buyer_id=budget.buyer_id, state=LeaseState.RUNNING)
+    if budget.scope == BudgetScope.MEMBER:
+        running = running.filter(origin__user_id=budget.user_id)
+    elif budget.scope == BudgetScope.TOKEN:
+        running = running.filter(origin__token_id=budget.token_id)
+    elif budget.scope == BudgetScope.JOB:
+        running = running.filter(job_id=budget.job_id)
+    return list(running.order_by("pk").values_list("pk", flat=True))
+
+
+@transaction.atomic
+def _lease_stop_for_cap(*, lease_id: int, breach_id: int, now: datetime) -> bool:
+    from broker.budgets.models import BudgetBreach
+    from broker.budgets.services import NOTICE_CAP
+
+    lease = leases.lease_lock(lease_id=lease_id)
+    if lease.state != LeaseState.RUNNING:
+        return False
+    breach = BudgetBreach.objects.filter(pk=breach_id, cleared_at__isnull=True).select_related("budget").first()
+    if breach is None:  # the cap was raised since the lease was selected
+        return False
+    budget = breach.budget
+    leases.lease_transition(
+        lease=lease,
+        to_state=LeaseState.STOP_REQUESTED,
+        actor=Actor.system("broker: budget cap reached"),
+        reason=f"{BUDGET_CAP_REASON}: budget {budget.pk} ({budget.scope}) at {breach.spent} of {breach.cap} CNY",
+        at=now,
+    )
+    leases.notice_create(
+        buyer_id=lease.buyer_id,
+        kind=NOTICE_CAP,
+        message=(
+            f"Budget “{budget.name}” reached its hard cap of {breach.cap} CNY ({breach.spent} CNY spent), so "
+            f"lease {lease.pk} on {lease.cluster.cpi} was asked to stop. Raise the cap to run it again."
+        ),
+        job_id=lease.job_id,
+        lease_id=lease.pk,
+    )
+    return True

@@ -1,7 +1,8 @@
 """Leases: accepting a quote (holding its cards without ever oversubscribing an island), the lease state
 machine, and cancellation.
 
-Lock order, everywhere: the buyer's organisation row, then island rows in id order, then the lease row. Two
+Lock order, everywhere: the buyer's organisation row, then its budget rows in id order (broker.budgets), then
+island rows in id order, then the lease row. Two
 acceptances for the same island serialise on the island row; after taking it, each re-reads the committed
 holds (READ COMMITTED takes a fresh snapshot per statement), so the second sees the first's cards.
 """
@@ -18,6 +19,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from broker import selectors
+from broker.budgets import services as budget_services
 from broker.draws import buyer_packs_after_leases
 from broker.errors import (
     CapacityTakenError,
@@ -106,6 +108,7 @@ def lease_transition(
         lease.ended_at = at
         fields.append("ended_at")
         CapacityHold.objects.filter(lease=lease, active=True).update(active=False)
+        budget_services.budget_holds_void(lease=lease, at=at)
     if reason:
         lease.reason = reason[:500]
         fields.append("reason")
@@ -266,7 +269,8 @@ def lease_create(
     cluster is no longer active, CapacityTakenError when an island would exceed its cards minus its
     unhealthy cards at any instant, or, before the operator's last heartbeat expires, the cards that
     heartbeat reports available (federation.selectors), InsufficientBalanceError (402) when the buyer's packs less its live
-    leases cannot pay the expected draw.
+    leases cannot pay the expected draw, BudgetCapExceededError (409) when a budget's hard cap would be
+    crossed (broker.budgets.services.budget_cap_check).
     """
     now = timezone.now()
     Organisation.objects.select_for_update().filter(pk=job.buyer_id).values_list("pk").get()
@@ -302,6 +306,19 @@ def lease_create(
                     "committed": {slug: str(amount) for slug, amount in affordability.committed.items()},
                 },
             )
+    # Budgets (broker.budgets): lock the budgets the lease counts against and refuse it over a hard cap.
+    # Failover's own replacement is not checked (its original was accepted under the cap), but gets holds.
+    origin_user_id, origin_token_id = budget_services.lease_origin_ids(actor=actor, replaces=replaces)
+    budgets = budget_services.budget_cap_check(
+        buyer_id=job.buyer_id,
+        job_id=job.pk,
+        user_id=origin_user_id,
+        token_id=origin_token_id,
+        amount=expected_cost,
+        start_at=start_at,
+        now=now,
+        check=not (replaces is not None and actor.organisation is None),
+    )
     islands = _lock_islands(island_id for island_id, _ in allocation)
     cluster = Cluster.objects.get(pk=cluster_id)
     if cluster.status != ClusterStatus.ACTIVE:
@@ -348,6 +365,9 @@ def lease_create(
     CapacityHold.objects.bulk_create(
         CapacityHold(lease=lease, island_id=island_id, cards=cards, start_at=start_at, end_at=end_at)
         for island_id, cards in sorted(allocation)
+    )
+    budget_services.budget_holds_create(
+        lease=lease, budgets=budgets, user_id=origin_user_id, token_id=origin_token_id, now=now
     )
     transition = LeaseTransition.objects.create(
         lease=lease,
