@@ -212,6 +212,9 @@ SPECTACULAR_SETTINGS = {
         "ReportedHealthEnum": "federation.models.REPORTABLE_HEALTH",
         "HealthEnum": "federation.models.Health",
         "HubCodeEnum": "federation.identifiers.HUB_CODES",
+        "ScopeEnum": "core.models.ApiToken.Scope",  # an API token's; named so beside BudgetScopeEnum
+        "BudgetScopeEnum": "broker.budgets.models.BudgetScope",
+        "DeliveryStatusEnum": "broker.budgets.models.DeliveryStatus",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

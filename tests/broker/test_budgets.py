@@ -287,3 +287,69 @@ def test_64_parallel_acceptances_never_exceed_one_cap(east_operator: Organisatio
     assert sum(holds) == Decimal("80.00") <= Decimal("85.00")
     (status,) = budget_selectors.budget_status_list_for(buyer=buyer)
     assert status.held == Decimal("80.00") and status.remaining == Decimal("5.00")
+
+
+@pytest.mark.django_db
+def test_the_budgets_api_reads_for_everyone_and_writes_for_managers(
+    funded_buyer: Organisation, token_client: Client
+) -> None:
+    manager = token_client(funded_buyer, can_manage_tokens=True)
+    agent = token_client(funded_buyer)
+    body = {"name": "Acme monthly", "soft_amount": "1000.00", "hard_cap": "1500"}
+    assert agent.post("/api/v1/budgets", body, format="json").json()["code"] == "not_a_budget_manager"
+    created = manager.post("/api/v1/budgets", body, format="json")
+    assert created.status_code == 201, created.json()
+    budget = created.json()
+    period = budget_selectors.month_key(at=timezone.now())
+    assert {k: budget[k] for k in ("scope", "soft_amount", "thresholds", "hard_cap", "period", "spent", "held")} == {
+        "scope": "organisation",
+        "soft_amount": "1000.00",
+        "thresholds": [50, 80, 100],
+        "hard_cap": "1500.00",
+        "period": period,
+        "spent": "0.00",
+        "held": "0.00",
+    }
+    assert budget["remaining"] == "1500.00"
+    # One budget per scope target; faults are named per field.
+    again = manager.post("/api/v1/budgets", body, format="json")
+    assert again.status_code == 400 and again.json()["code"] == "budget_invalid"
+    bad = manager.post("/api/v1/budgets", {"name": "x", "scope": "member", "user_id": 999999}, format="json")
+    assert bad.status_code == 400 and set(bad.json()["extra"]["fields"]) == {"user", "soft_amount"}
+    listed = agent.get("/api/v1/budgets").json()
+    assert [b["id"] for b in listed["results"]] == [budget["id"]]
+    assert agent.get(f"/api/v1/budgets/{budget['id']}").json()["name"] == "Acme monthly"
+    assert agent.put(f"/api/v1/budgets/{budget['id']}", body, format="json").status_code == 403
+    updated = manager.put(
+        f"/api/v1/budgets/{budget['id']}", {**body, "thresholds": [90], "hard_cap": None}, format="json"
+    )
+    assert updated.status_code == 200 and (updated.json()["thresholds"], updated.json()["hard_cap"]) == ([90], None)
+    # Another buyer sees nothing of it.
+    stranger = token_client(BuyerFactory(slug="other"), can_manage_tokens=True)
+    assert stranger.get(f"/api/v1/budgets/{budget['id']}").status_code == 404
+    assert stranger.delete(f"/api/v1/budgets/{budget['id']}").status_code == 404
+    assert stranger.get("/api/v1/budgets").json()["results"] == []
+    assert agent.get("/api/v1/budget-alerts").json()["results"] == []
+    assert manager.delete(f"/api/v1/budgets/{budget['id']}").status_code == 204
+    assert agent.get("/api/v1/budgets").json()["results"] == []
+
+
+@pytest.mark.django_db
+def test_the_alert_endpoint_follows_the_ssrf_rules_and_its_secret_is_shown_once(
+    funded_buyer: Organisation, token_client: Client, settings: object
+) -> None:
+    manager = token_client(funded_buyer, can_manage_tokens=True)
+    settings.CARDHOUR_ENDPOINT_ALLOW_HTTP = False  # type: ignore[attr-defined]
+    settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = False  # type: ignore[attr-defined]
+    for url in ("http://alerts.example.com/hook", "https://127.0.0.1/hook", "https://10.0.0.5/x"):
+        refused = manager.put("/api/v1/buyer/endpoint", {"url": url}, format="json")
+        assert refused.status_code == 400 and refused.json()["code"] == "endpoint_url_forbidden", url
+    ok = manager.put("/api/v1/buyer/endpoint", {"url": "https://alerts.example.com/hook"}, format="json")
+    assert ok.status_code == 200 and ok.json() == {"url": "https://alerts.example.com/hook", "enabled": False}
+    rotated = manager.post("/api/v1/buyer/endpoint-secret")
+    assert rotated.status_code == 200 and rotated.json()["secret"].startswith("chw_")
+    shown = manager.get("/api/v1/buyer/endpoint").json()
+    assert shown == {"url": "https://alerts.example.com/hook", "enabled": True} and "secret" not in shown
+    assert token_client(funded_buyer).post("/api/v1/buyer/endpoint-secret").status_code == 403
+    assert manager.delete("/api/v1/buyer/endpoint-secret").status_code == 204
+    assert manager.get("/api/v1/buyer/endpoint").json()["enabled"] is False
