@@ -195,6 +195,7 @@ NAV_ITEMS: tuple[NavItem, ...] = (
     NavItem(gettext_lazy("Usage & spend"), "usage-dashboard", "buyer"),
     NavItem(gettext_lazy("Card-hour packs"), "pack-list", "buyer"),
     NavItem(gettext_lazy("Invoices"), "invoice-list", "buyer"),
+    NavItem(gettext_lazy("Budgets"), "budget-list", "buyer"),
     NavItem(gettext_lazy("Clusters"), "operator-cluster-list", "operator"),
     NavItem(gettext_lazy("Tariffs & prices"), "operator-tariff-list", "operator"),
     NavItem(gettext_lazy("Leases"), "operator-lease-list", "operator"),

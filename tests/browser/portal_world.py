@@ -207,6 +207,15 @@ def build_world() -> PortalWorld:
     )
     operator_token, _ = api_token_create(organisation=operator, name="ctyun-secret-agent-token")
     member = Membership.objects.get(user=users["vera"], organisation=buyer)
+    from broker.budgets.services import BudgetInput, budget_create
+
+    budget = budget_create(
+        buyer=buyer,
+        data=BudgetInput(
+            name="acme-secret-budget", scope="organisation", soft_amount=Decimal("5000"), hard_cap=Decimal("8000")
+        ),
+        actor=Actor(organisation=buyer, user=users["alice"], can_write=True),
+    )
     order = PackOrder.objects.get(pk=pack.order_id)
 
     objects: dict[str, Any] = {
@@ -228,6 +237,7 @@ def build_world() -> PortalWorld:
         "invitation": invitation,
         "invitation_token": invitation_token,
         "period": day.date().replace(day=1),
+        "budget": budget,
     }
     return PortalWorld(
         buyer=buyer,
@@ -245,6 +255,7 @@ def build_world() -> PortalWorld:
             pending.name,
             invoice.number,
             token.name,
+            budget.name,
             "vera@example.com",
             invitation.email,
         ],
@@ -331,6 +342,7 @@ def world_kwargs(world: PortalWorld, pattern: PortalPattern) -> dict[str, Any]:
         "year": o["period"].year,
         "month": o["period"].month,
         "price_card_id": o["price_card"].pk,
+        "budget_id": o["budget"].pk,
     }
     # ``pk`` (and ``id``) mean the object the page is about, read from its name (after any side prefix).
     operator_side = pattern.side == "operator"
