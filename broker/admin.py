@@ -1432,3 +1432,7 @@ class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [BuyerFilter, "home_hub"]
     search_fields = ["buyer__slug", "buyer__name"]
     fields = readonly_fields = ("buyer", "home_hub", "updated_at")
+
+
+# Budgets and caps register their own admins (broker/budgets/admin.py).
+from broker.budgets import admin as _budgets_admin  # noqa: E402, F401

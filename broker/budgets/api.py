@@ -94,7 +94,9 @@ class BudgetOutput(serializers.Serializer):
     enabled = serializers.BooleanField()
     period = serializers.CharField(help_text="`YYYY-MM` (billing time zone), or `job` for a job's budget.")
     spent = serializers.DecimalField(
-        max_digits=16, decimal_places=2, help_text="Posted spend in the period, CNY (the usage page's figure)."
+        max_digits=16,
+        decimal_places=2,
+        help_text="Posted spend in the period, CNY (the usage page's figure).",
     )
     held = serializers.DecimalField(
         max_digits=16, decimal_places=2, help_text="Open holds of live leases: expected cost not yet posted."
@@ -253,7 +255,9 @@ class BuyerEndpointApi(APIView):
     class Input(serializers.Serializer):
         url = serializers.URLField(max_length=500, allow_blank=True, help_text="Empty: no endpoint.")
 
-    @extend_schema(operation_id="buyer_endpoint_get", responses={200: BuyerEndpointOutput}, tags=[TAG_BUDGETS])
+    @extend_schema(
+        operation_id="buyer_endpoint_get", responses={200: BuyerEndpointOutput}, tags=[TAG_BUDGETS]
+    )
     def get(self, request: Request) -> Response:
         endpoint = selectors.buyer_endpoint_for(buyer=actor_from_request(request).organisation)
         return Response(
@@ -273,7 +277,9 @@ class BuyerEndpointApi(APIView):
         actor = actor_from_request(request)
         data = self.Input(data=request.data)
         data.is_valid(raise_exception=True)
-        endpoint = services.buyer_endpoint_set(buyer=actor.organisation, url=data.validated_data["url"], actor=actor)
+        endpoint = services.buyer_endpoint_set(
+            buyer=actor.organisation, url=data.validated_data["url"], actor=actor
+        )
         return Response(BuyerEndpointOutput({"url": endpoint.url, "enabled": endpoint.enabled}).data)
 
 

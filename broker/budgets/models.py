@@ -41,7 +41,11 @@ class Budget(models.Model):
     token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     job = models.ForeignKey("broker.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     soft_amount = models.DecimalField(
-        max_digits=16, decimal_places=2, null=True, blank=True, help_text=_("CNY; alerts are percentages of it.")
+        max_digits=16,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text=_("CNY; alerts are percentages of it."),
     )
     thresholds = models.JSONField(default=list, blank=True, help_text=_("Percentages of the soft amount."))
     hard_cap = models.DecimalField(max_digits=16, decimal_places=2, null=True, blank=True)
@@ -80,7 +84,9 @@ class Budget(models.Model):
             models.UniqueConstraint(
                 fields=["buyer", "token"], condition=Q(scope="token"), name="budget_one_per_token"
             ),
-            models.UniqueConstraint(fields=["buyer", "job"], condition=Q(scope="job"), name="budget_one_per_job"),
+            models.UniqueConstraint(
+                fields=["buyer", "job"], condition=Q(scope="job"), name="budget_one_per_job"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -95,7 +101,9 @@ class LeaseOrigin(models.Model):
     """Who accepted a lease (a person or an API token), so member and token budgets can count its spend.
     A failover replacement inherits its original's."""
 
-    lease = models.OneToOneField("broker.Lease", on_delete=models.CASCADE, primary_key=True, related_name="origin")
+    lease = models.OneToOneField(
+        "broker.Lease", on_delete=models.CASCADE, primary_key=True, related_name="origin"
+    )
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -151,10 +159,16 @@ class BudgetAlert(models.Model):
     period_key = models.CharField(max_length=8)
     kind = models.CharField(max_length=12, choices=BudgetAlertKind.choices)
     percent = models.PositiveSmallIntegerField(help_text=_("The threshold crossed (100 for the cap)."))
-    limit_amount = models.DecimalField(max_digits=16, decimal_places=2, help_text=_("The soft amount or the cap."))
-    spent = models.DecimalField(max_digits=16, decimal_places=2, help_text=_("Posted spend when it was raised."))
+    limit_amount = models.DecimalField(
+        max_digits=16, decimal_places=2, help_text=_("The soft amount or the cap.")
+    )
+    spent = models.DecimalField(
+        max_digits=16, decimal_places=2, help_text=_("Posted spend when it was raised.")
+    )
     created_at = models.DateTimeField()
-    email_status = models.CharField(max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    email_status = models.CharField(
+        max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
     email_sent_at = models.DateTimeField(null=True, blank=True)
     webhook_status = models.CharField(
         max_length=10, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
@@ -199,7 +213,9 @@ class BudgetBreach(models.Model):
         ordering = ["-raised_at", "-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["budget", "period_key"], condition=Q(cleared_at__isnull=True), name="budget_breach_one_open"
+                fields=["budget", "period_key"],
+                condition=Q(cleared_at__isnull=True),
+                name="budget_breach_one_open",
             )
         ]
 
@@ -213,7 +229,9 @@ class BuyerEndpoint(models.Model):
 
     buyer = models.OneToOneField(Organisation, on_delete=models.CASCADE, related_name="+")
     url = models.URLField(max_length=500, blank=True)
-    secret = models.CharField(max_length=128, blank=True, help_text=_("HMAC-SHA256 key for X-Cardhour-Signature."))
+    secret = models.CharField(
+        max_length=128, blank=True, help_text=_("HMAC-SHA256 key for X-Cardhour-Signature.")
+    )
     enabled = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

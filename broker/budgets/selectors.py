@@ -48,7 +48,11 @@ def budget_period_key(*, budget: Budget, at: datetime) -> str:
 
 
 def budget_list_for(*, buyer: Organisation) -> QuerySet[Budget]:
-    return Budget.objects.filter(buyer=buyer).select_related("user", "token", "job").order_by("scope", "name", "id")
+    return (
+        Budget.objects.filter(buyer=buyer)
+        .select_related("user", "token", "job")
+        .order_by("scope", "name", "id")
+    )
 
 
 def budget_get_for(*, buyer: Organisation, budget_id: int) -> Budget:
@@ -60,7 +64,11 @@ def budget_get_for(*, buyer: Organisation, budget_id: int) -> Budget:
 
 
 def alert_list_for(*, buyer: Organisation) -> QuerySet[BudgetAlert]:
-    return BudgetAlert.objects.filter(budget__buyer=buyer).select_related("budget").order_by("-created_at", "-id")
+    return (
+        BudgetAlert.objects.filter(budget__buyer=buyer)
+        .select_related("budget")
+        .order_by("-created_at", "-id")
+    )
 
 
 BUDGET_NOTICE_KINDS = ("budget_threshold", "budget_cap_reached")
@@ -68,7 +76,9 @@ BUDGET_NOTICE_KINDS = ("budget_threshold", "budget_cap_reached")
 
 def budget_notices_for(*, buyer: Organisation) -> QuerySet[BuyerNotice]:
     """The buyer's notices about budgets (alerts and leases stopped at a cap), newest first."""
-    return BuyerNotice.objects.filter(buyer=buyer, kind__in=BUDGET_NOTICE_KINDS).order_by("-created_at", "-id")
+    return BuyerNotice.objects.filter(buyer=buyer, kind__in=BUDGET_NOTICE_KINDS).order_by(
+        "-created_at", "-id"
+    )
 
 
 def buyer_endpoint_for(*, buyer: Organisation) -> BuyerEndpoint | None:
@@ -196,7 +206,9 @@ def budget_statuses(
     lifetime_ids = set(job_leases) | {lease_id for _, lease_id, _ in holds}
     lifetime = (
         _per_lease(
-            buyer_spend_rows(buyer_id=buyer_id, references=[f"{_LEASE_PREFIX}{pk}" for pk in sorted(lifetime_ids)])
+            buyer_spend_rows(
+                buyer_id=buyer_id, references=[f"{_LEASE_PREFIX}{pk}" for pk in sorted(lifetime_ids)]
+            )
         )
         if lifetime_ids
         else {}

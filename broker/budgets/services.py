@@ -113,7 +113,12 @@ def _amount(value: Decimal | None, field: str, errors: dict[str, list[str]]) -> 
     except (InvalidOperation, TypeError):
         errors.setdefault(field, []).append(_("Not an amount."))
         return None
-    if not amount.is_finite() or amount < 0 or amount > MAX_AMOUNT or amount != amount.quantize(Decimal("0.01")):
+    if (
+        not amount.is_finite()
+        or amount < 0
+        or amount > MAX_AMOUNT
+        or amount != amount.quantize(Decimal("0.01"))
+    ):
         errors.setdefault(field, []).append(_("An amount in CNY, at least 0, to the fen."))
         return None
     return amount.quantize(Decimal("0.01"))
@@ -125,7 +130,9 @@ def _validated(*, buyer: Organisation, data: BudgetInput) -> dict[str, Any]:
     if not name or len(name) > 100:
         errors.setdefault("name", []).append(_("A name of 1–100 characters."))
     if data.scope not in BudgetScope.values:
-        errors.setdefault("scope", []).append(_("One of: %(scopes)s.") % {"scopes": ", ".join(BudgetScope.values)})
+        errors.setdefault("scope", []).append(
+            _("One of: %(scopes)s.") % {"scopes": ", ".join(BudgetScope.values)}
+        )
     soft = _amount(data.soft_amount, "soft_amount", errors)
     cap = _amount(data.hard_cap, "hard_cap", errors)
     if soft is not None and soft == 0:
@@ -349,13 +356,17 @@ def budgets_evaluate(*, buyer_ids: set[int] | None = None, now: datetime | None 
     is reached; clear breaches no longer reached. Returns how many alerts were raised. One transaction per
     buyer; safe to run concurrently and twice."""
     now = now or timezone.now()
-    budgets = Budget.objects.filter(enabled=True).filter(Q(soft_amount__isnull=False) | Q(hard_cap__isnull=False))
+    budgets = Budget.objects.filter(enabled=True).filter(
+        Q(soft_amount__isnull=False) | Q(hard_cap__isnull=False)
+    )
     if buyer_ids is not None:
         budgets = budgets.filter(buyer_id__in=buyer_ids)
     by_buyer: dict[int, list[Budget]] = {}
     for budget in budgets.order_by("buyer_id", "pk"):
         by_buyer.setdefault(budget.buyer_id, []).append(budget)
-    return sum(_evaluate_buyer(buyer_id=buyer_id, budgets=group, now=now) for buyer_id, group in by_buyer.items())
+    return sum(
+        _evaluate_buyer(buyer_id=buyer_id, budgets=group, now=now) for buyer_id, group in by_buyer.items()
+    )
 
 
 @transaction.atomic
@@ -367,7 +378,11 @@ def _evaluate_buyer(*, buyer_id: int, budgets: list[Budget], now: datetime) -> i
             for percent in sorted(set(budget.thresholds or ())):
                 if status.spent * 100 >= budget.soft_amount * percent:
                     alert = _alert_raise(
-                        status=status, kind=BudgetAlertKind.THRESHOLD, percent=percent, limit=budget.soft_amount, now=now
+                        status=status,
+                        kind=BudgetAlertKind.THRESHOLD,
+                        percent=percent,
+                        limit=budget.soft_amount,
+                        now=now,
                     )
                     if alert is not None:
                         raised.append(alert)
@@ -380,7 +395,9 @@ def _evaluate_buyer(*, buyer_id: int, budgets: list[Budget], now: datetime) -> i
                 cleared_at=None,
                 defaults={"raised_at": now, "spent": status.spent, "cap": budget.hard_cap},
             )
-            alert = _alert_raise(status=status, kind=BudgetAlertKind.CAP, percent=100, limit=budget.hard_cap, now=now)
+            alert = _alert_raise(
+                status=status, kind=BudgetAlertKind.CAP, percent=100, limit=budget.hard_cap, now=now
+            )
             if alert is not None:
                 raised.append(alert)
         else:
@@ -402,7 +419,12 @@ def _alert_raise(
                 period_key=status.period_key,
                 kind=kind,
                 percent=percent,
-                defaults={"limit_amount": limit, "spent": status.spent, "created_at": now, "next_attempt_at": now},
+                defaults={
+                    "limit_amount": limit,
+                    "spent": status.spent,
+                    "created_at": now,
+                    "next_attempt_at": now,
+                },
             )
     except IntegrityError:  # raised by a concurrent evaluation meanwhile
         return None
@@ -451,7 +473,9 @@ def _deliver_soon(alert_ids: list[int]) -> None:
 
 
 def budget_alert_backoff(*, attempts: int) -> timedelta:
-    return timedelta(seconds=min(ALERT_BACKOFF_BASE_SECONDS * 2 ** max(attempts - 1, 0), ALERT_BACKOFF_MAX_SECONDS))
+    return timedelta(
+        seconds=min(ALERT_BACKOFF_BASE_SECONDS * 2 ** max(attempts - 1, 0), ALERT_BACKOFF_MAX_SECONDS)
+    )
 
 
 @dataclass(frozen=True)
@@ -510,11 +534,16 @@ def _alerts_claim(*, now: datetime, limit: int, alert_ids: list[int] | None) -> 
     """Lock due alerts with a channel still pending (skipping rows another worker holds), mark the
     channels with nowhere to go ``skipped``, and push the rest past this run so no other worker takes them."""
     due = BudgetAlert.objects.select_for_update(skip_locked=True, of=("self",)).filter(
-        Q(email_status=DeliveryStatus.PENDING) | Q(webhook_status=DeliveryStatus.PENDING), next_attempt_at__lte=now
+        Q(email_status=DeliveryStatus.PENDING) | Q(webhook_status=DeliveryStatus.PENDING),
+        next_attempt_at__lte=now,
     )
     if alert_ids is not None:
         due = due.filter(pk__in=alert_ids)
-    alerts = list(due.select_related("budget", "budget__user", "budget__token").order_by("next_attempt_at", "pk")[:limit])
+    alerts = list(
+        due.select_related("budget", "budget__user", "budget__token").order_by("next_attempt_at", "pk")[
+            :limit
+        ]
+    )
     endpoints = {
         e.buyer_id: e
         for e in BuyerEndpoint.objects.filter(buyer_id__in={a.budget.buyer_id for a in alerts}, enabled=True)
@@ -571,7 +600,9 @@ def _post(claimed: _Claimed) -> str:
         "X-Cardhour-Event": claimed.event,
         "X-Cardhour-Delivery": f"budget-alert-{claimed.alert_id}",
         "X-Cardhour-Timestamp": timestamp,
-        "X-Cardhour-Signature": lease_event_signature(secret=claimed.secret, timestamp=timestamp, body=claimed.body),
+        "X-Cardhour-Signature": lease_event_signature(
+            secret=claimed.secret, timestamp=timestamp, body=claimed.body
+        ),
     }
     try:
         status = post_pinned(claimed.url, body=claimed.body, headers=headers, timeout=ALERT_TIMEOUT_SECONDS)
@@ -630,7 +661,9 @@ def budget_alerts_deliver_due(
     delivered = 0
     for position, item in enumerate(claimed):
         if time.monotonic() - started > ALERT_RUN_BUDGET_SECONDS:
-            BudgetAlert.objects.filter(pk__in=[c.alert_id for c in claimed[position:]]).update(next_attempt_at=now)
+            BudgetAlert.objects.filter(pk__in=[c.alert_id for c in claimed[position:]]).update(
+                next_attempt_at=now
+            )
             break
         if _deliver(item, now=now):
             delivered += 1

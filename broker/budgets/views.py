@@ -49,7 +49,9 @@ def _list_page(request: HttpRequest, *, form: BudgetForm | None = None, status: 
     portal = _portal(request)
     buyer = portal.organisation
     now = timezone.now()
-    alerts = Paginator(selectors.alert_list_for(buyer=buyer), ALERTS_PAGE_SIZE).get_page(request.GET.get("page"))
+    alerts = Paginator(selectors.alert_list_for(buyer=buyer), ALERTS_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
     return render(
         request,
         "broker/budgets/list.html",
@@ -75,7 +77,9 @@ def budget_list(request: HttpRequest) -> HttpResponse:
     form = BudgetForm(request.POST, buyer=portal.organisation)
     if form.is_valid():
         try:
-            budget = services.budget_create(buyer=portal.organisation, data=_input(form), actor=_actor(request))
+            budget = services.budget_create(
+                buyer=portal.organisation, data=_input(form), actor=_actor(request)
+            )
         except PermissionDeniedError:
             raise
         except DomainError as exc:

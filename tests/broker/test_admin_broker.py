@@ -10,6 +10,7 @@ running, or run to completion) with its history and event deliveries, a quote an
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib import admin
@@ -23,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from broker import admin as broker_admin
+from broker.budgets.models import Budget, BudgetAlert, BudgetBreach, BudgetHold, BuyerEndpoint, LeaseOrigin
 from broker.models import (
     BuyerNotice,
     BuyerPreference,
@@ -40,7 +42,7 @@ from broker.services.leases import lease_lock, lease_transition, notice_create
 from broker.services.preferences import buyer_home_hub_set
 from broker.services.quotes import quote_create
 from core.errors import ConflictError
-from core.models import Organisation
+from core.models import Membership, Organisation
 from core.types import Actor
 from federation.models import Cluster, ClusterStatus
 from federation.services import cluster_status_set
@@ -55,7 +57,20 @@ BROKER_ADMINS = sorted(
     key=lambda model: model._meta.label,
 )
 INLINE_ONLY = {CapacityHold}
-READ_ONLY = [Job, Quote, Lease, LeaseTransition, LeaseEventDelivery, BuyerNotice]
+READ_ONLY = [
+    Job,
+    Quote,
+    Lease,
+    LeaseTransition,
+    LeaseEventDelivery,
+    BuyerNotice,
+    Budget,
+    BudgetHold,
+    BudgetAlert,
+    BudgetBreach,
+    LeaseOrigin,
+    BuyerEndpoint,
+]
 BIG_TABLES = [Job, Quote, Lease, LeaseTransition, LeaseEventDelivery, BuyerNotice]
 
 
@@ -91,6 +106,35 @@ def _grow(buyer: Organisation, clusters: list[Cluster], count: int, *, offset: i
     return leases
 
 
+def _budget_world(buyer: Organisation) -> Budget:
+    from broker.budgets.selectors import BudgetStatus
+    from broker.budgets.services import BudgetInput, _alert_raise, budget_create, buyer_endpoint_set
+
+    owner = UserFactory(username="budget-owner")
+    Membership.objects.create(organisation=buyer, user=owner, role=Membership.Role.OWNER)
+    actor = Actor(organisation=buyer, user=owner)
+    budget = budget_create(
+        buyer=buyer,
+        data=BudgetInput(
+            name="Acme monthly", scope="organisation", soft_amount=Decimal("100"), hard_cap=Decimal("90000")
+        ),
+        actor=actor,
+    )
+    now = timezone.now()
+    _alert_raise(
+        status=BudgetStatus(budget=budget, period_key="2026-01", spent=Decimal("60.00"), held=Decimal(0)),
+        kind="threshold",
+        percent=50,
+        limit=Decimal("100.00"),
+        now=now,
+    )
+    BudgetBreach.objects.create(
+        budget=budget, period_key="2026-01", raised_at=now, cleared_at=now, spent=Decimal(1), cap=Decimal(1)
+    )
+    buyer_endpoint_set(buyer=buyer, url="https://alerts.example.com/hook", actor=actor)
+    return budget
+
+
 class World:
     def __init__(self, buyer: Organisation, east: Cluster, west: Cluster) -> None:
         self.buyer = buyer
@@ -102,6 +146,9 @@ class World:
             )
             for cluster in (east, west)
         }
+        # Budgets (broker.budgets): a budget before the leases so they hold against it, an alert, a breach
+        # and the buyer's alert endpoint.
+        self.budget = _budget_world(buyer)
         # 0: reserved on east, 1: running on west (so both operators have history and deliveries).
         self.leases = _grow(buyer, [east, west], 2)
         self.preference = buyer_home_hub_set(buyer=buyer, hub_code="yrd", actor=SYSTEM)
@@ -146,6 +193,9 @@ def test_changelist_queries_do_not_grow_with_rows(
         for slug in ["gds", "cmcc", "ecloud", "ucloud"]:
             operator = OperatorFactory(slug=slug, name=slug)
             dispatch.operator_endpoint_secret_rotate(operator=operator, actor=SYSTEM)
+    if model in (Budget, BudgetAlert, BudgetBreach, BuyerEndpoint):
+        for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
+            _budget_world(BuyerFactory(slug=slug, name=slug))
     if model is BuyerPreference:
         for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
             buyer_home_hub_set(buyer=BuyerFactory(slug=slug, name=slug), hub_code="nx", actor=SYSTEM)

@@ -50,7 +50,9 @@ def cap(buyer: Organisation, amount: Decimal | str, **fields: object) -> object:
             hard_cap=Decimal(amount),
             **fields,  # type: ignore[arg-type]
         ),
-        actor=owner_of(buyer) if not Membership.objects.filter(organisation=buyer).exists() else _owner(buyer),
+        actor=owner_of(buyer)
+        if not Membership.objects.filter(organisation=buyer).exists()
+        else _owner(buyer),
     )
 
 
@@ -140,7 +142,9 @@ def test_member_and_token_budgets_count_only_their_own_acceptances(
     MembershipFactory(organisation=funded_buyer, user=member, role=Membership.Role.MEMBER)
     mine = budget_create(
         buyer=funded_buyer,
-        data=BudgetInput(name="Mike", scope=BudgetScope.MEMBER, user_id=member.pk, soft_amount=Decimal("500")),
+        data=BudgetInput(
+            name="Mike", scope=BudgetScope.MEMBER, user_id=member.pk, soft_amount=Decimal("500")
+        ),
         actor=manager,
     )
     assert not BudgetHold.objects.filter(budget=mine).exists()
@@ -170,7 +174,9 @@ def test_posted_spend_reaching_a_cap_stops_the_scopes_running_leases_once(
     budget = cap(funded_buyer, "10.00", name="Capped job", scope=BudgetScope.JOB, job_id=capped_job.pk)
     leases = []
     for job, island in ((capped_job, "isl-01"), (other_job, "isl-02")):
-        lease = make_lease(job=job, cluster=east_cluster, start_at=start, end_at=start + timedelta(hours=4), island=island)
+        lease = make_lease(
+            job=job, cluster=east_cluster, start_at=start, end_at=start + timedelta(hours=4), island=island
+        )
         leases.append(dispatch.lease_start(operator=east_operator, lease_id=lease.pk, actor=SYSTEM, at=start))
     capped, other = leases
     assert dispatch.leases_stop_over_cap() == 0  # nothing posted yet
@@ -186,7 +192,10 @@ def test_posted_spend_reaching_a_cap_stops_the_scopes_running_leases_once(
                 "cards": 8,
             }
         ]
-        assert operator_api.post("/api/v1/operator/usage", {"records": records}, format="json").status_code == 201
+        assert (
+            operator_api.post("/api/v1/operator/usage", {"records": records}, format="json").status_code
+            == 201
+        )
     assert usage_rate_pending() == 2
 
     now = timezone.now().replace(microsecond=0)
@@ -225,7 +234,10 @@ def test_only_owners_admins_and_manager_tokens_set_budgets(funded_buyer: Organis
     MembershipFactory(organisation=funded_buyer, user=member, role=Membership.Role.MEMBER)
     plain, _ = api_token_create(organisation=funded_buyer, name="agent", scope="read_write")
     data = BudgetInput(name="x", scope="organisation", hard_cap=Decimal(1))
-    for actor in (Actor(organisation=funded_buyer, user=member), Actor(organisation=funded_buyer, token=plain)):
+    for actor in (
+        Actor(organisation=funded_buyer, user=member),
+        Actor(organisation=funded_buyer, token=plain),
+    ):
         with pytest.raises(NotABudgetManagerError):
             budget_create(buyer=funded_buyer, data=data, actor=actor)
     manager_token, _ = api_token_create(
@@ -282,7 +294,9 @@ def test_64_parallel_acceptances_never_exceed_one_cap(east_operator: Organisatio
     for thread in threads:
         thread.join()
     assert Counter(outcomes) == Counter({(201, "reserved"): 8, (409, "budget_cap_exceeded"): 56})
-    holds = list(BudgetHold.objects.filter(budget=budget, voided_at__isnull=True).values_list("amount", flat=True))
+    holds = list(
+        BudgetHold.objects.filter(budget=budget, voided_at__isnull=True).values_list("amount", flat=True)
+    )
     assert len(holds) == 8 == Lease.objects.count()
     assert sum(holds) == Decimal("80.00") <= Decimal("85.00")
     (status,) = budget_selectors.budget_status_list_for(buyer=buyer)
@@ -301,7 +315,9 @@ def test_the_budgets_api_reads_for_everyone_and_writes_for_managers(
     assert created.status_code == 201, created.json()
     budget = created.json()
     period = budget_selectors.month_key(at=timezone.now())
-    assert {k: budget[k] for k in ("scope", "soft_amount", "thresholds", "hard_cap", "period", "spent", "held")} == {
+    assert {
+        k: budget[k] for k in ("scope", "soft_amount", "thresholds", "hard_cap", "period", "spent", "held")
+    } == {
         "scope": "organisation",
         "soft_amount": "1000.00",
         "thresholds": [50, 80, 100],
@@ -323,7 +339,10 @@ def test_the_budgets_api_reads_for_everyone_and_writes_for_managers(
     updated = manager.put(
         f"/api/v1/budgets/{budget['id']}", {**body, "thresholds": [90], "hard_cap": None}, format="json"
     )
-    assert updated.status_code == 200 and (updated.json()["thresholds"], updated.json()["hard_cap"]) == ([90], None)
+    assert updated.status_code == 200 and (updated.json()["thresholds"], updated.json()["hard_cap"]) == (
+        [90],
+        None,
+    )
     # Another buyer sees nothing of it.
     stranger = token_client(BuyerFactory(slug="other"), can_manage_tokens=True)
     assert stranger.get(f"/api/v1/budgets/{budget['id']}").status_code == 404

@@ -58,7 +58,7 @@ def sh(day: int, hour: int, month: int = 3) -> datetime:
 class _Receiver(BaseHTTPRequestHandler):
     received: list[tuple[dict[str, str], bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((dict(self.headers.items()), body))
         self.send_response(204)
@@ -156,7 +156,11 @@ def test_a_month_crosses_50_80_and_100_percent_once_each(
     member_budget = budget_create(
         buyer=buyer,
         data=BudgetInput(
-            name="Mike", scope=BudgetScope.MEMBER, user_id=member.pk, soft_amount=Decimal("200"), thresholds=[25]
+            name="Mike",
+            scope=BudgetScope.MEMBER,
+            user_id=member.pk,
+            soft_amount=Decimal("200"),
+            thresholds=[25],
         ),
         actor=manager,
     )
@@ -166,7 +170,14 @@ def test_a_month_crosses_50_80_and_100_percent_once_each(
 
     lease = lease_by(member, buyer, world["cluster"])
     # Day by day: (day, card-hours that day, total CNY spent after it, alerts expected after it).
-    days = [(2, 2, 20, []), (3, 3, 50, [50]), (4, 2, 70, []), (9, 1, 80, [80]), (12, 1, 90, []), (20, 3, 120, [100])]
+    days = [
+        (2, 2, 20, []),
+        (3, 3, 50, [50]),
+        (4, 2, 70, []),
+        (9, 1, 80, [80]),
+        (12, 1, 90, []),
+        (20, 3, 120, [100]),
+    ]
     spent_total = Decimal(0)
     raised: list[int] = []
     for day, hours, total, expected in days:
@@ -195,7 +206,9 @@ def test_a_month_crosses_50_80_and_100_percent_once_each(
     assert (member_alert.percent, member_alert.spent) == (25, Decimal("50.00"))
 
     # One portal notice per alert, in the order they were raised.
-    notices = list(BuyerNotice.objects.filter(buyer=buyer, kind="budget_threshold").order_by("created_at", "id"))
+    notices = list(
+        BuyerNotice.objects.filter(buyer=buyer, kind="budget_threshold").order_by("created_at", "id")
+    )
     assert [n.message for n in notices] == [
         "Budget “Acme monthly” crossed 50 % of its 100.00 CNY soft budget for 2026-03: 50.00 CNY spent.",
         "Budget “Mike” crossed 25 % of its 200.00 CNY soft budget for 2026-03: 50.00 CNY spent.",
