@@ -24,7 +24,7 @@ from broker.budgets.models import Budget, BudgetAlert, BudgetAlertKind, BudgetSc
 from core.api.context import actor_from_request
 
 TAG_BUDGETS = "budgets"
-_ID = {"min_value": 1, "max_value": 2**63 - 1}
+_ID_MAX = 2**63 - 1
 
 
 class BudgetInput(serializers.Serializer):
@@ -35,9 +35,9 @@ class BudgetInput(serializers.Serializer):
         help_text="`organisation`, `member` (give `user_id`), `token` (give `token_id`), `job` (give `job_id`). "
         "A job's budget covers the job's whole life; the others one calendar month in the billing time zone.",
     )
-    user_id = serializers.IntegerField(required=False, allow_null=True, **_ID)
-    token_id = serializers.IntegerField(required=False, allow_null=True, **_ID)
-    job_id = serializers.IntegerField(required=False, allow_null=True, **_ID)
+    user_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
+    token_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
+    job_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
     soft_amount = serializers.DecimalField(
         max_digits=16,
         decimal_places=2,

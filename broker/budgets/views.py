@@ -26,7 +26,7 @@ ALERTS_PAGE_SIZE = 25
 
 
 def _portal(request: HttpRequest) -> PortalActor:
-    return request.portal  # type: ignore[attr-defined,no-any-return]
+    return request.portal  # type: ignore[attr-defined]
 
 
 def _input(form: BudgetForm) -> services.BudgetInput:

@@ -1150,7 +1150,9 @@ def _lease_stop_for_cap(*, lease_id: int, breach_id: int, now: datetime) -> bool
     lease = leases.lease_lock(lease_id=lease_id)
     if lease.state != LeaseState.RUNNING:
         return False
-    breach = BudgetBreach.objects.filter(pk=breach_id, cleared_at__isnull=True).select_related("budget").first()
+    breach = (
+        BudgetBreach.objects.filter(pk=breach_id, cleared_at__isnull=True).select_related("budget").first()
+    )
     if breach is None:  # the cap was raised since the lease was selected
         return False
     budget = breach.budget

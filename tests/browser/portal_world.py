@@ -212,7 +212,10 @@ def build_world() -> PortalWorld:
     budget = budget_create(
         buyer=buyer,
         data=BudgetInput(
-            name="acme-secret-budget", scope="organisation", soft_amount=Decimal("5000"), hard_cap=Decimal("8000")
+            name="acme-secret-budget",
+            scope="organisation",
+            soft_amount=Decimal("5000"),
+            hard_cap=Decimal("8000"),
         ),
         actor=Actor(organisation=buyer, user=users["alice"], can_write=True),
     )
