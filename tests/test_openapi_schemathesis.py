@@ -71,6 +71,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 from zoneinfo import ZoneInfo
@@ -93,6 +94,7 @@ from schemathesis.checks import (
 )
 from schemathesis.core.parameters import ParameterLocation
 
+from broker.budgets.models import Budget
 from broker.models import Job, Lease, Quote
 from broker.services.leases import lease_lock, lease_transition
 from broker.services.quotes import quote_create
@@ -162,6 +164,16 @@ BUYER_ONLY = {
     "leases_get",
     "leases_cancel",
     "notices_list",
+    "budgets_list",
+    "budgets_create",
+    "budgets_get",
+    "budgets_update",
+    "budgets_delete",
+    "budget_alerts_list",
+    "buyer_endpoint_get",
+    "buyer_endpoint_set",
+    "buyer_endpoint_secret_rotate",
+    "buyer_endpoint_secret_delete",
 }
 
 # Billing: March 2026 in Asia/Shanghai, used, rated and closed with the clock pinned.
@@ -190,6 +202,11 @@ POSITIVE_ACCEPTED_BY_OPERATION: dict[str, list[str]] = {
     "tariffs_create": ["400", "409"],
     "tariff_versions_create": ["400", "403", "409"],
     "tokens_create": ["403"],
+    # A budget's target (a member, a token, a job of the caller's), one budget per target, and a soft amount
+    # or a cap (budget_invalid); the alert endpoint's SSRF guard (endpoint_url_forbidden).
+    "budgets_create": ["400"],
+    "budgets_update": ["400"],
+    "buyer_endpoint_set": ["400"],
 }
 NEGATIVE_REJECTED = ["400", "401", "403", "404", "405", "406", "413", "415"]
 
@@ -242,6 +259,8 @@ class World:
     other_lease: Lease  # beta's, reserved on cmcc's cluster
     running_lease: Lease  # acme's on cucc's cluster, started an hour ago
     soon_lease: Lease  # acme's on cucc's cluster, reserved, starting in a minute
+    budget: Budget  # acme's organisation budget (soft amount only)
+    other_budget: Budget  # beta's
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
@@ -289,6 +308,7 @@ class World:
             "job_id": [self.job.pk, self.other_job.pk],
             "quote_id": [self.quote.pk],
             "lease_id": [self.lease.pk, self.other_lease.pk],
+            "budget_id": [self.budget.pk, self.other_budget.pk],
         }
 
 
@@ -331,7 +351,8 @@ def world(in_process_requests: None) -> Iterator[World]:
     other_token, _ = api_token_create(organisation=other_operator, name="other")
     _, platform_secret = api_token_create(organisation=platform, name="platform")
     buyer = BuyerFactory(slug="acme", name="Acme AI")
-    _, buyer_secret = api_token_create(organisation=buyer, name="acme")
+    # acme's token may manage tokens, so it also writes budgets (an owner's or administrator's right).
+    _, buyer_secret = api_token_create(organisation=buyer, name="acme", can_manage_tokens=True)
     own_tariff = tariff_create(
         owner=operator,
         code="own",
@@ -352,9 +373,22 @@ def world(in_process_requests: None) -> Iterator[World]:
         own_tariff_id=own_tariff.pk,
         **_closed_march(clusters=[cluster, other_cluster], buyer=buyer),
         **_broker_objects(cluster=cluster, other_cluster=other_cluster, buyer=buyer),
+        **_budget_objects(buyer=buyer),
     )
     yield _world
     _world = None
+
+
+def _budget_objects(*, buyer: Organisation) -> dict[str, Any]:
+    """acme's organisation budget (a soft amount only, so acceptances are never capped) and beta's."""
+    return {
+        "budget": Budget.objects.create(
+            buyer=buyer, name="acme monthly", soft_amount=Decimal("100000.00"), thresholds=[50, 80, 100]
+        ),
+        "other_budget": Budget.objects.create(
+            buyer=Organisation.objects.get(slug="beta"), name="beta monthly", hard_cap=Decimal("10.00")
+        ),
+    }
 
 
 def _preset_id(code: str) -> int:
@@ -979,6 +1013,62 @@ SCENARIOS = [
     Scenario("leases_cancel", 200, "own", lambda w: {"lease_id": w.lease.pk}, as_org="acme"),
     Scenario("leases_cancel", 404, "others", lambda w: {"lease_id": w.other_lease.pk}, as_org="acme"),
     Scenario("notices_list", 200, "buyer", as_org="acme"),
+    # Budgets: acme's (a manager token) and beta's.
+    Scenario("budgets_list", 200, "buyer", as_org="acme"),
+    Scenario(
+        "budgets_create",
+        201,
+        "job",
+        body=lambda w: {"name": "one job", "scope": "job", "job_id": w.job.pk, "hard_cap": "500.00"},
+        as_org="acme",
+    ),
+    Scenario(
+        "budgets_create",
+        400,
+        "second-for-the-organisation",
+        body=lambda w: {"name": "again", "hard_cap": "5"},
+        as_org="acme",
+    ),
+    Scenario("budgets_create", 403, "operator", body=lambda w: {"name": "x", "hard_cap": "5"}),
+    Scenario("budgets_get", 200, "own", lambda w: {"budget_id": w.budget.pk}, as_org="acme"),
+    Scenario("budgets_get", 404, "others", lambda w: {"budget_id": w.other_budget.pk}, as_org="acme"),
+    Scenario(
+        "budgets_update",
+        200,
+        "own",
+        lambda w: {"budget_id": w.budget.pk},
+        body=lambda w: {
+            "name": "acme monthly",
+            "soft_amount": "2000.00",
+            "thresholds": [75],
+            "hard_cap": None,
+        },
+        as_org="acme",
+    ),
+    Scenario(
+        "budgets_update",
+        404,
+        "others",
+        lambda w: {"budget_id": w.other_budget.pk},
+        body=lambda w: {"name": "mine now", "hard_cap": "1"},
+        as_org="acme",
+    ),
+    Scenario("budgets_delete", 204, "own", lambda w: {"budget_id": w.budget.pk}, as_org="acme"),
+    Scenario("budgets_delete", 404, "others", lambda w: {"budget_id": w.other_budget.pk}, as_org="acme"),
+    Scenario("budget_alerts_list", 200, "buyer", as_org="acme"),
+    Scenario("buyer_endpoint_get", 200, "buyer", as_org="acme"),
+    Scenario(
+        "buyer_endpoint_set",
+        200,
+        "public",
+        body=lambda w: {"url": "https://alerts.example.com/hook"},
+        as_org="acme",
+    ),
+    Scenario(
+        "buyer_endpoint_set", 400, "private", body=lambda w: {"url": "https://10.0.0.5/hook"}, as_org="acme"
+    ),
+    Scenario("buyer_endpoint_secret_rotate", 200, "buyer", as_org="acme"),
+    Scenario("buyer_endpoint_secret_delete", 204, "buyer", as_org="acme"),
     # Broker, operators' side: cucc's agent.
     Scenario("operator_leases_list", 200, "operator"),
     Scenario(

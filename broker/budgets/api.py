@@ -27,6 +27,16 @@ TAG_BUDGETS = "budgets"
 _ID_MAX = 2**63 - 1
 
 
+class _AmountField(serializers.DecimalField):
+    """A CNY amount; "" is refused (DRF would take it for null on a nullable field, which the schema's
+    pattern does not allow): null says "none"."""
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if isinstance(data, str) and not data.strip():
+            self.fail("invalid")
+        return super().validate_empty_values(data)
+
+
 class BudgetInput(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     scope = serializers.ChoiceField(
@@ -38,7 +48,7 @@ class BudgetInput(serializers.Serializer):
     user_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
     token_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
     job_id = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=_ID_MAX)
-    soft_amount = serializers.DecimalField(
+    soft_amount = _AmountField(
         max_digits=16,
         decimal_places=2,
         min_value=Decimal("0.01"),
@@ -53,7 +63,7 @@ class BudgetInput(serializers.Serializer):
         allow_null=True,
         help_text="Percentages of the soft amount that alert (once each per period). Default [50, 80, 100].",
     )
-    hard_cap = serializers.DecimalField(
+    hard_cap = _AmountField(
         max_digits=16,
         decimal_places=2,
         min_value=Decimal("0.00"),
