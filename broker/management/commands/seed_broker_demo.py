@@ -12,6 +12,10 @@ The demo buyer submits, through the same services as the API:
   islands of one cluster: quoted and accepted;
 - ``demo: inference burst`` — 4 cards, 10 ms budget from the Greater Bay Area, left open for the portal to
   quote.
+
+Before the jobs, the demo buyer gets an organisation budget (``Demo monthly``: 2,000 CNY soft with alerts at
+50/80/100 %, a 5,000 CNY hard cap), so the leases placed hold their expected cost against it and the Budgets
+page has something to show.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from broker.errors import CapacityTakenError, ClusterUnavailableError
+from broker.budgets.models import DEFAULT_THRESHOLDS, Budget
+from broker.errors import BudgetCapExceededError, CapacityTakenError, ClusterUnavailableError
 from broker.models import Job
 from broker.services.jobs import JobInput, job_create
 from broker.services.leases import lease_accept
@@ -94,6 +99,7 @@ class Command(BaseCommand):
             return
         actor = Actor(organisation=buyer, system_label="seed_broker_demo")
         now = timezone.now().replace(microsecond=0)
+        self._budget(buyer)
         placed = 0
         for data, place in _jobs(now):
             key = f"seed_broker_demo:job:{data.idempotency_key}"
@@ -109,10 +115,31 @@ class Command(BaseCommand):
             for quote in quote_create(job=job, limit=5).quotes:
                 try:
                     lease_accept(quote=quote, actor=actor)
-                except (CapacityTakenError, ClusterUnavailableError, InsufficientBalanceError):
+                except (
+                    CapacityTakenError,
+                    ClusterUnavailableError,
+                    InsufficientBalanceError,
+                    BudgetCapExceededError,
+                ):
                     continue
                 placed += 1
                 break
         self.stdout.write(
             f"Broker demo: {Job.objects.filter(buyer=buyer).count()} jobs, {placed} newly placed."
         )
+
+    def _budget(self, buyer: Organisation) -> None:
+        """The demo buyer's monthly budget, once. Written directly, as the platform (no person of the buyer's
+        acts here; the budget service asks for an owner or administrator)."""
+        key = "seed_broker_demo:budget:monthly"
+        if demo_record_exists(key=key) or Budget.objects.filter(buyer=buyer, scope="organisation").exists():
+            return
+        with transaction.atomic():
+            budget = Budget.objects.create(
+                buyer=buyer,
+                name="Demo monthly",
+                soft_amount=Decimal("2000.00"),
+                thresholds=DEFAULT_THRESHOLDS,
+                hard_cap=Decimal("5000.00"),
+            )
+            demo_record_add(key=key, obj=budget)
