@@ -249,3 +249,93 @@ def test_a_month_crosses_50_80_and_100_percent_once_each(
     assert budgets_evaluate(now=sh(2, 12, month=4)) == 0
     assert status_of(buyer, sh(2, 12, month=4))["organisation"].spent == Decimal("0.00")
     assert BudgetAlert.objects.count() == 4
+
+
+def test_a_hold_shrinks_as_usage_is_posted_and_is_voided_when_the_lease_ends(world: dict[str, Any]) -> None:
+    """TigerBeetle's pending transfer: 100 CNY held at acceptance, 30 CNY posted by rating leaves 70 held;
+    the lease's end voids the rest, and what was posted stays spent."""
+    from broker.budgets.models import BudgetHold
+    from broker.models import LeaseState
+    from broker.services.leases import lease_lock, lease_transition
+
+    buyer, owner = world["buyer"], world["owner"]
+    budget_create(
+        buyer=buyer,
+        data=BudgetInput(name="cap", scope=BudgetScope.ORGANISATION, hard_cap=Decimal("1000")),
+        actor=Actor(organisation=buyer, user=owner),
+    )
+    job = make_job(buyer=buyer, earliest_start_at=sh(1, 0), deadline_at=sh(1, 0, month=4))
+    cluster = world["cluster"]
+    with transaction.atomic():
+        lease = lease_create(
+            job=job,
+            cluster_id=cluster.pk,
+            allocation=[(cluster.islands.get().pk, 1)],
+            start_at=sh(1, 0),
+            end_at=sh(1, 0, month=4),
+            price_card_id=cluster.price_cards.get().pk,
+            expected_cost=Decimal("100.00"),
+            expected_draw=Decimal(0),
+            draw_class=cluster.accelerator.slug,
+            standard_card_factor=None,
+            actor=Actor(organisation=buyer, user=owner),
+            check_balance=False,
+        )
+    march = sh(10, 12)
+    assert (status_of(buyer, march)["organisation"].spent, status_of(buyer, march)["organisation"].held) == (
+        Decimal("0.00"),
+        Decimal("100.00"),
+    )
+    use(world, lease, 5, 3)  # 3 card-hours: 30 CNY posted
+    status = status_of(buyer, march)["organisation"]
+    assert (status.spent, status.held, status.remaining) == (
+        Decimal("30.00"),
+        Decimal("70.00"),
+        Decimal("900.00"),
+    )
+    with transaction.atomic():
+        locked = lease_lock(lease_id=lease.pk)
+        lease_transition(
+            lease=locked, to_state=LeaseState.INTERRUPTED, actor=Actor.system("test"), at=sh(6, 0)
+        )
+    assert BudgetHold.objects.get(lease=lease).voided_at == sh(6, 0)
+    status = status_of(buyer, march)["organisation"]
+    assert (status.spent, status.held) == (Decimal("30.00"), Decimal("0.00"))
+
+
+def test_a_failing_webhook_is_retried_with_backoff_and_the_email_is_not_sent_twice(
+    world: dict[str, Any], receiver: tuple[str, list[tuple[dict[str, str], bytes]]], settings: Any
+) -> None:
+    buyer, owner = world["buyer"], world["owner"]
+    manager = Actor(organisation=buyer, user=owner)
+    budget_create(
+        buyer=buyer,
+        data=BudgetInput(
+            name="Acme", scope=BudgetScope.ORGANISATION, soft_amount=Decimal("10"), thresholds=[100]
+        ),
+        actor=manager,
+    )
+    url, received = receiver
+    buyer_endpoint_set(buyer=buyer, url=url, actor=manager)
+    buyer_endpoint_secret_rotate(buyer=buyer, actor=manager)
+    lease = lease_by(owner, buyer, world["cluster"])
+    use(world, lease, 3, 1)
+    assert budgets_evaluate(now=sh(3, 21)) == 1
+    # The endpoint's address is refused at send time (the SSRF guard resolves and checks it again).
+    settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = False
+    assert budget_alerts_deliver_due(now=sh(3, 21)) == 0
+    alert = BudgetAlert.objects.get()
+    assert (alert.email_status, alert.webhook_status, alert.attempts) == (
+        DeliveryStatus.DELIVERED,
+        DeliveryStatus.PENDING,
+        1,
+    )
+    assert alert.last_error.startswith("webhook: refused:") and "loopback" in alert.last_error
+    assert alert.next_attempt_at == sh(3, 21) + timedelta(seconds=5)
+    assert budget_alerts_deliver_due(now=sh(3, 21) + timedelta(seconds=4)) == 0  # not due yet
+    assert BudgetAlert.objects.get().attempts == 1
+    settings.CARDHOUR_ENDPOINT_ALLOW_LOOPBACK = True
+    assert budget_alerts_deliver_due(now=sh(3, 21) + timedelta(seconds=5)) == 1
+    alert.refresh_from_db()
+    assert (alert.webhook_status, alert.attempts, alert.last_error) == (DeliveryStatus.DELIVERED, 2, "")
+    assert len(mail.outbox) == 1 and len(received) == 1
