@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -71,8 +72,6 @@ class BudgetHoldAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.action(description=gettext_lazy("Retry delivery now"))
 def _retry(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[BudgetAlert]) -> None:
-    from django.utils import timezone
-
     revived = queryset.filter(email_status=DeliveryStatus.GAVE_UP).update(email_status=DeliveryStatus.PENDING)
     revived += queryset.filter(webhook_status=DeliveryStatus.GAVE_UP).update(
         webhook_status=DeliveryStatus.PENDING

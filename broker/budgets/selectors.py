@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -251,8 +251,6 @@ def budgets_applicable(
 ) -> QuerySet[Budget]:
     """The buyer's enabled budgets that a lease of ``job_id`` accepted by ``user_id`` / ``token_id`` counts
     against: the organisation's, the job's, and the accepting member's or token's."""
-    from django.db.models import Q
-
     match = Q(scope=BudgetScope.ORGANISATION) | Q(scope=BudgetScope.JOB, job_id=job_id)
     if user_id is not None:
         match |= Q(scope=BudgetScope.MEMBER, user_id=user_id)

@@ -16,7 +16,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from broker.budgets import selectors as budget_selectors
-from broker.budgets.models import BudgetAlert, BudgetBreach, BudgetHold, BudgetScope, LeaseOrigin
+from broker.budgets.models import Budget, BudgetAlert, BudgetBreach, BudgetHold, BudgetScope, LeaseOrigin
 from broker.budgets.services import BudgetInput, budget_create, budget_update
 from broker.models import BuyerNotice, Lease, LeaseState, LeaseTransition
 from broker.services import dispatch
@@ -35,31 +35,30 @@ Client = Callable[..., APIClient]
 SYSTEM = Actor.system("test")
 
 
-def owner_of(buyer: Organisation) -> Actor:
-    user = UserFactory(username=f"owner-{buyer.slug}")
-    MembershipFactory(organisation=buyer, user=user, role=Membership.Role.OWNER)
-    return Actor(organisation=buyer, user=user)
+def _owner(buyer: Organisation) -> Actor:
+    """An owner of ``buyer`` (made on first use): who may set budgets."""
+    membership = Membership.objects.filter(organisation=buyer, role=Membership.Role.OWNER).first()
+    if membership is None:
+        membership = MembershipFactory(
+            organisation=buyer, user=UserFactory(username=f"owner-{buyer.slug}"), role=Membership.Role.OWNER
+        )
+    return Actor(organisation=buyer, user=membership.user)
 
 
-def cap(buyer: Organisation, amount: Decimal | str, **fields: object) -> object:
+def cap(
+    buyer: Organisation,
+    amount: Decimal | str,
+    *,
+    name: str = "cap",
+    scope: str = "organisation",
+    **target: int,
+) -> Budget:
+    """A budget with a hard cap of ``amount`` CNY, set by an owner."""
     return budget_create(
         buyer=buyer,
-        data=BudgetInput(
-            name=str(fields.pop("name", "cap")),
-            scope=str(fields.pop("scope", BudgetScope.ORGANISATION)),
-            hard_cap=Decimal(amount),
-            **fields,  # type: ignore[arg-type]
-        ),
-        actor=owner_of(buyer)
-        if not Membership.objects.filter(organisation=buyer).exists()
-        else _owner(buyer),
+        data=BudgetInput(name=name, scope=scope, hard_cap=Decimal(amount), **target),
+        actor=_owner(buyer),
     )
-
-
-def _owner(buyer: Organisation) -> Actor:
-    membership = Membership.objects.filter(organisation=buyer, role=Membership.Role.OWNER).first()
-    assert membership is not None
-    return Actor(organisation=buyer, user=membership.user)
 
 
 @pytest.mark.django_db
@@ -77,7 +76,7 @@ def test_a_hard_cap_refuses_an_acceptance_with_the_numbers_and_writes_nothing(
     period = budget_selectors.month_key(at=timezone.now())
     assert body["code"] == "budget_cap_exceeded"
     assert body["extra"] == {
-        "budget_id": budget.pk,  # type: ignore[attr-defined]
+        "budget_id": budget.pk,
         "scope": "organisation",
         "period": period,
         "cap": str(cost - Decimal("0.01")),
@@ -90,7 +89,7 @@ def test_a_hard_cap_refuses_an_acceptance_with_the_numbers_and_writes_nothing(
 
     # Room for one lease: it is accepted, and its expected cost is held against the cap.
     budget_update(
-        budget=budget,  # type: ignore[arg-type]
+        budget=budget,
         data=BudgetInput(name="Acme monthly", scope="organisation", hard_cap=cost * 3 / 2),
         actor=_owner(funded_buyer),
     )
@@ -121,7 +120,7 @@ def test_a_hard_cap_refuses_an_acceptance_with_the_numbers_and_writes_nothing(
 def test_member_and_token_budgets_count_only_their_own_acceptances(
     funded_buyer: Organisation, east_cluster: Cluster, token_client: Client
 ) -> None:
-    manager = owner_of(funded_buyer)
+    manager = _owner(funded_buyer)
     ci_token, ci_secret = api_token_create(organisation=funded_buyer, name="ci", scope="read_write")
     budget_create(
         buyer=funded_buyer,
@@ -203,7 +202,7 @@ def test_posted_spend_reaching_a_cap_stops_the_scopes_running_leases_once(
     capped.refresh_from_db()
     other.refresh_from_db()
     assert (capped.state, other.state) == (LeaseState.STOP_REQUESTED, LeaseState.RUNNING)
-    assert capped.reason.startswith(f"budget cap reached: budget {budget.pk} (job) at ")  # type: ignore[attr-defined]
+    assert capped.reason.startswith(f"budget cap reached: budget {budget.pk} (job) at ")
     transition = LeaseTransition.objects.filter(lease=capped).latest("id")
     assert (transition.to_state, transition.actor_label) == ("stop_requested", "broker: budget cap reached")
     breach = BudgetBreach.objects.get()
@@ -218,7 +217,7 @@ def test_posted_spend_reaching_a_cap_stops_the_scopes_running_leases_once(
     # A new acceptance in the job's scope is refused too: its posted spend is over the cap already.
     # Raising the cap above the spend clears the breach.
     budget_update(
-        budget=budget,  # type: ignore[arg-type]
+        budget=budget,
         data=BudgetInput(name="Capped job", scope="job", job_id=capped_job.pk, hard_cap=Decimal("10000")),
         actor=_owner(funded_buyer),
     )
