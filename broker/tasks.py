@@ -53,7 +53,7 @@ def usage_rate_on_arrival_request() -> None:
     try:
         if enforcement.usage_rating_request_mark():
             try:
-                usage_rate_on_arrival.delay()
+                usage_rate_on_arrival.apply_async(countdown=enforcement.RATING_COALESCE_SECONDS)
             except Exception:
                 enforcement.usage_rating_request_clear()  # so the next report tries again
                 raise
