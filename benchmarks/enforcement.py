@@ -451,6 +451,47 @@ def ingest(
     return result
 
 
+HOOK_SCRIPT = """
+import time, django
+django.setup()
+from broker import tasks
+from broker.services import enforcement
+from config.celery_app import app
+
+def cost(fn, n):
+    fn()
+    began = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - began) / n
+
+def queuing():
+    enforcement.usage_rating_request_clear()
+    tasks.usage_rate_on_arrival_request()
+
+enforcement.usage_rating_request_mark()
+waiting = cost(tasks.usage_rate_on_arrival_request, 2000)
+queued = cost(queuing, 200)
+enforcement.usage_rating_request_clear()
+app.control.purge()
+print(waiting, queued)
+"""
+
+
+def hook_cost(env: dict[str, str]) -> tuple[float, float]:
+    """CPU seconds of the arrival hook (broker.tasks.usage_rate_on_arrival_request) per report, in a process
+    with the server's settings, cache and broker: when a run is already waiting (one cache ``add``) and when
+    it queues one (the marker set, the task published)."""
+    out = subprocess.run(
+        [sys.executable, "-c", HOOK_SCRIPT],
+        env={**env, "DJANGO_LOG_LEVEL": "WARNING"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
 def pooled(phases: Sequence[Ingest]) -> Ingest:
     out = Ingest(label=phases[0].label)
     for phase in phases:
@@ -601,6 +642,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             reporter.close()
         polls = sum(agent.polls for agent in agents.values())
 
+        hook_waiting_s, hook_queuing_s = hook_cost(dict(servers.env))
         # Ingest, the two servers in turn (off, on, off, on…), each phase's figures pooled per setting.
         phases: dict[bool, list[Ingest]] = {False: [], True: []}
         for _ in range(args.rounds):
@@ -696,6 +738,19 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             for phase in (off, on)
         ],
     )
+    print(
+        f"the arrival hook itself (same settings, cache and broker, in a process of its own): "
+        f"{hook_waiting_s * 1e6:.0f} µs CPU per report when a run is already waiting (a cache add), "
+        f"{hook_queuing_s * 1e6:.0f} µs when it queues one (marker + publish); "
+        f"{(hook_waiting_s * on.requests + hook_queuing_s * on.runs) / max(on.records, 1) * 1e6:.1f} µs per "
+        "record at the on phase's mix"
+    )
+    for phase in (off, on):
+        total = phase.server_cpu_s + phase.worker_cpu_s + phase.postgres_cpu_s
+        print(
+            f"{phase.label}: {total / max(phase.records, 1) * 1e6:.0f} µs CPU per record, server + worker + "
+            f"PostgreSQL{' (its rating left for later)' if phase is off else ' (rating included)'}"
+        )
     if off.records and on.records and off.seconds and on.seconds:
         ratio = (on.records / on.seconds) / (off.records / off.seconds)
         print(f"ingest with arrival rating on / off: {ratio:.2f}× the records per second")
