@@ -1,8 +1,8 @@
 """Enforcement on arrival (issue 16): from the 2xx of a usage report that empties a buyer's packs to the
 operator's agent seeing its lease's stop request, on the production stack.
 
-    python -m benchmarks.enforcement               # 60 stops, 10 s of ingest with arrival rating off and on
-    python -m benchmarks.enforcement --quick       # 50 stops, 5 s of ingest each
+    python -m benchmarks.enforcement               # 60 stops; ingest 2 × 10 s with arrival rating off and on
+    python -m benchmarks.enforcement --quick       # 50 stops; ingest 1 × 5 s each
 
 On a throwaway PostgreSQL database, benchmarks.broker writes a small market (``--clusters`` clusters,
 ``--islands`` islands) with every lease running: ``--stops`` buyers each hold one lease (8 cards, started
@@ -20,12 +20,15 @@ from the arrival path, not from the minute's rating or the 10 s stop run.
    lease's ``stop_requested_at`` as the stop run stamped it (the same machine's clock). p50 / p99 / max and
    PASS/MISS against p99 ≤ 2 s; the CPU the worker, the web server and PostgreSQL spent over the phase, per
    stop; how many arrival runs the worker made (its log), against how many reports.
-2. **Ingest with arrival rating off, then on.** ``--clients`` closed-loop threads report minutes of the
-   funded leases in batches of ``--batch`` records for ``--seconds`` each, first against a server started with
-   ``CARDHOUR_RATING_ON_ARRIVAL=false``, then (after the stops) against the one with it on: records/s, p50 /
-   p99 per request, the server's CPU per record (the arrival hook's own cost: one cache ``add`` per request,
-   a publish when it sets the marker), the worker's CPU and runs (rating that the off phase leaves for the
-   minute's beat), and the backlog left unrated.
+2. **Ingest with arrival rating off and on.** ``--clients`` closed-loop threads report minutes of the funded
+   leases in batches of ``--batch`` records, ``--rounds`` × ``--seconds`` per setting, alternating between a
+   second server started with ``CARDHOUR_RATING_ON_ARRIVAL=false`` and the one with it on (each phase warmed
+   up first; what an off phase leaves unrated is rated between phases, outside the counts, as the minute's
+   beat would): records/s, p50 / p99 per request, the server's CPU per record, the worker's CPU and runs, and
+   CPU per record of server + worker + PostgreSQL. The arrival hook's own cost (one cache ``add`` per report,
+   a publish when it sets the marker) is measured apart, in a process with the server's settings, cache and
+   broker: on two shared cores the worker's rating competes with the server for CPU, which the phases' figures
+   show together with everything else a neighbour does.
 
 Baselines in the same run: ``/healthz`` on the same server (p50 / p99 and CPU per request) and the report's
 own latency. The minute's beat, for comparison, is not run: with it alone a stop waits for the next rating
@@ -351,30 +354,37 @@ class Ingest:
 
 
 class Minutes:
-    """Usage records of the funded leases, a minute each, round-robin over the leases (so a batch names
-    many leases), never the same minute twice."""
+    """Usage records of the funded leases, a minute each, never the same minute twice: each batch is one
+    operator's (operators in turn), round-robin over its leases, so a batch names many leases."""
 
     def __init__(self, leases: Sequence[tuple[int, int, datetime, str]]) -> None:
-        self.leases = leases
-        self.next_minute = [0] * len(leases)
-        self.turn = 0
+        by_operator: dict[str, list[tuple[int, int, datetime]]] = {}
+        for lease, cards, start, operator in leases:
+            by_operator.setdefault(operator, []).append((lease, cards, start))
+        self.operators = sorted(by_operator)
+        self.leases = by_operator
+        self.next_minute = {lease: 0 for lease, _, _, _ in leases}
+        self.turn = {operator: 0 for operator in self.operators}
+        self.operator_turn = 0
         self.lock = threading.Lock()
         self.limit = int(FUNDED_PAST.total_seconds() // 60) - 1
 
-    def batches(self, size: int) -> dict[str, list[dict[str, object]]]:
-        """The next ``size`` records, grouped by the operator reporting them."""
-        out: dict[str, list[dict[str, object]]] = {}
+    def batch(self, size: int) -> tuple[str, list[dict[str, object]]]:
+        """The next operator and ``size`` records of its leases."""
+        records: list[dict[str, object]] = []
         with self.lock:
+            operator = self.operators[self.operator_turn % len(self.operators)]
+            self.operator_turn += 1
+            leases = self.leases[operator]
             for _ in range(size):
-                index = self.turn % len(self.leases)
-                self.turn += 1
-                minute = self.next_minute[index]
+                lease, cards, start = leases[self.turn[operator] % len(leases)]
+                self.turn[operator] += 1
+                minute = self.next_minute[lease]
                 if minute >= self.limit:
                     raise SystemExit("the funded leases ran out of minutes: use more --funded-leases")
-                self.next_minute[index] += 1
-                lease, cards, start, operator = self.leases[index]
+                self.next_minute[lease] += 1
                 begin = start + timedelta(minutes=minute)
-                out.setdefault(operator, []).append(
+                records.append(
                     {
                         "lease": lease,
                         "idempotency_key": f"ingest-{lease}-{minute}",
@@ -383,7 +393,7 @@ class Minutes:
                         "cards": cards,
                     }
                 )
-        return out
+        return operator, records
 
 
 def ingest(
@@ -404,9 +414,9 @@ def ingest(
     warm_until = time.monotonic() + min(2.0, seconds)
     warm = Http(port, tokens[next(iter(tokens))])
     while time.monotonic() < warm_until:  # a fresh server's first requests are not what is measured
-        for operator, records in minutes.batches(batch).items():
-            warm.token = tokens[operator]
-            warm.call("POST", "/api/v1/operator/usage", json.dumps({"records": records}).encode())
+        operator, records = minutes.batch(batch)
+        warm.token = tokens[operator]
+        warm.call("POST", "/api/v1/operator/usage", json.dumps({"records": records}).encode())
     warm.close()
     time.sleep(0.5)
     result = Ingest(label=label)
@@ -418,18 +428,18 @@ def ingest(
         conns = {op: Http(port, token) for op, token in tokens.items()}
         try:
             while time.monotonic() < stop_at:
-                for operator, records in minutes.batches(batch).items():
-                    body = json.dumps({"records": records}).encode()
-                    t0 = time.perf_counter()
-                    code, raw = conns[operator].call("POST", "/api/v1/operator/usage", body)
-                    took = time.perf_counter() - t0
-                    with lock:
-                        if code != 201:
-                            result.errors.append(f"usage: {code} {raw[:300]!r}")
-                            return
-                        result.requests += 1
-                        result.records += len(records)
-                        result.latencies.append(took)
+                operator, records = minutes.batch(batch)
+                body = json.dumps({"records": records}).encode()
+                t0 = time.perf_counter()
+                code, raw = conns[operator].call("POST", "/api/v1/operator/usage", body)
+                took = time.perf_counter() - t0
+                with lock:
+                    if code != 201:
+                        result.errors.append(f"usage: {code} {raw[:300]!r}")
+                        return
+                    result.requests += 1
+                    result.records += len(records)
+                    result.latencies.append(took)
         finally:
             for conn in conns.values():
                 conn.close()
