@@ -364,7 +364,7 @@ class Minutes:
         self.operators = sorted(by_operator)
         self.leases = by_operator
         self.next_minute = {lease: 0 for lease, _, _, _ in leases}
-        self.turn = {operator: 0 for operator in self.operators}
+        self.turn = dict.fromkeys(self.operators, 0)
         self.operator_turn = 0
         self.lock = threading.Lock()
         self.limit = int(FUNDED_PAST.total_seconds() // 60) - 1
