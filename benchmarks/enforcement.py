@@ -652,7 +652,6 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             reporter.close()
         polls = sum(agent.polls for agent in agents.values())
 
-        hook_waiting_s, hook_queuing_s = hook_cost(dict(servers.env))
         # Ingest, the two servers in turn (off, on, off, on…), each phase's figures pooled per setting.
         phases: dict[bool, list[Ingest]] = {False: [], True: []}
         for _ in range(args.rounds):
@@ -677,6 +676,8 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         servers.stop()
         servers_off.stop()
         worker.stop()
+    # With no worker left to take them: the runs it queues are purged, never run.
+    hook_waiting_s, hook_queuing_s = hook_cost(dict(servers.env))
     off, on = pooled(phases[False]), pooled(phases[True])
 
     from broker.models import Lease
