@@ -1,11 +1,11 @@
 """Enforcement on arrival (issue 16): from the 2xx of a usage report that empties a buyer's packs to the
 operator's agent seeing its lease's stop request, on the production stack.
 
-    python -m benchmarks.enforcement               # 60 stops; ingest 2 × 10 s with arrival rating off and on
-    python -m benchmarks.enforcement --quick       # 50 stops; ingest 1 × 5 s each
+    python -m benchmarks.enforcement               # 60 stops idle, 60 under load; ingest 2 × 10 s off and on
+    python -m benchmarks.enforcement --quick       # 50 + 50 stops; ingest 1 × 5 s each
 
 On a throwaway PostgreSQL database, benchmarks.broker writes a small market (``--clusters`` clusters,
-``--islands`` islands) with every lease running: ``--stops`` buyers each hold one lease (8 cards, started
+``--islands`` islands) with every lease running: ``--stops`` buyers (twice as many with the loaded phase) each hold one lease (8 cards, started
 two hours ago) and a pack of one card-hour of its chip; ``--funded-leases`` more leases belong
 to ``--funded-buyers`` buyers whose packs last the whole run. Then the production server (gunicorn + uvicorn
 workers, production settings: benchmarks.prodserver) and one Celery worker (``celery -A config worker``, the
@@ -19,7 +19,10 @@ from the arrival path, not from the minute's rating or the 10 s stop run.
    answer naming the lease as ``stop_requested`` is read; **accept → DB**, from the 2xx (wall clock) to the
    lease's ``stop_requested_at`` as the stop run stamped it (the same machine's clock). p50 / p99 / max and
    PASS/MISS against p99 ≤ 2 s; the CPU the worker, the web server and PostgreSQL spent over the phase, per
-   stop; how many arrival runs the worker made (its log), against how many reports.
+   stop; how many arrival runs the worker made (its log), against how many reports. Twice: **idle**, then
+   **under ingest load** (``--clients`` closed-loop threads reporting the funded leases' minutes on the same
+   server meanwhile, their records/s printed) with another ``--stops`` thin buyers; ``--no-loaded-stops``
+   skips the second.
 2. **Ingest with arrival rating off and on.** ``--clients`` closed-loop threads report minutes of the funded
    leases in batches of ``--batch`` records, ``--rounds`` × ``--seconds`` per setting, alternating between a
    second server started with ``CARDHOUR_RATING_ON_ARRIVAL=false`` and the one with it on (each phase warmed
