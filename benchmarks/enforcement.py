@@ -5,9 +5,9 @@ operator's agent seeing its lease's stop request, on the production stack.
     python -m benchmarks.enforcement --quick       # 50 + 50 stops; ingest 1 × 5 s each
 
 On a throwaway PostgreSQL database, benchmarks.broker writes a small market (``--clusters`` clusters,
-``--islands`` islands) with every lease running: ``--stops`` buyers (twice as many with the loaded phase) each hold one lease (8 cards, started
-two hours ago) and a pack of one card-hour of its chip; ``--funded-leases`` more leases belong
-to ``--funded-buyers`` buyers whose packs last the whole run. Then the production server (gunicorn + uvicorn
+``--islands`` islands) with every lease running: ``--stops`` buyers (twice as many with the loaded phase)
+each hold one lease (8 cards, started two hours ago) and a pack of one card-hour of its chip;
+``--funded-leases`` more leases belong to ``--funded-buyers`` buyers whose packs last the whole run. Then the production server (gunicorn + uvicorn
 workers, production settings: benchmarks.prodserver) and one Celery worker (``celery -A config worker``, the
 broker and the cache on Redis) run as the README deploys them — without beat, so every stop measured came
 from the arrival path, not from the minute's rating or the 10 s stop run.
