@@ -265,15 +265,18 @@ class Http:
             headers["Authorization"] = f"Bearer {self.token}"
         if body is not None:
             headers["Content-Type"] = "application/json"
+        # A keep-alive connection the server closed while it was idle fails on send, or answers nothing: the
+        # request is sent once more on a new connection (as benchmarks._common.JsonClient does); any other
+        # failure is an error.
         for attempt in range(2):
             try:
                 self.conn.request(method, path, body=body, headers=headers)
                 response = self.conn.getresponse()
                 return response.status, response.read()
-            except (ConnectionError, http.client.HTTPException):
+            except (ConnectionError, http.client.CannotSendRequest, http.client.RemoteDisconnected):
                 self.conn.close()
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
-                if attempt or method != "GET":
+                if attempt:
                     raise
         raise RuntimeError("unreachable")
 
