@@ -932,7 +932,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="skip the second stop phase, under ingest load",
     )
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between two stop reports")
-    parser.add_argument("--funded-leases", type=int, default=300)
+    parser.add_argument("--funded-leases", type=int, default=800)
     parser.add_argument("--funded-buyers", type=int, default=10)
     parser.add_argument("--clusters", type=int, default=100)
     parser.add_argument("--islands", type=int, default=1_000)
