@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from django.conf import settings
 from django.db import OperationalError
 
-from broker.services import dispatch, failover, quotes
+from broker.services import dispatch, enforcement, failover, quotes
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -23,8 +28,37 @@ def leases_fail_over() -> int:
     name="broker.leases_stop_exhausted", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
 )
 def leases_stop_exhausted() -> int:
-    """Ask operators to stop the running leases of buyers whose packs ran dry (every 10 s)."""
-    return dispatch.leases_stop_exhausted()
+    """Ask operators to stop the running leases of buyers whose packs ran dry (every 10 s): the safety net
+    of enforcement on arrival, so it stops everything flagged (dispatch.leases_stop_flagged)."""
+    return dispatch.leases_stop_flagged()
+
+
+@shared_task(
+    name="broker.usage_rate_on_arrival", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def usage_rate_on_arrival() -> int:
+    """Rate the pending usage and stop the leases of the buyers it flags (queued when usage is accepted, at
+    most one waiting at a time: broker.services.enforcement). Safe to run twice and beside the minute's
+    rating: a rated record is never claimed again, a lease asked to stop is not asked again."""
+    return enforcement.usage_rate_and_enforce().stopped
+
+
+def usage_rate_on_arrival_request() -> None:
+    """Queue usage_rate_on_arrival unless a run is already waiting; called once usage has been committed.
+
+    Never raises: the usage is stored whatever happens here, and if the cache or the Celery broker is
+    unreachable the minute's rating and the 10 s stop run enforce it instead."""
+    if not settings.CARDHOUR_RATING_ON_ARRIVAL:
+        return
+    try:
+        if enforcement.usage_rating_request_mark():
+            try:
+                usage_rate_on_arrival.apply_async(countdown=enforcement.RATING_COALESCE_SECONDS)
+            except Exception:
+                enforcement.usage_rating_request_clear()  # so the next report tries again
+                raise
+    except Exception:
+        logger.warning("could not queue rating on arrival; the minute's rating will rate it", exc_info=True)
 
 
 @shared_task(

@@ -14,7 +14,7 @@ import time
 from typing import Annotated, Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from typing_extensions import TypedDict
 
-from broker import selectors
+from broker import selectors, tasks
 from broker.models import Lease, LeaseState
 from broker.services import dispatch
 from broker.services.leases import LEASE_FEED_TOPIC, lease_feed_key
@@ -465,6 +465,9 @@ class OperatorUsageCreateApi(APIView):
         ]
         actor = actor_from_request(request)
         result = dispatch.lease_usage_report(operator=actor.organisation, records=records, actor=actor)
+        if result.created:
+            # Enforcement on arrival: rate what was stored and stop its buyer if it emptied the packs.
+            transaction.on_commit(tasks.usage_rate_on_arrival_request)
         body = {
             "created": result.created,
             "duplicates": result.duplicates,

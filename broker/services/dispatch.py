@@ -22,7 +22,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -789,7 +789,7 @@ def lease_usage_report(
 # --- Exhausted packs --------------------------------------------------------------------------------
 
 
-def leases_stop_exhausted(*, now: datetime | None = None) -> int:
+def leases_stop_exhausted(*, buyer_ids: Collection[int] | None = None, now: datetime | None = None) -> int:
     """Ask operators to stop the running leases of buyers whose packs ran dry; return how many.
 
     For every open metering exhaustion flag (a buyer, a chip class), the buyer's running leases on clusters
@@ -797,16 +797,25 @@ def leases_stop_exhausted(*, now: datetime | None = None) -> int:
     gets a ``packs_exhausted`` notice. Usage ending more than one reporting interval after the request is
     refused (see lease_usage_report), so no card-hour runs unpaid beyond it. Each lease is its own
     transaction; a lease already asked to stop is not touched again, so the task is safe to run twice.
-    Metering clears a flag when a pack of the class (or of standard cards) is credited.
+    Metering clears a flag when a pack of the class (or of standard cards) is credited. ``buyer_ids``
+    limits it to those buyers' leases.
     """
     now = now or timezone.now()
+    # From the open flags (few, by a partial index) to those buyers' running leases (by buyer and state), never
+    # a scan of every running lease: this runs after every rating on arrival, several times a second.
+    flags = BuyerExhaustion.objects.filter(cleared_at__isnull=True)
+    if buyer_ids is not None:
+        flags = flags.filter(buyer_id__in=buyer_ids)
+    flagged = set(flags.values_list("buyer_id", flat=True))
+    if not flagged:
+        return 0
     open_flag = BuyerExhaustion.objects.filter(
         cleared_at__isnull=True,
         buyer_id=OuterRef("buyer_id"),
         pack_class=OuterRef("cluster__accelerator__slug"),
     )
     lease_ids = list(
-        Lease.objects.filter(Exists(open_flag), state=LeaseState.RUNNING)
+        Lease.objects.filter(Exists(open_flag), buyer_id__in=flagged, state=LeaseState.RUNNING)
         .order_by("pk")
         .values_list("pk", flat=True)
     )
@@ -842,6 +851,18 @@ def _lease_stop_for_exhaustion(*, lease_id: int, now: datetime) -> bool:
         lease_id=lease.pk,
     )
     return True
+
+
+# --- Enforcement: stop what rating flagged ----------------------------------------------------------
+
+
+def leases_stop_flagged(*, buyer_ids: Collection[int] | None = None, now: datetime | None = None) -> int:
+    """Ask operators to stop every running lease that metering's rating flagged, whatever the reason; return
+    how many. Today one reason: the buyer's packs ran dry (leases_stop_exhausted). The one stop step of
+    enforcement, run right after each rating on arrival (broker.services.enforcement) and every 10 s as the
+    safety net (broker.tasks.leases_stop_exhausted). Idempotent; ``buyer_ids`` limits it to those buyers.
+    """
+    return leases_stop_exhausted(buyer_ids=buyer_ids, now=now)
 
 
 # --- Operator endpoint and lease events -------------------------------------------------------------

@@ -298,6 +298,10 @@ CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
 CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
 CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
 CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=20_000)
+# Rate usage as it arrives (a broker task queued after each accepted usage report, at most one waiting at a
+# time) and stop the leases of buyers it flags at once, so enforcement takes seconds, not the minute's beat.
+# Off: only the minute's rating and the 10 s stop run (the safety net either way).
+CARDHOUR_RATING_ON_ARRIVAL = env.bool("CARDHOUR_RATING_ON_ARRIVAL", default=True)
 # The platform's seller entity, printed on every invoice and settlement and frozen into it at issue.
 # Production sets the company's real details; left empty, statements name only "Cardhour".
 CARDHOUR_SELLER = {

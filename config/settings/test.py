@@ -31,6 +31,9 @@ STRIPE_PUBLISHABLE_KEY = "pk_test_cardhour_tests"
 STRIPE_WEBHOOK_SECRET = "whsec_cardhour_tests"  # noqa: S105
 STRIPE_API_BASE = "http://127.0.0.1:9"
 STRIPE_JS_URL = "http://127.0.0.1:9/js.stripe.com/v3/"
+# Off in tests: every test posting usage would otherwise queue an arrival task on the test broker (Redis in
+# CI), which a later integration test's worker would run. Tests of arrival rating turn it on themselves.
+CARDHOUR_RATING_ON_ARRIVAL = False
 # The matcher reloads its catalogue on every quote, so a test sees every change it makes at once.
 CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
 
