@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from broker.services import dispatch, failover, quotes
+from broker.services import dispatch, failover, quotes, sla
 
 
 @shared_task(
@@ -39,3 +39,12 @@ def lease_events_deliver() -> int:
 def quotes_purge() -> int:
     """Delete quotes that expired more than a day ago and were never accepted (hourly)."""
     return quotes.quotes_purge()
+
+
+@shared_task(
+    name="broker.leases_sla_assess", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def leases_sla_assess() -> int:
+    """Assess ended leases for SLA credits and issue the credit notes they earn (every 10 minutes). Safe to
+    run twice: a lease has one assessment, and a credit one transfer."""
+    return sla.leases_sla_assess_due()

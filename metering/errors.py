@@ -146,3 +146,7 @@ class StripeEventFailedError(DomainError):
 
     code = "stripe_event_failed"
     http_status = 500
+
+
+class SlaCreditDisputeDecidedError(ConflictError):
+    code = "sla_credit_dispute_decided"
