@@ -123,14 +123,19 @@ def sla_credit_reason(credit: SlaCredit) -> str:
         "lease": credit.lease_id,
         "cluster": credit.cluster.cpi,
         "availability": credit.availability_percent,
-        "level": credit.service_level_percent.normalize(),
+        "level": percent_text(credit.service_level_percent),
         "lost": _minutes(credit.lost_seconds),
         "counted": _minutes(
             credit.window_seconds - credit.excluded_buyer_seconds - credit.excluded_maintenance_seconds
         ),
-        "tier": credit.tier_below_percent.normalize(),
-        "credit": credit.credit_percent.normalize(),
+        "tier": percent_text(credit.tier_below_percent),
+        "credit": percent_text(credit.credit_percent),
     }
+
+
+def percent_text(value: Decimal) -> str:
+    """A percentage as people write it: 99.5, 90, 83.333 (no trailing zeros, no exponent)."""
+    return format(value.normalize(), "f")
 
 
 def _minutes(seconds: int) -> str:
