@@ -375,7 +375,7 @@ def test_a_dispute_is_decided_by_a_new_transfer_and_the_credit_note_is_never_edi
     assert reversal is not None and reversal.kind == TransferKind.SLA_CREDIT_REVERSAL
     assert reversal.pk != credit.transfer_id
     assert dict(reversal.entries.values_list("account__key", "amount")) == {k: -v for k, v in frozen[1]}
-    assert balances() == {key: value for key, value in before_credit.items()} | {
+    assert balances() == before_credit | {
         key: 0 for key in balances() if key not in before_credit
     }  # every account back where it was before the credit
     assert (
