@@ -150,3 +150,7 @@ class StripeEventFailedError(DomainError):
 
 class SlaCreditDisputeDecidedError(ConflictError):
     code = "sla_credit_dispute_decided"
+
+
+class SlaCreditNotFoundError(NotFoundError):
+    code = "sla_credit_not_found"
