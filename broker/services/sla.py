@@ -242,6 +242,7 @@ def lease_sla_assess(*, lease_id: int, now: datetime | None = None) -> SlaAssess
             excluded_buyer_seconds=attribution.excluded_buyer_seconds,
             excluded_maintenance_seconds=attribution.excluded_maintenance_seconds,
             availability_percent=availability,
+            intervals=attribution.as_json(),
             now=now,
         )
         if credit is not None:

@@ -58,6 +58,9 @@ class SlaCredit(models.Model):
         help_text=_("What the buyer gets back, micro-CNY: prepaid value of pack hours plus money.")
     )
     lines = models.JSONField(default=list)
+    # The attribution behind the figures, as ISO instants: {"lost": [[start, end], …], "excluded_buyer": […],
+    # "excluded_maintenance": […]} — what the credit-note page draws on the window's timeline.
+    intervals = models.JSONField(default=dict)
     transfer = models.OneToOneField(LedgerTransfer, on_delete=models.PROTECT, related_name="sla_credit")
     issued_at = models.DateTimeField()
 

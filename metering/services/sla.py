@@ -158,6 +158,7 @@ def sla_credit_issue(
     excluded_buyer_seconds: int,
     excluded_maintenance_seconds: int,
     availability_percent: Decimal,
+    intervals: dict[str, list[list[str]]] | None = None,
     now: datetime | None = None,
 ) -> SlaCredit | None:
     """Issue the credit note a lease's availability earns under its price card, exactly once per lease.
@@ -270,6 +271,7 @@ def sla_credit_issue(
                 credit_commission=credit_commission,
                 credit_buyer_value=credit_value,
                 lines=lines,
+                intervals=intervals or {},
                 transfer=transfer,
                 issued_at=now,
             )
