@@ -32,10 +32,15 @@ def sla_credit_list_for(*, organisation: Organisation, role: str | None = None) 
     )
 
 
-def sla_credit_get_for(*, organisation: Organisation, credit_id: int) -> SlaCredit:
-    """One note ``organisation`` is party to. Raises SlaCreditNotFoundError when it does not exist *or*
-    belongs to others (indistinguishable to the caller)."""
-    credit = sla_credit_list_for(organisation=organisation).filter(pk=credit_id).first()
+def sla_credit_get_for(*, organisation: Organisation, credit_id: int, role: str | None = None) -> SlaCredit:
+    """One note ``organisation`` is party to (in ``role``, if given). Raises SlaCreditNotFoundError when it
+    does not exist *or* belongs to others (indistinguishable to the caller)."""
+    credit = (
+        sla_credit_list_for(organisation=organisation, role=role)
+        .select_related("price_card")
+        .filter(pk=credit_id)
+        .first()
+    )
     if credit is None:
         raise SlaCreditNotFoundError(
             _("SLA credit %(id)s was not found.") % {"id": credit_id}, extra={"credit_id": credit_id}
