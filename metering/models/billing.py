@@ -164,10 +164,22 @@ class Settlement(models.Model):
 
 
 class SettlementLine(models.Model):
+    """A line of a settlement: usage of one cluster in one band (``kind`` usage), or an SLA credit note
+    debited from the operator (negative amounts) or its reversal after an accepted dispute (positive)."""
+
+    class Kind(models.TextChoices):
+        USAGE = "usage", _("Usage")
+        SLA_CREDIT = "sla_credit", _("SLA credit")
+        SLA_CREDIT_REVERSAL = "sla_credit_reversal", _("SLA credit reversed after a dispute")
+
     settlement = models.ForeignKey(Settlement, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.USAGE)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
-    band = models.CharField(max_length=16, choices=Band.choices)
+    band = models.CharField(max_length=16, choices=Band.choices, blank=True)
+    sla_credit = models.ForeignKey(
+        "metering.SlaCredit", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
     prior_period = models.BooleanField(default=False)
     card_seconds = models.BigIntegerField()
     gross = models.DecimalField(max_digits=14, decimal_places=2)

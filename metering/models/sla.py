@@ -63,6 +63,11 @@ class SlaCredit(models.Model):
     intervals = models.JSONField(default=dict)
     transfer = models.OneToOneField(LedgerTransfer, on_delete=models.PROTECT, related_name="sla_credit")
     issued_at = models.DateTimeField()
+    # The operator's settlement that states the debit (set once, at the close after the note, like a rated
+    # segment's settlement): an issued settlement never changes, so a note lands on the next one.
+    settlement = models.ForeignKey(
+        "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-issued_at", "-id"]
@@ -96,6 +101,10 @@ class SlaCreditDispute(models.Model):
     decided_at = models.DateTimeField()
     reversal_transfer = models.OneToOneField(
         LedgerTransfer, on_delete=models.PROTECT, null=True, blank=True, related_name="sla_credit_reversal"
+    )
+    # The settlement that states an accepted dispute's reversal (the operator gets the debit back).
+    settlement = models.ForeignKey(
+        "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
 
     class Meta:

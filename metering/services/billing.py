@@ -83,6 +83,8 @@ from metering.models import (
     RatedSegment,
     Settlement,
     SettlementLine,
+    SlaCredit,
+    SlaCreditDispute,
     UsageRecord,
 )
 from metering.services import statements
@@ -227,15 +229,30 @@ def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
 
 
 def billing_operators_to_settle(*, period_start: date) -> list[int]:
+    """Ids of the operators with anything not yet settled up to the end of the period: rated segments, SLA
+    credit notes against them, reversals of those notes."""
     _, end_at = billing_period_bounds(period_start=period_start)
-    return sorted(
-        _distinct(
-            _unsettled_segments(end_at=end_at)
-            .order_by()
-            .values_list("usage_record__operator_id", flat=True)
-            .distinct()
-        )
+    ids = _distinct(
+        _unsettled_segments(end_at=end_at)
+        .order_by()
+        .values_list("usage_record__operator_id", flat=True)
+        .distinct()
     )
+    ids |= _distinct(
+        SlaCredit.objects.filter(settlement__isnull=True, issued_at__lt=end_at)
+        .order_by()
+        .values_list("operator_id", flat=True)
+        .distinct()
+    )
+    ids |= _distinct(
+        SlaCreditDispute.objects.filter(
+            settlement__isnull=True, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+        )
+        .order_by()
+        .values_list("credit__operator_id", flat=True)
+        .distinct()
+    )
+    return sorted(ids)
 
 
 # --- Grouping segments into lines -------------------------------------------------------------------
@@ -678,6 +695,9 @@ def settlement_issue(
                 payable=gross - commission,
             )
         )
+    lines.extend(
+        _sla_settlement_lines(settlement=settlement, operator=operator, end_at=end_at, seq=len(lines))
+    )
     SettlementLine.objects.bulk_create(lines)
     gross = sum((line.gross for line in lines), ZERO)
     commission = sum((line.commission for line in lines), ZERO)
@@ -696,6 +716,49 @@ def settlement_issue(
         "settlement %s issued: %d lines, payable %s", settlement.number, len(lines), settlement.payable
     )
     return settlement, True
+
+
+def _sla_settlement_lines(
+    *, settlement: Settlement, operator: Organisation, end_at: datetime, seq: int
+) -> list[SettlementLine]:
+    """Attach the SLA credit notes issued against the operator before ``end_at`` and not yet on a
+    settlement (and the reversals of accepted disputes), and state each as a line: a note debits the
+    operator its part of the credited charge (negative gross and commission, the platform giving back its
+    commission), a reversal credits it back. Attached with ``UPDATE … WHERE settlement IS NULL`` like the
+    segments, so each lands on exactly one settlement; an issued settlement is never changed."""
+    credits = SlaCredit.objects.filter(operator=operator, issued_at__lt=end_at)
+    credits.filter(settlement__isnull=True).update(settlement=settlement)
+    reversals = SlaCreditDispute.objects.filter(
+        credit__operator=operator, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+    )
+    reversals.filter(settlement__isnull=True).update(settlement=settlement)
+    stated: list[tuple[datetime, int, str, SlaCredit, int]] = [
+        (credit.issued_at, credit.pk, SettlementLine.Kind.SLA_CREDIT, credit, -1)
+        for credit in credits.filter(settlement=settlement)
+    ]
+    stated += [
+        (dispute.decided_at, dispute.credit_id, SettlementLine.Kind.SLA_CREDIT_REVERSAL, dispute.credit, 1)
+        for dispute in reversals.filter(settlement=settlement).select_related("credit")
+    ]
+    lines: list[SettlementLine] = []
+    for _at, _pk, kind, credit, sign in sorted(stated, key=lambda row: (row[0], row[1], row[2])):
+        gross = sign * micros_to_fen(credit.credit_gross)
+        commission = sign * micros_to_fen(credit.credit_commission)
+        lines.append(
+            SettlementLine(
+                settlement=settlement,
+                seq=seq + len(lines) + 1,
+                kind=kind,
+                cluster_id=credit.cluster_id,
+                band="",
+                sla_credit=credit,
+                card_seconds=0,
+                gross=gross,
+                commission=commission,
+                payable=gross - commission,
+            )
+        )
+    return lines
 
 
 # --- The close --------------------------------------------------------------------------------------
