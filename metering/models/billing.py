@@ -102,6 +102,8 @@ class InvoiceLine(models.Model):
         REFUND = "refund", _("Refund (credit)")
         ARREARS = "arrears", _("Card-hours used with no pack")
         ARREARS_PAID = "arrears_paid", _("Arrears settled from a new pack")
+        SLA_CREDIT = "sla_credit", _("SLA credit")
+        SLA_REVERSAL = "sla_reversal", _("SLA credit reversed after a dispute")
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
@@ -121,6 +123,9 @@ class InvoiceLine(models.Model):
     tax_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     arrears_settlement = models.ForeignKey(
         "ArrearsSettlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    sla_credit = models.ForeignKey(
+        "metering.SlaCredit", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
 
     class Meta:

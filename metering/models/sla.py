@@ -68,6 +68,10 @@ class SlaCredit(models.Model):
     settlement = models.ForeignKey(
         "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
+    # The buyer's invoice that states the credit (set once, at the close after the note).
+    invoice = models.ForeignKey(
+        "metering.Invoice", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-issued_at", "-id"]
@@ -102,9 +106,12 @@ class SlaCreditDispute(models.Model):
     reversal_transfer = models.OneToOneField(
         LedgerTransfer, on_delete=models.PROTECT, null=True, blank=True, related_name="sla_credit_reversal"
     )
-    # The settlement that states an accepted dispute's reversal (the operator gets the debit back).
+    # The settlement and the invoice that state an accepted dispute's reversal.
     settlement = models.ForeignKey(
         "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    invoice = models.ForeignKey(
+        "metering.Invoice", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
 
     class Meta:

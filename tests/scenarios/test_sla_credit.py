@@ -409,7 +409,7 @@ def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_o
 ) -> None:
     from datetime import date
 
-    from metering.models import Settlement, SettlementLine
+    from metering.models import Invoice, InvoiceLine, Settlement, SettlementLine
     from metering.services.billing import billing_close_period
 
     lease = running_lease(world, checkpointable=False)
@@ -437,6 +437,16 @@ def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_o
     # The payable stated equals what the ledger owes the operator (its earnings account, negative = owed).
     earnings = LedgerAccount.objects.get(key=f"operator_earnings:{world['east'].operator_id}")
     assert -earnings.balance == 21_600_000
+    # The buyer's invoice states the note too: the 18 CNY of prepaid value back (2 of the 4 card-hours).
+    invoice = Invoice.objects.get(buyer=world["buyer"], period_start=date(2026, 3, 1))
+    sla_lines = list(
+        invoice.lines.filter(kind=InvoiceLine.Kind.SLA_CREDIT).values_list(
+            "amount", "card_hours_drawn", "sla_credit"
+        )
+    )
+    assert sla_lines == [(Decimal("-18.00"), Decimal("-2.000000"), credit.pk)]
+    assert invoice.usage_value == Decimal("36.00") - Decimal("18.00")
+    assert invoice.amount_due == Decimal("0.00")
 
     sla_credit_dispute_decide(
         credit=credit, accepted=True, reason="agent fault", actor=STAFF, now=at(60 * 24 * 31)
@@ -447,4 +457,8 @@ def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_o
     april = Settlement.objects.get(operator=world["east"].operator, period_start=date(2026, 4, 1))
     assert list(april.lines.values_list("kind", "gross", "commission", "payable")) == [
         (SettlementLine.Kind.SLA_CREDIT_REVERSAL, Decimal("24.00"), Decimal("2.40"), Decimal("21.60"))
+    ]
+    april_invoice = Invoice.objects.get(buyer=world["buyer"], period_start=date(2026, 4, 1))
+    assert list(april_invoice.lines.values_list("kind", "amount")) == [
+        (InvoiceLine.Kind.SLA_REVERSAL, Decimal("18.00"))
     ]
