@@ -70,6 +70,7 @@ from broker.models import (
     LeaseTransition,
     OperatorEndpoint,
     Quote,
+    SlaAssessment,
 )
 from broker.services import dispatch
 from core.admin_tools import (
@@ -1436,3 +1437,21 @@ class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 # Budgets and caps register their own admins (broker/budgets/admin.py).
 from broker.budgets import admin as _budgets_admin  # noqa: E402, F401
+@admin.register(SlaAssessment)
+class SlaAssessmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """One row per ended lease whose card states a service level: what was lost, what was excluded, and
+    whether a credit note followed (broker.services.sla)."""
+
+    list_display = [
+        "lease",
+        "assessed_at",
+        "outcome",
+        "availability_percent",
+        "lost_seconds",
+        "excluded_buyer_seconds",
+        "excluded_maintenance_seconds",
+        "credit",
+    ]
+    list_filter = ["outcome", "assessed_at"]
+    search_fields = ["lease__id"]
+    list_select_related = ["lease", "credit"]

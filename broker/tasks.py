@@ -9,7 +9,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import OperationalError
 
-from broker.services import dispatch, enforcement, failover, quotes
+from broker.services import dispatch, enforcement, failover, quotes, sla
 
 logger = logging.getLogger(__name__)
 
@@ -96,3 +96,10 @@ def budget_alerts_deliver(alert_ids: list[int] | None = None) -> int:
     from broker.budgets.services import budget_alerts_deliver_due
 
     return budget_alerts_deliver_due(alert_ids=alert_ids)
+@shared_task(
+    name="broker.leases_sla_assess", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def leases_sla_assess() -> int:
+    """Assess ended leases for SLA credits and issue the credit notes they earn (every 10 minutes). Safe to
+    run twice: a lease has one assessment, and a credit one transfer."""
+    return sla.leases_sla_assess_due()
