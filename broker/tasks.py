@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from broker.services import dispatch, failover, quotes
+from broker.services import dispatch, failover, quotes, reliability
 
 
 @shared_task(
@@ -39,3 +39,12 @@ def lease_events_deliver() -> int:
 def quotes_purge() -> int:
     """Delete quotes that expired more than a day ago and were never accepted (hourly)."""
     return quotes.quotes_purge()
+
+
+@shared_task(
+    name="broker.reliability_refresh", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def reliability_refresh() -> int:
+    """Recompute every cluster's reliability score over the last 30 days (hourly). Safe to run twice: each
+    run replaces the rows from scratch."""
+    return reliability.cluster_reliability_refresh()
