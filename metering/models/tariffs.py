@@ -141,6 +141,21 @@ class PriceCard(models.Model):
     currency = models.CharField(max_length=3, default="CNY")
     tariff_version = models.ForeignKey(TariffVersion, on_delete=models.PROTECT, related_name="price_cards")
     effective_from = models.DateTimeField()
+    # Service level and credit schedule (metering.sla): optional, immutable with the card like its price.
+    sla_availability_percent = models.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        help_text=_("Promised availability over a lease's window, in percent (e.g. 99.5)."),
+    )
+    sla_credit_schedule = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=_(
+            'Credit tiers from the highest threshold down: [{"below_percent": "99.5", "credit_percent": "10"}, …].'
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=200, blank=True)
 
@@ -152,6 +167,11 @@ class PriceCard(models.Model):
                 condition=Q(rate_per_card_hour__gte=0), name="price_card_rate_non_negative"
             ),
             models.CheckConstraint(condition=Q(currency="CNY"), name="price_card_currency_cny"),
+            models.CheckConstraint(
+                condition=Q(sla_availability_percent__isnull=True)
+                | Q(sla_availability_percent__gt=0, sla_availability_percent__lte=100),
+                name="price_card_sla_percent_range",
+            ),
         ]
         indexes = [models.Index(fields=["cluster", "-effective_from"], name="price_card_cluster_effective")]
 

@@ -30,6 +30,7 @@ from metering.errors import (
     TariffReadOnlyError,
 )
 from metering.models import PriceCard, Tariff, TariffVersion
+from metering.sla import SlaScheduleError, sla_schedule_as_json, sla_schedule_validate
 from metering.tariffs import PRESETS, TariffSpec, tariff_spec_validate
 
 # A client's clock may lag ours a little; "now" from its point of view is still accepted.
@@ -287,6 +288,8 @@ def price_card_set(
     rate_per_card_hour: Decimal,
     tariff: Tariff,
     effective_from: datetime | None = None,
+    sla_availability_percent: Decimal | str | None = None,
+    sla_credit_schedule: Any = None,
     actor: Actor,
 ) -> PriceCard:
     """Set a cluster's price: write its next price-card version (CNY per card-hour, with a tariff).
@@ -299,7 +302,9 @@ def price_card_set(
     ``tariff`` is a preset or the operator's own (otherwise TariffNotFoundError); the rate is ≥ 0 with at
     most four decimal places; effective_from (default now) is not in the past (a minute of clock skew
     allowed) and not before the cluster's newest card — at the same instant, the newer version wins, so a
-    scheduled price can be replaced before it starts.
+    scheduled price can be replaced before it starts. The optional service level and credit schedule follow
+    metering.sla's rules (a schedule needs a level; tiers monotone, 0–100); they are part of the version, so
+    a card without them promises nothing, and changing them is a new version like a new price.
 
     Raises ClusterNotFoundError, TariffNotFoundError, PriceCardInvalidError. Writes nothing on error.
     """
@@ -317,6 +322,15 @@ def price_card_set(
             _("rate_per_card_hour %(fault)s.") % {"fault": fault},
             extra={"fields": {"rate_per_card_hour": [fault]}},
         )
+    try:
+        sla_level, sla_tiers = sla_schedule_validate(
+            service_level_percent=sla_availability_percent, credit_schedule=sla_credit_schedule
+        )
+    except SlaScheduleError as exc:
+        raise PriceCardInvalidError(
+            str(exc),
+            extra={"fields": exc.fields},
+        ) from exc
     effective_from = effective_from or now
     _check_not_past(effective_from=effective_from, now=now, what=_("price card"), error=PriceCardInvalidError)
     # Lock the cluster row: price versions of one cluster are numbered one at a time, and this serialises
@@ -367,6 +381,8 @@ def price_card_set(
         currency="CNY",
         tariff_version=tariff_version,
         effective_from=effective_from,
+        sla_availability_percent=sla_level,
+        sla_credit_schedule=sla_schedule_as_json(sla_tiers),
         created_by=actor.label[:200],
     )
 
