@@ -44,6 +44,7 @@ from django.utils import timezone
 from broker.models import CapacityHold, ClusterReliability, LeaseTransition
 from federation.selectors import catalog_rows, heartbeat_report_ttl
 from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
+from metering.sla import SlaTier, sla_credit_fraction
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FABRICS = ("nvlink", "hccs", "infiniband", "roce", "pcie")
@@ -225,6 +226,26 @@ def _reliability(cluster_ids: list[int], prior_e3: int) -> tuple[np.ndarray, lis
     return e3, scores
 
 
+def _credit_fractions(prices: list[PriceCardRow | None], reliability_e3: np.ndarray) -> list[Decimal]:
+    """Per cluster: the fraction of a lease's charge its price card's credit schedule gives at the
+    cluster's reliability score taken as the expected availability (metering.sla; 0 without a schedule).
+    Once per catalogue load, a dictionary lookup per cluster: clusters share a handful of schedules."""
+    memo: dict[tuple[tuple[SlaTier, ...], int], Decimal] = {}
+    out = []
+    for price, e3 in zip(prices, reliability_e3.tolist(), strict=True):
+        if price is None or not price.sla_credit_schedule:
+            out.append(Decimal(0))
+            continue
+        key = (price.sla_credit_schedule, e3)
+        fraction = memo.get(key)
+        if fraction is None:
+            fraction = memo[key] = sla_credit_fraction(
+                schedule=price.sla_credit_schedule, availability=Decimal(e3) / 1000
+            )
+        out.append(fraction)
+    return out
+
+
 def _load_catalogue() -> Catalogue:
     rows = catalog_rows()
     prices = price_cards_in_force()
@@ -263,6 +284,7 @@ def _load_catalogue() -> Catalogue:
     withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
     prior_e3 = int(Decimal(settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT) * 1000)
     reliability_e3, scores = _reliability([row[0] for row in clusters], prior_e3)
+    credit = _credit_fractions(cluster_price, reliability_e3)
 
     return Catalogue(
         loaded_at=time.monotonic(),
@@ -303,6 +325,8 @@ def _load_catalogue() -> Catalogue:
         cluster_reliability_e3=reliability_e3,
         cluster_reliability=scores,
         prior_reliability_e3=prior_e3,
+        cluster_credit=credit,
+        cluster_credit_fraction=np.array([float(f) for f in credit], dtype=np.float64),
     )
 
 

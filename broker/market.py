@@ -302,7 +302,7 @@ class MarketReliability:
 def cluster_reliability_of(cluster: Cluster) -> MarketReliability:
     """``cluster``'s reliability from its joined score row (select_related), or the prior without one."""
     try:
-        row = cluster.reliability  # type: ignore[attr-defined]
+        row = cluster.reliability
     except ObjectDoesNotExist:
         row = None
     if row is None:
