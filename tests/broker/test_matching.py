@@ -198,7 +198,7 @@ def test_every_rejection_reason_is_counted(
         duration_seconds=7200,
     )
     memory = find(memory_job)
-    assert memory.rejections["memory"] == 8 and memory.rejections["chip"] == 0  # the L20 has 48 GB
+    assert memory.rejections["memory"] == 9 and memory.rejections["chip"] == 0  # the L20 has 48 GB
     # Too little TFLOPS is the chip's fault.
     assert (
         find(
@@ -210,7 +210,7 @@ def test_every_rejection_reason_is_counted(
                 duration_seconds=7200,
             )
         ).rejections["chip"]
-        == 8
+        == 9
     )  # the two offline ones count as offline
 
 
