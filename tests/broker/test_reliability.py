@@ -4,6 +4,7 @@ reason, the score on quotes (API), and ranking by cost less the expected SLA cre
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -171,9 +172,30 @@ def test_the_score_matches_a_hand_calculation_over_the_window(
 
 
 def test_the_refresh_is_an_hourly_beat(db: None) -> None:
-    task = PeriodicTask.objects.get(task="broker.reliability_refresh")
-    assert (task.interval.every, task.interval.period, task.enabled) == (3600, "seconds", True)
-    assert reliability_refresh.name == "broker.reliability_refresh"
+    """The migration is applied, and its forward step creates the hourly schedule once (run here on an
+    empty table: a transactional test's flush, kept by --reuse-db, may have removed the migrated row)."""
+    from django.apps import apps
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from config.celery_app import app as celery_app
+
+    migration = importlib.import_module("broker.migrations.0007_reliability")
+    assert MigrationRecorder(connection).migration_qs.filter(app="broker", name="0007_reliability").exists()
+    PeriodicTask.objects.filter(task="broker.reliability_refresh").delete()
+    migration.create_schedule(apps, None)
+    migration.create_schedule(apps, None)
+    task = PeriodicTask.objects.select_related("interval").get(task="broker.reliability_refresh")
+    assert (task.interval.every, task.interval.period, task.enabled, task.expire_seconds) == (
+        3600,
+        "seconds",
+        True,
+        3600,
+    )
+    celery_app.loader.import_default_modules()
+    assert reliability_refresh.name in celery_app.tasks
+    migration.remove_schedule(apps, None)
+    assert not PeriodicTask.objects.filter(task="broker.reliability_refresh").exists()
 
 
 def _job(buyer: Organisation, **overrides: object) -> Job:
