@@ -52,6 +52,7 @@ def test_the_job_form_takes_a_minimum_and_the_quotes_show_the_score(
     html = response.content.decode()
     assert "reliability 99.00 % (new — prior)" in html
     assert 'data-reason="reliability"' in html and "reliability score is below your minimum" in html
+    assert '<dd data-min-reliability="98.500">98.50&nbsp;%</dd>' in html
 
     bad = buyer_client.post("/jobs/new/", form_data(min_reliability="101", idempotency_key="form-2"))
     assert bad.status_code == 200
