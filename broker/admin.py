@@ -74,6 +74,7 @@ from broker.models import (
     LeaseTransition,
     OperatorEndpoint,
     Quote,
+    SlaAssessment,
 )
 from broker.services import dispatch, reliability
 from core.admin_tools import (
@@ -1476,3 +1477,23 @@ class ClusterReliabilityAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
         self.message_user(
             request, _("%(n)d reliability scores recomputed.") % {"n": count}, level=messages.SUCCESS
         )
+
+
+@admin.register(SlaAssessment)
+class SlaAssessmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """One row per ended lease whose card states a service level: what was lost, what was excluded, and
+    whether a credit note followed (broker.services.sla)."""
+
+    list_display = [
+        "lease",
+        "assessed_at",
+        "outcome",
+        "availability_percent",
+        "lost_seconds",
+        "excluded_buyer_seconds",
+        "excluded_maintenance_seconds",
+        "credit",
+    ]
+    list_filter = ["outcome", "assessed_at"]
+    search_fields = ["lease__id"]
+    list_select_related = ["lease", "credit"]

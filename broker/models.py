@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from core.models import Organisation
 from federation.models import Cluster, Hub, Island
-from metering.models import PriceCard
+from metering.models import PriceCard, SlaCredit
 
 
 class Gang(models.TextChoices):
@@ -409,3 +409,36 @@ class ClusterReliability(models.Model):
     def has_history(self) -> bool:
         """Whether anything was sold in the window; without it the score is the prior alone."""
         return self.sold_card_seconds > 0
+
+
+class SlaAssessment(models.Model):
+    """How much of a lease's window was lost to its operator, assessed once after the lease ended
+    (broker.services.sla): one row per lease whether or not it earned a credit, so it is never redone.
+
+    ``intervals`` keeps what the figures were computed from, in ISO instants:
+    ``{"lost": [[start, end], …], "excluded_buyer": […], "excluded_maintenance": […]}``."""
+
+    class Outcome(models.TextChoices):
+        CREDITED = "credited", _("Credit note issued")
+        WITHIN_LEVEL = "within_level", _("No credit: in no tier of the credit schedule")
+        NO_SCHEDULE = "no_schedule", _("No credit: the price card has no credit schedule")
+        NO_CHARGE = "no_charge", _("No credit: nothing was charged")
+
+    lease = models.OneToOneField(Lease, on_delete=models.PROTECT, related_name="sla_assessment")
+    assessed_at = models.DateTimeField()
+    window_seconds = models.BigIntegerField()
+    lost_seconds = models.BigIntegerField()
+    excluded_buyer_seconds = models.BigIntegerField()
+    excluded_maintenance_seconds = models.BigIntegerField()
+    availability_percent = models.DecimalField(max_digits=7, decimal_places=3)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    credit = models.OneToOneField(
+        SlaCredit, null=True, blank=True, on_delete=models.PROTECT, related_name="assessment"
+    )
+    intervals = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-assessed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"SLA assessment of lease {self.lease_id}: {self.outcome}"

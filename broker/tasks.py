@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from broker.services import dispatch, failover, quotes, reliability
+from broker.services import dispatch, failover, quotes, reliability, sla
 
 
 @shared_task(
@@ -48,3 +48,12 @@ def reliability_refresh() -> int:
     """Recompute every cluster's reliability score over the last 30 days (hourly). Safe to run twice: each
     run replaces the rows from scratch."""
     return reliability.cluster_reliability_refresh()
+
+
+@shared_task(
+    name="broker.leases_sla_assess", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def leases_sla_assess() -> int:
+    """Assess ended leases for SLA credits and issue the credit notes they earn (every 10 minutes). Safe to
+    run twice: a lease has one assessment, and a credit one transfer."""
+    return sla.leases_sla_assess_due()

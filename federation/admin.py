@@ -57,6 +57,7 @@ from federation import selectors, services
 from federation.models import (
     Accelerator,
     Cluster,
+    ClusterMaintenance,
     ClusterStatus,
     ClusterStatusChange,
     Health,
@@ -851,3 +852,28 @@ class ClusterStatusChangeAdmin(_WideChangelistMixin, _ReadOnlyAdminMixin, admin.
     @admin.display(description=gettext_lazy("Changed at"), ordering="changed_at")
     def changed(self, obj: ClusterStatusChange) -> SafeString:
         return format_html('<span style="white-space:nowrap">{}</span>', _local(obj.changed_at))
+
+
+@admin.register(ClusterMaintenance)
+class ClusterMaintenanceAdmin(_WideChangelistMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Maintenance operators announced (API ``/clusters/<cpi>/maintenance``): append-only, as recorded. It
+    excludes lost time from a lease's SLA only if announced CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS ahead and
+    before the lease was accepted."""
+
+    list_display = [
+        "cluster",
+        "starts_at",
+        "ends_at",
+        "announced_at",
+        "notice_hours",
+        "announced_by",
+        "reason",
+    ]
+    list_filter = ["starts_at"]
+    search_fields = ["cluster__cpi", "reason", "announced_by"]
+    list_select_related = ["cluster"]
+    date_hierarchy = "starts_at"
+
+    @admin.display(description=gettext_lazy("Notice (hours)"))
+    def notice_hours(self, obj: ClusterMaintenance) -> str:
+        return f"{(obj.starts_at - obj.announced_at).total_seconds() / 3600:.1f}"

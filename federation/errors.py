@@ -67,3 +67,7 @@ class LatencySourceNotOperatedError(PermissionDeniedError):
     """An operator's agent reported a latency from a hub where the operator runs no cluster."""
 
     code = "latency_source_not_operated"
+
+
+class MaintenanceInvalidError(InvalidInputError):
+    code = "maintenance_invalid"

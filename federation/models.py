@@ -283,3 +283,29 @@ class ClusterStatusChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class ClusterMaintenance(models.Model):
+    """Maintenance an operator announces for a cluster over ``[starts_at, ends_at)``.
+
+    Written once and never edited: ``announced_at`` is when the platform recorded it (never the operator's
+    say-so), so whether it was announced far enough ahead (``CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS`` before
+    it starts, and before a lease was accepted) is decided from the platform's own clock. SLA attribution
+    (broker.services.sla) excludes such windows from a lease's lost time."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="maintenance_windows")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    announced_at = models.DateTimeField()
+    reason = models.CharField(max_length=500)
+    announced_by = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["cluster_id", "starts_at", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="maintenance_window"),
+        ]
+        indexes = [models.Index(fields=["cluster", "starts_at"], name="maintenance_cluster_start")]
+
+    def __str__(self) -> str:
+        return f"maintenance of {self.cluster_id} [{self.starts_at}, {self.ends_at})"

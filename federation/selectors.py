@@ -24,7 +24,16 @@ from federation.errors import (
     IslandNotFoundError,
     UnknownAcceleratorError,
 )
-from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
+from federation.models import (
+    Accelerator,
+    Cluster,
+    ClusterMaintenance,
+    ClusterStatusChange,
+    Hub,
+    HubLatency,
+    Island,
+    StandardCard,
+)
 from federation.types import ChipSpec, ClusterDescription, IslandDescription, OperatorRef
 
 FACTOR_QUANTUM = Decimal("0.0001")
@@ -191,6 +200,54 @@ def island_list(*, cluster: Cluster) -> QuerySet[Island]:
 
 def cluster_status_history(*, cluster: Cluster) -> QuerySet[ClusterStatusChange]:
     return ClusterStatusChange.objects.filter(cluster=cluster).select_related("actor_user")
+
+
+DOWN_STATUSES = ("offline", "retired")
+
+
+def cluster_down_intervals(
+    *, cluster_id: int, start_at: datetime, end_at: datetime
+) -> list[tuple[datetime, datetime]]:
+    """The parts of ``[start_at, end_at)`` in which the cluster was offline or retired, from its status
+    history (half-open, merged, in order). A down status still in force at ``end_at`` runs to it."""
+    changes = list(
+        ClusterStatusChange.objects.filter(cluster_id=cluster_id, changed_at__lt=end_at)
+        .order_by("changed_at", "pk")
+        .values_list("changed_at", "to_status")
+    )
+    intervals: list[tuple[datetime, datetime]] = []
+    down_since: datetime | None = None
+    for changed_at, to_status in changes:
+        if to_status in DOWN_STATUSES:
+            if down_since is None:
+                down_since = changed_at
+        elif down_since is not None:
+            intervals.append((down_since, changed_at))
+            down_since = None
+    if down_since is not None:
+        intervals.append((down_since, end_at))
+    return [(max(a, start_at), min(b, end_at)) for a, b in intervals if b > start_at and a < end_at and b > a]
+
+
+def cluster_maintenance_list(*, cluster: Cluster) -> QuerySet[ClusterMaintenance]:
+    return ClusterMaintenance.objects.filter(cluster=cluster).order_by("-starts_at", "-pk")
+
+
+def cluster_maintenance_announced_ahead(
+    *, cluster_id: int, start_at: datetime, end_at: datetime, announced_by: datetime
+) -> list[tuple[datetime, datetime]]:
+    """Maintenance windows of the cluster overlapping ``[start_at, end_at)`` that were announced at least
+    CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS before they start and no later than ``announced_by`` (the moment
+    a lease was accepted), clipped to the range, in order."""
+    notice = timedelta(hours=settings.CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS)
+    rows = ClusterMaintenance.objects.filter(
+        cluster_id=cluster_id, starts_at__lt=end_at, ends_at__gt=start_at, announced_at__lte=announced_by
+    ).values_list("starts_at", "ends_at", "announced_at")
+    return sorted(
+        (max(starts, start_at), min(ends, end_at))
+        for starts, ends, announced in rows
+        if announced <= starts - notice
+    )
 
 
 # --- Resolution -----------------------------------------------------------------------------------

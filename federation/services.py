@@ -29,12 +29,14 @@ from federation.errors import (
     InvalidIdentifierError,
     InvalidStatusTransitionError,
     LatencySourceNotOperatedError,
+    MaintenanceInvalidError,
     UnknownHubError,
     UnknownIslandError,
 )
 from federation.models import (
     Accelerator,
     Cluster,
+    ClusterMaintenance,
     ClusterStatus,
     ClusterStatusChange,
     Fabric,
@@ -805,3 +807,49 @@ def hub_latency_record(
                 row.save(update_fields=["latency_ms", "origin", "measured_at", "updated_at"])
             touched[(source, target)] = row.pk
     return list(HubLatency.objects.select_related("source", "target").filter(pk__in=touched.values()))
+
+
+# A maintenance window longer than this is not maintenance: set the cluster draining or offline instead.
+MAINTENANCE_MAX_DAYS = 7
+
+
+@transaction.atomic
+def cluster_maintenance_announce(
+    *, actor: Actor, cluster: Cluster, starts_at: datetime, ends_at: datetime, reason: str
+) -> ClusterMaintenance:
+    """Record an operator's announcement of maintenance on ``cluster`` over ``[starts_at, ends_at)``.
+
+    ``announced_at`` is now, by the platform's clock. The window must start in the future (a past outage
+    cannot be announced after the fact), end after it starts and last at most MAINTENANCE_MAX_DAYS. An
+    announcement made less than CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS ahead is recorded but excludes no
+    lost time (the SLA attribution checks the notice). Raises MaintenanceInvalidError, ClusterRetiredError.
+    """
+    now = timezone.now()
+    cluster = _lock_cluster(cluster)
+    if cluster.status == ClusterStatus.RETIRED:
+        raise ClusterRetiredError(_retired_unchangeable(cluster.cpi), extra={"cpi": cluster.cpi})
+    fields: dict[str, list[str]] = {}
+    for name, value in (("starts_at", starts_at), ("ends_at", ends_at)):
+        if timezone.is_naive(value):
+            fields[name] = [_("Include a UTC offset.")]
+    if not fields:
+        if starts_at <= now:
+            fields["starts_at"] = [_("must be in the future")]
+        if ends_at <= starts_at:
+            fields["ends_at"] = [_("must be after starts_at")]
+        elif ends_at - starts_at > timedelta(days=MAINTENANCE_MAX_DAYS):
+            fields["ends_at"] = [_("at most %(days)d days after starts_at") % {"days": MAINTENANCE_MAX_DAYS}]
+    if not reason.strip():
+        fields["reason"] = [_("say what the maintenance is")]
+    if fields:
+        raise MaintenanceInvalidError(
+            _("The maintenance window is not valid."), extra={"fields": fields, "now": now.isoformat()}
+        )
+    return ClusterMaintenance.objects.create(
+        cluster=cluster,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        announced_at=now,
+        reason=reason.strip()[:500],
+        announced_by=actor.label[:200],
+    )

@@ -778,6 +778,21 @@ class PriceCardCreateForm(forms.Form):
         required=False,
         help_text=gettext_lazy("Empty: from now. Never in the past, never before the cluster's newest card."),
     )
+    sla_availability_percent = forms.DecimalField(
+        label=gettext_lazy("Service level (availability, %)"),
+        required=False,
+        max_digits=6,
+        decimal_places=3,
+        help_text=gettext_lazy("Optional, e.g. 99.5. Empty: the card promises nothing."),
+    )
+    sla_credit_schedule = forms.JSONField(
+        label=gettext_lazy("Credit schedule"),
+        required=False,
+        help_text=gettext_lazy(
+            'Optional tiers, e.g. [{"below_percent": "99.5", "credit_percent": "10"}, '
+            '{"below_percent": "99", "credit_percent": "25"}].'
+        ),
+    )
 
     def clean_cluster(self) -> Cluster:
         cpi = self.cleaned_data["cluster"].strip()
@@ -798,7 +813,7 @@ class PriceCardCreateForm(forms.Form):
 class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
     """Price cards are immutable versions; a new price is a new version through ``price_card_set``."""
 
-    list_display = ["cluster_cpi", "version", "rate", "tariff_version", "effective", "created_by"]
+    list_display = ["cluster_cpi", "version", "rate", "tariff_version", "sla", "effective", "created_by"]
     list_filter = [
         ("cluster__operator", admin.RelatedOnlyFieldListFilter),
         ("tariff_version__tariff", admin.RelatedOnlyFieldListFilter),
@@ -812,6 +827,8 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
         "rate",
         "tariff_version",
         "effective_from",
+        "sla_availability_percent",
+        "sla_credit_schedule",
         "created_by",
         "created_at",
         "usage_link",
@@ -835,6 +852,13 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
     def effective(self, obj: PriceCard) -> str:
         return _local(obj.effective_from)
 
+    @admin.display(description=gettext_lazy("Service level"), ordering="sla_availability_percent")
+    def sla(self, obj: PriceCard) -> str:
+        if obj.sla_availability_percent is None:
+            return "—"
+        tiers = ", ".join(f"<{t['below_percent']}→{t['credit_percent']}" for t in obj.sla_credit_schedule)
+        return f"{obj.sla_availability_percent.normalize():f} %" + (f" ({tiers})" if tiers else "")
+
     @admin.display(description=gettext_lazy("Usage"))
     def usage_link(self, obj: PriceCard) -> SafeString:
         return _link(_changelist_url(UsageRecord, price_card__id__exact=obj.pk), _("Usage priced with it →"))
@@ -855,6 +879,8 @@ class PriceCardAdmin(_ServiceFormMixin, admin.ModelAdmin):
                     rate_per_card_hour=data["rate_per_card_hour"],
                     tariff=data["tariff"],
                     effective_from=data["effective_from"],
+                    sla_availability_percent=data["sla_availability_percent"],
+                    sla_credit_schedule=data["sla_credit_schedule"],
                     actor=_staff_actor(request),
                 )
             except DomainError as exc:
@@ -2322,3 +2348,6 @@ class StatementDocumentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["sha256", "invoice__number", "settlement__number"]
     date_hierarchy = "rendered_at"
     fields = readonly_fields = ("invoice", "settlement", "media_type", "size", "sha256", "rendered_at")
+
+
+from metering import admin_sla  # noqa: E402,F401  (registers the SLA credit admin)

@@ -146,3 +146,11 @@ class StripeEventFailedError(DomainError):
 
     code = "stripe_event_failed"
     http_status = 500
+
+
+class SlaCreditDisputeDecidedError(ConflictError):
+    code = "sla_credit_dispute_decided"
+
+
+class SlaCreditNotFoundError(NotFoundError):
+    code = "sla_credit_not_found"

@@ -462,14 +462,18 @@ def _standard_factor(quote: Quote) -> Decimal | None:
 
 
 @transaction.atomic
-def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
+def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "", at: datetime | None = None) -> Lease:
     """The buyer cancels a lease. A reserved lease is cancelled and its cards released at once; a running
     one is asked to stop (stop_requested) and completes when the operator reports it stopped. Raises
     LeaseTransitionError for a lease already stopping or ended."""
     lease = lease_lock(lease_id=lease_id)
     if lease.state == LeaseState.RESERVED:
         lease_transition(
-            lease=lease, to_state=LeaseState.CANCELLED, actor=actor, reason=reason or "cancelled by the buyer"
+            lease=lease,
+            to_state=LeaseState.CANCELLED,
+            actor=actor,
+            reason=reason or "cancelled by the buyer",
+            at=at,
         )
     elif lease.state == LeaseState.RUNNING:
         lease_transition(
@@ -477,6 +481,7 @@ def lease_cancel(*, lease_id: int, actor: Actor, reason: str = "") -> Lease:
             to_state=LeaseState.STOP_REQUESTED,
             actor=actor,
             reason=reason or "cancelled by the buyer",
+            at=at,
         )
     else:
         raise LeaseTransitionError(

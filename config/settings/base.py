@@ -293,6 +293,11 @@ CARDHOUR_PLATFORM_COMMISSION = Decimal(env("CARDHOUR_PLATFORM_COMMISSION", defau
 # Usage reported this long after its end is still accepted; statements are in this zone's months.
 CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
 CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
+# SLA credits (issue 16 item 3): maintenance excludes lost time only when announced at least this long before
+# it starts (and before the lease was accepted); a lease is assessed this long after it ends, so the agent's
+# last usage is in and rated (the beat runs every 10 minutes: a credit note within the hour).
+CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS = env.int("CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS", default=24)
+CARDHOUR_SLA_ASSESS_DELAY_MINUTES = env.int("CARDHOUR_SLA_ASSESS_DELAY_MINUTES", default=15)
 CARDHOUR_USAGE_BATCH_MAX = env.int("CARDHOUR_USAGE_BATCH_MAX", default=10_000)
 CARDHOUR_RATING_BATCH_SIZE = env.int("CARDHOUR_RATING_BATCH_SIZE", default=20_000)
 # The platform's seller entity, printed on every invoice and settlement and frozen into it at issue.

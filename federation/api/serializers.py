@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from federation import selectors
-from federation.models import Accelerator, Cluster, ClusterStatusChange, Hub, HubLatency, Island, StandardCard
+from federation.models import (
+    Accelerator,
+    Cluster,
+    ClusterMaintenance,
+    ClusterStatusChange,
+    Hub,
+    HubLatency,
+    Island,
+    StandardCard,
+)
 
 
 class HubOutput(serializers.ModelSerializer):
@@ -141,6 +153,21 @@ class StatusChangeOutput(serializers.ModelSerializer):
     class Meta:
         model = ClusterStatusChange
         fields = ["from_status", "to_status", "changed_at", "actor", "reason"]
+
+
+class MaintenanceOutput(serializers.ModelSerializer):
+    notice_met = serializers.SerializerMethodField(
+        help_text="Whether it was announced at least CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS before it starts."
+    )
+
+    class Meta:
+        model = ClusterMaintenance
+        fields = ["id", "starts_at", "ends_at", "announced_at", "announced_by", "reason", "notice_met"]
+
+    def get_notice_met(self, obj: ClusterMaintenance) -> bool:
+        return obj.announced_at <= obj.starts_at - timedelta(
+            hours=settings.CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS
+        )
 
 
 # --- Resolution (built from federation.types dataclasses) ---------------------------------------

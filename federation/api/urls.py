@@ -18,6 +18,7 @@ urlpatterns = [
         views.ClusterStatusHistoryApi.as_view(),
         name="cluster-status-history",
     ),
+    path("clusters/<str:cpi>/maintenance", views.ClusterMaintenanceApi.as_view(), name="cluster-maintenance"),
     path("clusters/<str:cpi>/islands", views.IslandAddApi.as_view(), name="island-add"),
     path("clusters/<str:cpi>/islands/<str:name>", views.IslandUpdateApi.as_view(), name="island-update"),
     path("clusters/<str:cpi>/heartbeats", views.HeartbeatApi.as_view(), name="cluster-heartbeat"),

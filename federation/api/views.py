@@ -34,6 +34,7 @@ from federation.models import (
     REPORTABLE_HEALTH,
     Accelerator,
     Cluster,
+    ClusterMaintenance,
     ClusterStatus,
     ClusterStatusChange,
     Fabric,
@@ -385,6 +386,48 @@ class ClusterStatusHistoryApi(generics.ListAPIView):
     @extend_schema(operation_id="clusters_status_history", tags=[TAG_CLUSTERS])
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().get(request, *args, **kwargs)
+
+
+class ClusterMaintenanceApi(generics.ListAPIView):
+    """Maintenance you announced for one of your clusters, latest start first; POST announces a window.
+
+    Announced maintenance is excluded from the lost time of a lease's SLA (so no credit is owed for it) only
+    when it was announced at least CARDHOUR_SLA_MAINTENANCE_NOTICE_HOURS (24 h by default) before it starts
+    and before the lease was accepted; the platform's clock decides. An announcement is never edited."""
+
+    permission_classes = [IsOperator]
+    serializer_class = out.MaintenanceOutput
+    queryset = ClusterMaintenance.objects.none()  # for the schema; requests use get_queryset
+
+    class Input(serializers.Serializer):
+        starts_at = AwareDateTimeField(help_text="In the future, with an offset.")
+        ends_at = AwareDateTimeField(help_text="After starts_at; at most 7 days later.")
+        reason = serializers.CharField(
+            max_length=500, help_text="What the maintenance is, for buyers and staff."
+        )
+
+    def get_queryset(self) -> QuerySet[Any]:
+        operator = actor_from_request(self.request).organisation
+        cluster = selectors.cluster_get_for_operator(operator=operator, cpi=self.kwargs["cpi"])
+        return selectors.cluster_maintenance_list(cluster=cluster)
+
+    @extend_schema(operation_id="clusters_maintenance_list", tags=[TAG_CLUSTERS])
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="clusters_maintenance_announce",
+        request=Input,
+        responses={201: out.MaintenanceOutput},
+        tags=[TAG_CLUSTERS],
+    )
+    def post(self, request: Request, cpi: str) -> Response:
+        actor = actor_from_request(request)
+        cluster = selectors.cluster_get_for_operator(operator=actor.organisation, cpi=cpi)
+        data = self.Input(data=request.data)
+        data.is_valid(raise_exception=True)
+        window = services.cluster_maintenance_announce(actor=actor, cluster=cluster, **data.validated_data)
+        return Response(out.MaintenanceOutput(window).data, status=status.HTTP_201_CREATED)
 
 
 class IslandAddApi(APIView):

@@ -214,8 +214,26 @@ def _tariff_detail(tariff: Tariff) -> dict[str, Any]:
     return dict(TariffDetailOutput(tariff, context={"in_force_id": in_force.pk if in_force else None}).data)
 
 
+class SlaTierSerializer(serializers.Serializer):
+    below_percent = serializers.DecimalField(
+        max_digits=6, decimal_places=3, help_text="Availability strictly below this percent…"
+    )
+    credit_percent = serializers.DecimalField(
+        max_digits=6, decimal_places=3, help_text="…credits this percent of the lease's charge."
+    )
+
+
 class PriceCardOutput(serializers.ModelSerializer):
     cpi = serializers.CharField(source="cluster.cpi")
+    sla_availability_percent = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        allow_null=True,
+        help_text="Promised availability over a lease's window, percent; null = no promise.",
+    )
+    sla_credit_schedule = SlaTierSerializer(
+        many=True, help_text="Credit tiers, from the highest threshold down; empty = no credit."
+    )
     rate_per_card_hour = serializers.DecimalField(max_digits=12, decimal_places=4, help_text="CNY.")
     tariff_id = serializers.IntegerField(source="tariff_version.tariff_id")
     tariff_code = serializers.CharField(source="tariff_version.tariff.code")
@@ -234,6 +252,8 @@ class PriceCardOutput(serializers.ModelSerializer):
             "tariff_code",
             "tariff_version",
             "effective_from",
+            "sla_availability_percent",
+            "sla_credit_schedule",
             "created_at",
             "created_by",
         ]
@@ -438,6 +458,20 @@ class PriceCardListApi(generics.ListAPIView):
             allow_null=True,
             help_text="Default now; never in the past, never before the cluster's newest price card.",
         )
+        sla_availability_percent = serializers.DecimalField(
+            max_digits=6,
+            decimal_places=3,
+            required=False,
+            allow_null=True,
+            help_text="Optional service level: availability over a lease's window you promise, in percent "
+            "(above 0, at most 100). A new version without it promises nothing.",
+        )
+        sla_credit_schedule = SlaTierSerializer(
+            many=True,
+            required=False,
+            help_text="Optional credit tiers (needs a service level): availability below X % credits Y % of "
+            "the lease's charge; the lower the threshold, the larger the credit; no threshold above the level.",
+        )
 
     def get_queryset(self) -> QuerySet[PriceCard]:
         operator = actor_from_request(self.request).organisation
@@ -468,6 +502,8 @@ class PriceCardListApi(generics.ListAPIView):
             rate_per_card_hour=values["rate_per_card_hour"],
             tariff=tariff,
             effective_from=values.get("effective_from"),
+            sla_availability_percent=values.get("sla_availability_percent"),
+            sla_credit_schedule=[dict(tier) for tier in values.get("sla_credit_schedule") or []],
             actor=actor,
         )
         card = selectors.price_card_get(cluster=cluster, version=card.version)

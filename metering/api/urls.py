@@ -6,4 +6,5 @@ urlpatterns = [
     path("", include("metering.api.payments")),
     path("", include("metering.api.usage")),
     path("", include("metering.api.billing")),
+    path("", include("metering.api.sla")),
 ]

@@ -460,6 +460,26 @@ class PriceCardForm(forms.Form):
         widget=_DateTimeLocal(),
         help_text=gettext_lazy("Leave blank to take effect now. Never in the past."),
     )
+    sla_availability_percent = forms.DecimalField(
+        label=gettext_lazy("Service level (availability, %)"),
+        required=False,
+        max_digits=6,
+        decimal_places=3,
+        help_text=gettext_lazy(
+            "Optional: the availability over each lease's window you promise, e.g. 99.5. Leave blank to promise "
+            "nothing."
+        ),
+        widget=forms.NumberInput(attrs={"step": "0.001", "min": "0", "max": "100", "inputmode": "decimal"}),
+    )
+    sla_credit_schedule = forms.CharField(
+        label=gettext_lazy("Credit schedule"),
+        required=False,
+        max_length=300,
+        help_text=gettext_lazy(
+            "Optional tiers “availability below X % : credit Y % of the lease's charge”, separated by commas, "
+            "e.g. 99.5:10, 99:25, 90:50. Credits are issued automatically."
+        ),
+    )
 
     def __init__(self, *args: Any, tariffs: QuerySet[Tariff], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -472,6 +492,26 @@ class PriceCardForm(forms.Form):
         if value <= 0:
             raise forms.ValidationError(_("Enter a rate greater than 0."))
         return value
+
+    def clean_sla_credit_schedule(self) -> list[tuple[str, str]]:
+        """ "99.5:10, 99:25" → [("99.5", "10"), ("99", "25")]; the rules are checked by the service."""
+        text: str = self.cleaned_data["sla_credit_schedule"] or ""
+        tiers: list[tuple[str, str]] = []
+        for part in text.replace("；", ",").replace("，", ",").replace(";", ",").split(","):
+            part = part.strip().replace("%", "").replace("：", ":")
+            if not part:
+                continue
+            below, sep, credit = part.partition(":")
+            if not sep or not below.strip() or not credit.strip():
+                raise forms.ValidationError(
+                    _("Write each tier as “below : credit”, e.g. 99.5:10 (not %(part)r).") % {"part": part}
+                )
+            tiers.append((below.strip(), credit.strip()))
+        return tiers
+
+    @staticmethod
+    def schedule_text(schedule: list[dict[str, str]]) -> str:
+        return ", ".join(f"{tier['below_percent']}:{tier['credit_percent']}" for tier in schedule)
 
     def apply_error(self, exc: DomainError) -> None:
         """A price-card or tariff error beside the field it names (rate, tariff, start)."""

@@ -29,6 +29,7 @@ from metering.models.packs import (
     pack_class_key,
 )
 from metering.models.reconciliation import ReconciliationRun
+from metering.models.sla import SlaCredit, SlaCreditDispute
 from metering.models.tariffs import (
     ALL_MONTHS,
     ALL_WEEKDAYS,
@@ -68,6 +69,8 @@ __all__ = [
     "ReconciliationRun",
     "Settlement",
     "SettlementLine",
+    "SlaCredit",
+    "SlaCreditDispute",
     "StatementDocument",
     "StripeEvent",
     "Tariff",

@@ -69,6 +69,8 @@ class TransferKind(models.TextChoices):
     PACK_EXPIRY = "pack_expiry", _("Pack expiry")
     PACK_REFUND = "pack_refund", _("Pack refund")
     ARREARS_SETTLEMENT = "arrears_settlement", _("Arrears settled from a new pack")
+    SLA_CREDIT = "sla_credit", _("SLA credit")
+    SLA_CREDIT_REVERSAL = "sla_credit_reversal", _("SLA credit reversed after a dispute")
 
 
 class LedgerTransfer(models.Model):

@@ -438,6 +438,8 @@ def price_cards(request: HttpRequest, cpi: str) -> HttpResponse:
                     rate_per_card_hour=form.cleaned_data["rate_per_card_hour"],
                     tariff=form.cleaned_data["tariff"],
                     effective_from=form.cleaned_data["effective_from"],
+                    sla_availability_percent=form.cleaned_data["sla_availability_percent"],
+                    sla_credit_schedule=form.cleaned_data["sla_credit_schedule"],
                     actor=portal.actor,
                 )
             except (PriceCardInvalidError, TariffNotFoundError, ClusterNotFoundError) as exc:
@@ -460,6 +462,8 @@ def price_cards(request: HttpRequest, cpi: str) -> HttpResponse:
             initial = {
                 "rate_per_card_hour": current.rate_per_card_hour,
                 "tariff": current.tariff_version.tariff_id,
+                "sla_availability_percent": current.sla_availability_percent,
+                "sla_credit_schedule": PriceCardForm.schedule_text(current.sla_credit_schedule),
             }
         form = PriceCardForm(initial=initial, tariffs=tariffs)
     page = Paginator(selectors.price_card_history(cluster=cluster), PAGE_SIZE).get_page(

@@ -180,8 +180,8 @@ def test_the_refresh_is_an_hourly_beat(db: None) -> None:
 
     from config.celery_app import app as celery_app
 
-    migration = importlib.import_module("broker.migrations.0007_reliability")
-    assert MigrationRecorder(connection).migration_qs.filter(app="broker", name="0007_reliability").exists()
+    migration = importlib.import_module("broker.migrations.0008_reliability")
+    assert MigrationRecorder(connection).migration_qs.filter(app="broker", name="0008_reliability").exists()
     PeriodicTask.objects.filter(task="broker.reliability_refresh").delete()
     migration.create_schedule(apps, None)
     migration.create_schedule(apps, None)

@@ -112,7 +112,21 @@ def build_world() -> PortalWorld:
     cluster = make_cluster(
         operator=operator, hub="yrd", name="sh-ai01", islands=[("isl-01", 8), ("isl-02", 8)], site="Shanghai"
     )
-    make_price_card(cluster=cluster, rate="12.0000", tariff_code="cn-gd")
+    # ctyun promises 99.5 % availability, crediting 10 % of a lease's charge below it, 25 % below 99 %.
+    from metering.models import Tariff
+    from metering.services.tariffs import price_card_set
+
+    price_card_set(
+        cluster=cluster,
+        rate_per_card_hour=Decimal("12.0000"),
+        tariff=Tariff.objects.get(owner__isnull=True, code="cn-gd"),
+        sla_availability_percent=Decimal("99.5"),
+        sla_credit_schedule=[
+            {"below_percent": "99.5", "credit_percent": "10"},
+            {"below_percent": "99", "credit_percent": "25"},
+        ],
+        actor=Actor(organisation=operator, system_label="test"),
+    )
     other_cluster = make_cluster(operator=other_operator, hub="nx", name="zw-ai01", islands=[("isl-01", 32)])
     make_price_card(cluster=other_cluster, rate="9.0000", tariff_code="cn-nx")
 
@@ -186,6 +200,35 @@ def build_world() -> PortalWorld:
     billing_close_period(period_start=day.date().replace(day=1), now=now)
     invoice = Invoice.objects.get(buyer=buyer)
     settlement = Settlement.objects.get(operator=operator)
+    # An SLA credit note on that lease, as the assessment would issue it had 6 of its 240 minutes been lost
+    # (97.5 %: below 99 %, 25 % of the charge back).
+    from metering.services.sla import sla_credit_issue
+
+    sla_credit = sla_credit_issue(
+        lease_id=lease.pk,
+        reference=lease.reference,
+        buyer_id=buyer.pk,
+        operator_id=operator.pk,
+        cluster_id=cluster.pk,
+        price_card_id=lease.price_card_id,
+        window_start_at=start,
+        window_end_at=end,
+        window_seconds=4 * 3600,
+        lost_seconds=360,
+        excluded_buyer_seconds=0,
+        excluded_maintenance_seconds=0,
+        availability_percent=Decimal("97.500"),
+        intervals={
+            "lost": [
+                [
+                    (start + timedelta(hours=2)).isoformat(),
+                    (start + timedelta(hours=2, minutes=6)).isoformat(),
+                ]
+            ]
+        },
+        now=now,
+    )
+    assert sla_credit is not None
 
     # This month: a job with live quotes (and a lease accepted from one of them).
     quoted = make_job(buyer=buyer, name="acme-secret-finetune", accelerators=[A800], cards=8)
@@ -217,6 +260,7 @@ def build_world() -> PortalWorld:
         "live_lease": live_lease,
         "invoice": invoice,
         "settlement": settlement,
+        "sla_credit": sla_credit,
         "pack": pack,
         "pack_order": order,
         "tariff": tariff,
@@ -331,6 +375,7 @@ def world_kwargs(world: PortalWorld, pattern: PortalPattern) -> dict[str, Any]:
         "year": o["period"].year,
         "month": o["period"].month,
         "price_card_id": o["price_card"].pk,
+        "credit_id": o["sla_credit"].pk,
     }
     # ``pk`` (and ``id``) mean the object the page is about, read from its name (after any side prefix).
     operator_side = pattern.side == "operator"

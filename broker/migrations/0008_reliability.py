@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("django_celery_beat", "0019_alter_periodictasks_options"),
-        ('broker', '0006_job_quote_summary_cluster_pin_quote_alternatives'),
+        ('broker', '0007_sla_assessment'),
         ('core', '0005_demo_record'),
         ('federation', '0005_reference_data_with_sources'),
     ]
