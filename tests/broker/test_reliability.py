@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
+import numpy as np
 import pytest
 from django.test import override_settings
 from django.utils import timezone
@@ -16,12 +18,13 @@ from django_celery_beat.models import PeriodicTask
 from rest_framework.test import APIClient
 
 from broker.catalog import market
+from broker.matching import match
 from broker.models import ClusterReliability, Job, Lease, LeaseState
 from broker.services.dispatch import LeaseUsageInput, lease_usage_report
 from broker.services.failover import leases_fail_over
 from broker.services.jobs import job_spec
 from broker.services.leases import lease_transition
-from broker.services.quotes import placements_find, quote_create
+from broker.services.quotes import _tariff, placements_find, quote_create
 from broker.services.reliability import cluster_reliability_refresh
 from broker.tasks import reliability_refresh
 from core.models import Organisation
@@ -345,3 +348,38 @@ def test_ranking_by_cost_less_the_expected_credit_changes_the_order(
     stored = quote_create(job=_job(buyer, preference="adjusted"))
     assert stored.quotes[0].breakdown["expected_credit"] == "44.00"
     assert stored.quotes[0].breakdown["adjusted_cost"] == "132.00"
+
+
+def test_scores_reach_the_matcher_with_the_catalogue_not_per_quote(
+    buyer: Organisation, east_operator: Organisation, presets: None, settings: object
+) -> None:
+    """Issue 14: a quote adds no query for reliability. The scores are read once per catalogue load into
+    one array per cluster; a quote with a minimum and the adjusted preference reads the arrays only."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from broker.catalog import Market
+
+    cluster = make_cluster(operator=east_operator, hub="yrd", name="steady", islands=[("isl-01", 8)])
+    _sla_card(cluster, rate="10.0000")
+    make_reliability(cluster=cluster, percent="98.500")
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 60.0  # type: ignore[attr-defined]
+    fresh = Market()
+    catalogue, _ = fresh.view(start=0, end=1)
+    position = int(np.nonzero(catalogue.cluster_id == cluster.pk)[0][0])
+    assert int(catalogue.cluster_reliability_e3[position]) == 98_500
+    assert catalogue.cluster_credit[position] == Decimal("0.25")  # below 99 %: 25 % back
+    spec = replace(job_spec(job=_job(buyer, preference="adjusted")), min_reliability=Decimal("98"))
+    with CaptureQueriesContext(connection) as queries:
+        fresh.view(start=0, end=1)
+        result = match(
+            spec=spec,
+            catalogue=catalogue,
+            holds=fresh.holds.overlapping(0, 2**40),
+            now=timezone.now(),
+            step=900,
+            limit=5,
+            tariff_of=_tariff,
+        )
+    assert [p.cluster_id for p in result.placements] == [cluster.pk]
+    assert not [q["sql"] for q in queries.captured_queries if ClusterReliability._meta.db_table in q["sql"]]
