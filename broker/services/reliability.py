@@ -23,7 +23,8 @@ in card-seconds (the lease's cards × seconds, clipped to W):
   retired) or *failed* (the operator reported a failure) inside W, counted at the moment they ended. The
   rate is per 1,000 card-hours sold in W (null when nothing was sold).
 
-The score is ``(delivered + P·R) / (sold + P)`` in percent, rounded to 0.001 % (half even), where ``P`` is
+The score is ``(delivered + P·R) / (sold + P)`` in percent, rounded down to 0.001 % (so a minimum is
+never met by rounding up, and no score is shown above what was measured), where ``P`` is
 ``CARDHOUR_RELIABILITY_PRIOR_CARD_HOURS`` × 3600 card-seconds and ``R`` is
 ``CARDHOUR_RELIABILITY_PRIOR_PERCENT`` / 100: a Bayesian prior (a Beta prior on the delivered fraction,
 posterior mean), a platform choice and not an official figure. A cluster that sold nothing in W scores R.
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 from django.conf import settings
@@ -192,13 +193,13 @@ class Prior:
 
 
 def reliability_percent(*, sold_card_seconds: int, delivered_card_seconds: int, prior: Prior) -> Decimal:
-    """The posterior mean of the delivered fraction, in percent to 0.001 % (half even)."""
+    """The posterior mean of the delivered fraction, in percent, rounded down to 0.001 %."""
     prior_seconds = prior.card_hours * 3600
     denominator = sold_card_seconds + prior_seconds
     if denominator <= 0:
-        return prior.percent.quantize(_PERCENT, ROUND_HALF_EVEN)
+        return prior.percent.quantize(_PERCENT, ROUND_FLOOR)
     value = (delivered_card_seconds * 100 + prior_seconds * prior.percent) / denominator
-    return value.quantize(_PERCENT, ROUND_HALF_EVEN)
+    return value.quantize(_PERCENT, ROUND_FLOOR)
 
 
 def interruptions_per_1000_card_hours(*, interruptions: int, sold_card_seconds: int) -> Decimal | None:

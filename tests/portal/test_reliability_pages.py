@@ -24,7 +24,7 @@ def test_the_market_shows_each_score_and_new_clusters_as_the_prior(
     assert rows[west_cluster.cpi].interruptions_per_1000_card_hours == Decimal("3.000")
     assert (rows[east_cluster.cpi].percent, rows[east_cluster.cpi].prior) == (Decimal("99.000"), True)
     html = response.content.decode()
-    assert '<strong data-reliability="97.250">97.25&nbsp;%</strong>' in html
+    assert '<strong data-reliability="97.250">97.250&nbsp;%</strong>' in html
     assert "3.00 int. / 1,000 card-h" in html
     assert html.count('data-prior="1"') == 1 and "new — prior" in html
 
@@ -50,9 +50,9 @@ def test_the_job_form_takes_a_minimum_and_the_quotes_show_the_score(
     assert row.cluster == east_cluster.cpi
     assert (row.reliability.percent, row.reliability.prior) == (Decimal("99.000"), True)
     html = response.content.decode()
-    assert "reliability 99.00 % (new — prior)" in html
+    assert "reliability 99.000 % (new — prior)" in html
     assert 'data-reason="reliability"' in html and "reliability score is below your minimum" in html
-    assert '<dd data-min-reliability="98.500">98.50&nbsp;%</dd>' in html
+    assert '<dd data-min-reliability="98.500">98.500&nbsp;%</dd>' in html
 
     bad = buyer_client.post("/jobs/new/", form_data(min_reliability="101", idempotency_key="form-2"))
     assert bad.status_code == 200
