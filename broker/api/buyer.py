@@ -6,6 +6,7 @@ that is not a buyer 403 ``not_a_buyer``.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import django_filters
@@ -249,6 +250,8 @@ class JobListApi(generics.ListAPIView):
         min_reliability = serializers.DecimalField(
             max_digits=6,
             decimal_places=3,
+            min_value=Decimal(0),
+            max_value=Decimal(100),
             required=False,
             allow_null=True,
             help_text="The lowest reliability score accepted, in percent (e.g. `99.5`): a cluster scoring "
