@@ -48,7 +48,7 @@ from reportlab.pdfbase.ttfonts import TTFError, TTFont
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 from reportlab.platypus.flowables import Flowable
 
-from metering.models import Band, Invoice, InvoiceLine, Settlement
+from metering.models import Band, Invoice, InvoiceLine, Settlement, SettlementLine
 
 PLATFORM_NAME = "Cardhour"
 CSV_ENCODING = "utf-8-sig"
@@ -75,6 +75,13 @@ def csv_bytes(rows: Iterable[Sequence[Any]]) -> bytes:
 
 def _band(value: str) -> str:
     return _both(Band(value).label) if value else ""
+
+
+def _settlement_line_label(line: SettlementLine) -> str:
+    """A settlement line's band, or for an SLA credit note (or its reversal) what it is and the note."""
+    if line.kind == SettlementLine.Kind.USAGE:
+        return _band(line.band)
+    return f"{_both(SettlementLine.Kind(line.kind).label)} SLA-{line.sla_credit_id}"
 
 
 def _in(language: str, text: str | Promise) -> str:
@@ -157,7 +164,9 @@ def settlement_csv(*, settlement: Settlement) -> bytes:
                 settlement.number,
                 line.seq,
                 line.cluster.cpi,
-                line.band,
+                line.band
+                if line.kind == SettlementLine.Kind.USAGE
+                else f"{line.kind}:SLA-{line.sla_credit_id}",
                 "yes" if line.prior_period else "no",
                 line.card_seconds,
                 line.gross,
@@ -578,7 +587,7 @@ def settlement_pdf(*, settlement: Settlement, parties: dict[str, Any]) -> bytes:
             [
                 styles.para(line.seq, styles.normal),
                 styles.para(cluster, styles.normal),
-                styles.para(_band(line.band), styles.normal),
+                styles.para(_settlement_line_label(line), styles.normal),
                 styles.para(f"{line.card_seconds:,}", styles.right),
                 styles.para(_money(line.gross), styles.right),
                 styles.para(_money(line.commission), styles.right),

@@ -64,6 +64,14 @@ def fleet(operator: Organisation) -> list[Cluster]:
         actor=Actor(organisation=operator, user=owner.user), email="new@example.com", role="member"
     )
     demo_record_add(key=f"seed_demo:cluster:{a800.cpi}", obj=a800)
+    starts = timezone.now() + timedelta(days=2)
+    services.cluster_maintenance_announce(
+        actor=Actor(organisation=operator),
+        cluster=a800,
+        starts_at=starts,
+        ends_at=starts + timedelta(hours=2),
+        reason="firmware",
+    )
     return [a800, unknown_chip]
 
 

@@ -294,10 +294,24 @@ class InvoiceFapiaoCsvApi(_DownloadApi):
 
 class SettlementLineOutput(serializers.ModelSerializer):
     cluster = serializers.CharField(source="cluster.cpi")
+    sla_credit_id = serializers.IntegerField(
+        allow_null=True, help_text="The SLA credit note of an sla_credit / sla_credit_reversal line."
+    )
 
     class Meta:
         model = SettlementLine
-        fields = ["seq", "cluster", "band", "prior_period", "card_seconds", "gross", "commission", "payable"]
+        fields = [
+            "seq",
+            "kind",
+            "cluster",
+            "band",
+            "sla_credit_id",
+            "prior_period",
+            "card_seconds",
+            "gross",
+            "commission",
+            "payable",
+        ]
 
 
 class SettlementOutput(serializers.ModelSerializer):

@@ -102,6 +102,8 @@ class InvoiceLine(models.Model):
         REFUND = "refund", _("Refund (credit)")
         ARREARS = "arrears", _("Card-hours used with no pack")
         ARREARS_PAID = "arrears_paid", _("Arrears settled from a new pack")
+        SLA_CREDIT = "sla_credit", _("SLA credit")
+        SLA_REVERSAL = "sla_reversal", _("SLA credit reversed after a dispute")
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
@@ -121,6 +123,9 @@ class InvoiceLine(models.Model):
     tax_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
     arrears_settlement = models.ForeignKey(
         "ArrearsSettlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    sla_credit = models.ForeignKey(
+        "metering.SlaCredit", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
 
     class Meta:
@@ -164,10 +169,22 @@ class Settlement(models.Model):
 
 
 class SettlementLine(models.Model):
+    """A line of a settlement: usage of one cluster in one band (``kind`` usage), or an SLA credit note
+    debited from the operator (negative amounts) or its reversal after an accepted dispute (positive)."""
+
+    class Kind(models.TextChoices):
+        USAGE = "usage", _("Usage")
+        SLA_CREDIT = "sla_credit", _("SLA credit")
+        SLA_CREDIT_REVERSAL = "sla_credit_reversal", _("SLA credit reversed after a dispute")
+
     settlement = models.ForeignKey(Settlement, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.USAGE)
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
-    band = models.CharField(max_length=16, choices=Band.choices)
+    band = models.CharField(max_length=16, choices=Band.choices, blank=True)
+    sla_credit = models.ForeignKey(
+        "metering.SlaCredit", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
     prior_period = models.BooleanField(default=False)
     card_seconds = models.BigIntegerField()
     gross = models.DecimalField(max_digits=14, decimal_places=2)

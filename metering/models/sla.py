@@ -63,6 +63,15 @@ class SlaCredit(models.Model):
     intervals = models.JSONField(default=dict)
     transfer = models.OneToOneField(LedgerTransfer, on_delete=models.PROTECT, related_name="sla_credit")
     issued_at = models.DateTimeField()
+    # The operator's settlement that states the debit (set once, at the close after the note, like a rated
+    # segment's settlement): an issued settlement never changes, so a note lands on the next one.
+    settlement = models.ForeignKey(
+        "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    # The buyer's invoice that states the credit (set once, at the close after the note).
+    invoice = models.ForeignKey(
+        "metering.Invoice", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
 
     class Meta:
         ordering = ["-issued_at", "-id"]
@@ -96,6 +105,13 @@ class SlaCreditDispute(models.Model):
     decided_at = models.DateTimeField()
     reversal_transfer = models.OneToOneField(
         LedgerTransfer, on_delete=models.PROTECT, null=True, blank=True, related_name="sla_credit_reversal"
+    )
+    # The settlement and the invoice that state an accepted dispute's reversal.
+    settlement = models.ForeignKey(
+        "metering.Settlement", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    invoice = models.ForeignKey(
+        "metering.Invoice", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
 
     class Meta:

@@ -223,7 +223,8 @@ def _settled(settlement: Settlement) -> PeriodEarnings:
         EarningsLine(
             cluster_id=line.cluster_id,
             cpi=line.cluster.cpi,
-            band=line.band,
+            # An SLA credit line has no band: it is named by what it is, in the reader's language.
+            band=line.band or f"{line.get_kind_display()} SLA-{line.sla_credit_id}",
             prior_period=line.prior_period,
             card_seconds=line.card_seconds,
             gross=line.gross,

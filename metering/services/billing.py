@@ -32,6 +32,13 @@ informational (``usage_value``: the prepaid value consumed). What is owed is ``a
 ``arrears_settled`` (one negative ``arrears_paid`` line per settlement made from a new pack in the period,
 metering.services.packs). Each settlement is stated once, on the first invoice issued after it.
 
+**SLA credits.** A credit note (metering.services.sla) issued before the period's end and on no statement yet
+goes on that close's statements as its own lines: on the buyer's invoice, the prepaid value it gave back
+(negative, counted in ``usage_value``) and what it took off the money owed (negative, an owed line, so it
+lowers ``amount_due``); on the operator's settlement, the credited gross and commission (negative). An
+accepted dispute's reversal goes on the next statements with the opposite signs. Issued statements never
+change.
+
 **VAT.** Every line carries its product kind's rate (``CARDHOUR_VAT_RATES``, metering.tax) and its split:
 the amount is gross (tax included), the net is rounded once per line to the fen, half to even, and the tax
 is the rest. ``net_amount`` / ``tax_amount`` of an invoice are the sums over what was paid (packs bought
@@ -83,6 +90,8 @@ from metering.models import (
     RatedSegment,
     Settlement,
     SettlementLine,
+    SlaCredit,
+    SlaCreditDispute,
     UsageRecord,
 )
 from metering.services import statements
@@ -223,19 +232,48 @@ def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
         .values_list("buyer_id", flat=True)
         .distinct()
     )
+    ids |= _distinct(
+        SlaCredit.objects.filter(invoice__isnull=True, issued_at__lt=end_at)
+        .order_by()
+        .values_list("buyer_id", flat=True)
+        .distinct()
+    )
+    ids |= _distinct(
+        SlaCreditDispute.objects.filter(
+            invoice__isnull=True, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+        )
+        .order_by()
+        .values_list("credit__buyer_id", flat=True)
+        .distinct()
+    )
     return sorted(ids)
 
 
 def billing_operators_to_settle(*, period_start: date) -> list[int]:
+    """Ids of the operators with anything not yet settled up to the end of the period: rated segments, SLA
+    credit notes against them, reversals of those notes."""
     _, end_at = billing_period_bounds(period_start=period_start)
-    return sorted(
-        _distinct(
-            _unsettled_segments(end_at=end_at)
-            .order_by()
-            .values_list("usage_record__operator_id", flat=True)
-            .distinct()
-        )
+    ids = _distinct(
+        _unsettled_segments(end_at=end_at)
+        .order_by()
+        .values_list("usage_record__operator_id", flat=True)
+        .distinct()
     )
+    ids |= _distinct(
+        SlaCredit.objects.filter(settlement__isnull=True, issued_at__lt=end_at)
+        .order_by()
+        .values_list("operator_id", flat=True)
+        .distinct()
+    )
+    ids |= _distinct(
+        SlaCreditDispute.objects.filter(
+            settlement__isnull=True, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+        )
+        .order_by()
+        .values_list("credit__operator_id", flat=True)
+        .distinct()
+    )
+    return sorted(ids)
 
 
 # --- Grouping segments into lines -------------------------------------------------------------------
@@ -423,6 +461,36 @@ def _invoice_lines(
             arrears_settlement=settlement,
         )
 
+    for sla_kind, credit, sign in _sla_unstated(buyer=buyer, end_at=end_at, invoice=invoice, attach=attach):
+        value, hours, arrears, arrears_hours = _sla_parts(credit)
+        what = (
+            f"SLA credit SLA-{credit.pk}, lease {credit.lease_id} on {credit.cluster.cpi}: availability "
+            f"{credit.availability_percent} % < {credit.tier_below_percent.normalize():f} %, "
+            f"{credit.credit_percent.normalize():f} % of the lease's charge"
+        )
+        if sla_kind == InvoiceLine.Kind.SLA_REVERSAL:
+            what = f"Reversed after the operator's dispute: {what}"
+        if value:
+            add(
+                kind=sla_kind,
+                description=f"{what} (prepaid value back)"[:300],
+                cluster_id=credit.cluster_id,
+                sla_credit=credit,
+                card_hours_drawn=from_micros(-sign * hours),
+                amount=-sign * micros_to_fen(value),
+            )
+        if arrears:
+            add(
+                kind=sla_kind,
+                description=f"{what} (off what is owed)"[:300],
+                cluster_id=credit.cluster_id,
+                sla_credit=credit,
+                card_hours_drawn=from_micros(-sign * arrears_hours),
+                amount=-sign * micros_to_fen(arrears),
+            )
+            owed.add(len(lines))
+            owed_micros -= sign * arrears
+
     refunds = list(_unstated_refunds(end_at=end_at).filter(order__buyer=buyer).order_by("refunded_at", "pk"))
     for refund in refunds:
         add(
@@ -442,6 +510,51 @@ def _invoice_lines(
         cleared_micros=cleared_micros,
     )
     return lines, owed
+
+
+def _sla_parts(credit: SlaCredit) -> tuple[int, int, int, int]:
+    """(prepaid value back, its card-hours, money owed taken off, its card-hours) of a note, micro-units."""
+    value = hours = arrears = arrears_hours = 0
+    for line in credit.lines:
+        if line["to"] == "arrears":
+            arrears += int(line["gross_micros"])
+            arrears_hours += int(line["card_hours_micros"])
+        else:
+            value += int(line["value_micros"])
+            hours += int(line["card_hours_micros"])
+    return value, hours, arrears, arrears_hours
+
+
+def _sla_unstated(
+    *, buyer: Organisation, end_at: datetime, invoice: Invoice, attach: bool
+) -> list[tuple[str, SlaCredit, int]]:
+    """The buyer's SLA credit notes (sign 1) and reversals of them (sign −1) issued before ``end_at`` and on
+    no invoice yet, attached to ``invoice`` when issuing (``UPDATE … WHERE invoice IS NULL``), in order."""
+    credits = SlaCredit.objects.filter(buyer=buyer, issued_at__lt=end_at).select_related("cluster")
+    reversals = SlaCreditDispute.objects.filter(
+        credit__buyer=buyer, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+    ).select_related("credit", "credit__cluster")
+    if attach:
+        credits.filter(invoice__isnull=True).update(invoice=invoice)
+        reversals.filter(invoice__isnull=True).update(invoice=invoice)
+        credits, reversals = credits.filter(invoice=invoice), reversals.filter(invoice=invoice)
+    else:
+        credits, reversals = credits.filter(invoice__isnull=True), reversals.filter(invoice__isnull=True)
+    rows = [(credit.issued_at, credit.pk, InvoiceLine.Kind.SLA_CREDIT, credit, 1) for credit in credits]
+    rows += [(d.decided_at, d.credit_id, InvoiceLine.Kind.SLA_REVERSAL, d.credit, -1) for d in reversals]
+    return [(kind, credit, sign) for _at, _pk, kind, credit, sign in sorted(rows, key=lambda r: r[:3])]
+
+
+def _sla_owed_taken_off_before(*, buyer: Organisation, period_start: date) -> int:
+    """Money owed taken off by SLA credits (less reversals) stated on the buyer's earlier invoices."""
+    total = 0
+    for credit in SlaCredit.objects.filter(buyer=buyer, invoice__period_start__lt=period_start):
+        total += _sla_parts(credit)[2]
+    for dispute in SlaCreditDispute.objects.filter(
+        credit__buyer=buyer, invoice__period_start__lt=period_start
+    ).select_related("credit"):
+        total -= _sla_parts(dispute.credit)[2]
+    return total
 
 
 def _absorb_settlement_rounding(
@@ -477,6 +590,7 @@ def _absorb_settlement_rounding(
         )["total"]
         or 0
     )
+    earlier_owed -= _sla_owed_taken_off_before(buyer=buyer, period_start=period_start)
     exact_due = micros_to_fen(earlier_owed + owed_micros - earlier_cleared - cleared_micros)
     stated_due = _brought_forward(buyer=buyer, period_start=period_start) + sum(
         (line.amount for line in lines if line.seq in owed or line.kind == InvoiceLine.Kind.ARREARS_PAID),
@@ -678,6 +792,9 @@ def settlement_issue(
                 payable=gross - commission,
             )
         )
+    lines.extend(
+        _sla_settlement_lines(settlement=settlement, operator=operator, end_at=end_at, seq=len(lines))
+    )
     SettlementLine.objects.bulk_create(lines)
     gross = sum((line.gross for line in lines), ZERO)
     commission = sum((line.commission for line in lines), ZERO)
@@ -696,6 +813,49 @@ def settlement_issue(
         "settlement %s issued: %d lines, payable %s", settlement.number, len(lines), settlement.payable
     )
     return settlement, True
+
+
+def _sla_settlement_lines(
+    *, settlement: Settlement, operator: Organisation, end_at: datetime, seq: int
+) -> list[SettlementLine]:
+    """Attach the SLA credit notes issued against the operator before ``end_at`` and not yet on a
+    settlement (and the reversals of accepted disputes), and state each as a line: a note debits the
+    operator its part of the credited charge (negative gross and commission, the platform giving back its
+    commission), a reversal credits it back. Attached with ``UPDATE … WHERE settlement IS NULL`` like the
+    segments, so each lands on exactly one settlement; an issued settlement is never changed."""
+    credits = SlaCredit.objects.filter(operator=operator, issued_at__lt=end_at)
+    credits.filter(settlement__isnull=True).update(settlement=settlement)
+    reversals = SlaCreditDispute.objects.filter(
+        credit__operator=operator, outcome=SlaCreditDispute.Outcome.ACCEPTED, decided_at__lt=end_at
+    )
+    reversals.filter(settlement__isnull=True).update(settlement=settlement)
+    stated: list[tuple[datetime, int, str, SlaCredit, int]] = [
+        (credit.issued_at, credit.pk, SettlementLine.Kind.SLA_CREDIT, credit, -1)
+        for credit in credits.filter(settlement=settlement)
+    ]
+    stated += [
+        (dispute.decided_at, dispute.credit_id, SettlementLine.Kind.SLA_CREDIT_REVERSAL, dispute.credit, 1)
+        for dispute in reversals.filter(settlement=settlement).select_related("credit")
+    ]
+    lines: list[SettlementLine] = []
+    for _at, _pk, kind, credit, sign in sorted(stated, key=lambda row: (row[0], row[1], row[2])):
+        gross = sign * micros_to_fen(credit.credit_gross)
+        commission = sign * micros_to_fen(credit.credit_commission)
+        lines.append(
+            SettlementLine(
+                settlement=settlement,
+                seq=seq + len(lines) + 1,
+                kind=kind,
+                cluster_id=credit.cluster_id,
+                band="",
+                sla_credit=credit,
+                card_seconds=0,
+                gross=gross,
+                commission=commission,
+                payable=gross - commission,
+            )
+        )
+    return lines
 
 
 # --- The close --------------------------------------------------------------------------------------

@@ -48,6 +48,8 @@ _SECTIONS = (
     (InvoiceLine.Kind.PRIOR_PERIOD, _("Late usage from earlier periods")),
     (InvoiceLine.Kind.ARREARS_PAID, _("Arrears paid from new packs")),
     (InvoiceLine.Kind.REFUND, _("Refunds (credit)")),
+    (InvoiceLine.Kind.SLA_CREDIT, _("SLA credits")),
+    (InvoiceLine.Kind.SLA_REVERSAL, _("SLA credits reversed after a dispute")),
 )
 
 

@@ -48,7 +48,7 @@ def _timeline(credit: SlaCredit) -> list[TimelinePart]:
         "lost": _("Lost to the operator"),
         "excluded_buyer": _("Your side (stopped, cancelled or ended)"),
         "excluded_maintenance": _("Maintenance announced ahead"),
-        "delivered": _("Delivered"),
+        "delivered": _("Served"),
     }
     marks: list[tuple[datetime, datetime, str]] = []
     for kind in ("lost", "excluded_buyer", "excluded_maintenance"):

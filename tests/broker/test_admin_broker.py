@@ -10,6 +10,7 @@ running, or run to completion) with its history and event deliveries, a quote an
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib import admin
@@ -36,6 +37,7 @@ from broker.models import (
     LeaseTransition,
     OperatorEndpoint,
     Quote,
+    SlaAssessment,
 )
 from broker.services import dispatch
 from broker.services.leases import lease_lock, lease_transition, notice_create
@@ -89,6 +91,17 @@ def _grow(buyer: Organisation, clusters: list[Cluster], count: int, *, offset: i
         quote_create(job=quoted, limit=1)
         notice_create(
             buyer_id=buyer.pk, kind="lease_replaced", message=f"notice {i}", job_id=job.pk, lease_id=lease.pk
+        )
+        # What broker.services.sla records once a lease on a card with a service level has ended.
+        SlaAssessment.objects.create(
+            lease=lease,
+            assessed_at=timezone.now(),
+            window_seconds=7200,
+            lost_seconds=0,
+            excluded_buyer_seconds=0,
+            excluded_maintenance_seconds=0,
+            availability_percent=Decimal("100.000"),
+            outcome=SlaAssessment.Outcome.WITHIN_LEVEL,
         )
         leases.append(lease)
     return leases

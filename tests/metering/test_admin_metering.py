@@ -61,6 +61,7 @@ from metering.services.billing import billing_close_period
 from metering.services.maintenance import ledger_reconcile
 from metering.services.payments import billing_profile_get_or_create
 from metering.services.rating import usage_rate_pending
+from metering.services.sla import sla_credit_dispute_decide, sla_credit_issue
 from metering.services.usage import usage_record_create_batch
 from metering.tariffs import PRESETS
 from metering.types import UsageRecordInput
@@ -101,6 +102,8 @@ def _price_card_since_2025(
         rate_per_card_hour=Decimal(rate),
         tariff_version=tariff.versions.order_by("version").first(),
         effective_from=datetime(2025, 1, 1, tzinfo=SH),
+        sla_availability_percent=Decimal("99.5"),
+        sla_credit_schedule=[{"below_percent": "99.5", "credit_percent": "10"}],
     )
 
 
@@ -142,6 +145,26 @@ class World:
             ],
         )
         usage_rate_pending()
+        # An SLA credit note on acme's usage (as if its lease lost 12 of its 120 minutes), its dispute rejected.
+        self.sla_credit = sla_credit_issue(
+            lease_id=1_000_000 + len(suffix),
+            reference=f"lease:u-1{suffix}",
+            buyer_id=self.acme.pk,
+            operator_id=operator.pk,
+            cluster_id=self.cluster.pk,
+            price_card_id=self.price_card.pk,
+            window_start_at=local(3, 7),
+            window_end_at=local(3, 9),
+            window_seconds=7200,
+            lost_seconds=720,
+            excluded_buyer_seconds=0,
+            excluded_maintenance_seconds=0,
+            availability_percent=Decimal("90.000"),
+        )
+        assert self.sla_credit is not None
+        sla_credit_dispute_decide(
+            credit=self.sla_credit, accepted=False, reason="logs agree", actor=Actor.system("staff")
+        )
         # Beta used A800 cards with no pack: a small A800 pack bought since pays part of its arrears.
         self.beta_pack = make_paid_pack(
             buyer=self.beta,

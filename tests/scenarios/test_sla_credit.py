@@ -402,3 +402,63 @@ def test_a_rejected_dispute_posts_nothing(world) -> None:
     )
     assert (dispute.outcome, dispute.reversal_transfer) == (SlaCreditDispute.Outcome.REJECTED, None)
     assert LedgerTransfer.objects.count() == transfers
+
+
+def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_on_the_one_after(
+    world,
+) -> None:
+    from datetime import date
+
+    from metering.models import Invoice, InvoiceLine, Settlement, SettlementLine
+    from metering.services.billing import billing_close_period
+
+    lease = running_lease(world, checkpointable=False)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+    leases_sla_assess_due(now=at(60))
+    credit = SlaCredit.objects.get()
+
+    billing_close_period(period_start=date(2026, 3, 1), now=datetime(2026, 4, 1, 1, tzinfo=SHANGHAI))
+    march = Settlement.objects.get(operator=world["east"].operator, period_start=date(2026, 3, 1))
+    rows = list(
+        march.lines.order_by("seq").values_list("kind", "gross", "commission", "payable", "sla_credit")
+    )
+    # 4 card-hours at 12 CNY (flat): 48.00 gross, 4.80 commission; the note takes back half of each.
+    assert rows == [
+        (SettlementLine.Kind.USAGE, Decimal("48.00"), Decimal("4.80"), Decimal("43.20"), None),
+        (SettlementLine.Kind.SLA_CREDIT, Decimal("-24.00"), Decimal("-2.40"), Decimal("-21.60"), credit.pk),
+    ]
+    assert (march.gross, march.commission, march.payable) == (
+        Decimal("24.00"),
+        Decimal("2.40"),
+        Decimal("21.60"),
+    )
+    # The payable stated equals what the ledger owes the operator (its earnings account, negative = owed).
+    earnings = LedgerAccount.objects.get(key=f"operator_earnings:{world['east'].operator_id}")
+    assert -earnings.balance == 21_600_000
+    # The buyer's invoice states the note too: the 18 CNY of prepaid value back (2 of the 4 card-hours).
+    invoice = Invoice.objects.get(buyer=world["buyer"], period_start=date(2026, 3, 1))
+    sla_lines = list(
+        invoice.lines.filter(kind=InvoiceLine.Kind.SLA_CREDIT).values_list(
+            "amount", "card_hours_drawn", "sla_credit"
+        )
+    )
+    assert sla_lines == [(Decimal("-18.00"), Decimal("-2.000000"), credit.pk)]
+    assert invoice.usage_value == Decimal("36.00") - Decimal("18.00")
+    assert invoice.amount_due == Decimal("0.00")
+
+    sla_credit_dispute_decide(
+        credit=credit, accepted=True, reason="agent fault", actor=STAFF, now=at(60 * 24 * 31)
+    )
+    billing_close_period(period_start=date(2026, 3, 1), now=datetime(2026, 4, 1, 2, tzinfo=SHANGHAI))
+    assert march.lines.count() == 2  # an issued settlement never changes
+    billing_close_period(period_start=date(2026, 4, 1), now=datetime(2026, 5, 1, 1, tzinfo=SHANGHAI))
+    april = Settlement.objects.get(operator=world["east"].operator, period_start=date(2026, 4, 1))
+    assert list(april.lines.values_list("kind", "gross", "commission", "payable")) == [
+        (SettlementLine.Kind.SLA_CREDIT_REVERSAL, Decimal("24.00"), Decimal("2.40"), Decimal("21.60"))
+    ]
+    april_invoice = Invoice.objects.get(buyer=world["buyer"], period_start=date(2026, 4, 1))
+    assert list(april_invoice.lines.values_list("kind", "amount")) == [
+        (InvoiceLine.Kind.SLA_REVERSAL, Decimal("18.00"))
+    ]
