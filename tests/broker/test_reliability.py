@@ -383,3 +383,30 @@ def test_scores_reach_the_matcher_with_the_catalogue_not_per_quote(
         )
     assert [p.cluster_id for p in result.placements] == [cluster.pk]
     assert not [q["sql"] for q in queries.captured_queries if ClusterReliability._meta.db_table in q["sql"]]
+
+
+def test_failover_re_places_only_on_clusters_meeting_the_minimum(
+    two_islands: Cluster, funded_buyer: Organisation, east_operator: Organisation, presets: None
+) -> None:
+    """The job's minimum holds for its re-placement too: the only other cluster scores below it, so the
+    interrupted checkpointable job fails, and the reason counts it under `reliability`."""
+    shaky = make_cluster(operator=east_operator, hub="yrd", name="shaky", islands=[("isl-01", 8)])
+    make_price_card(cluster=shaky, rate="5.0000", tariff_code="flat")
+    make_reliability(cluster=shaky, percent="95.000")
+    now = timezone.now().replace(microsecond=0)
+    job = make_job(
+        buyer=funded_buyer,
+        earliest_start_at=now - H,
+        deadline_at=now + 24 * H,
+        duration_seconds=7200,
+        checkpointable=True,
+        min_reliability=Decimal("98"),
+    )
+    lease = make_lease(job=job, cluster=two_islands, start_at=now - H, island="isl-01")
+    _transition(lease, LeaseState.RUNNING, now - H)
+    _take_offline(two_islands)
+    assert leases_fail_over() == 1
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED
+    assert "reliability 1" in job.failure_reason
+    assert not Lease.objects.filter(replaces=lease).exists()
