@@ -89,6 +89,14 @@ class SlaCredit(models.Model):
     def __str__(self) -> str:
         return f"SLA credit {self.pk} for lease {self.lease_id}"
 
+    @property
+    def service_level_text(self) -> str:
+        return format(self.service_level_percent.normalize(), "f")
+
+    @property
+    def credit_percent_text(self) -> str:
+        return format(self.credit_percent.normalize(), "f")
+
 
 class SlaCreditDispute(models.Model):
     """Staff's decision on an operator's dispute of a credit note: one per note. Accepted posts the

@@ -177,3 +177,9 @@ class PriceCard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster.cpi} v{self.version}: {self.rate_per_card_hour} CNY/card-hour"
+
+    @property
+    def sla_level_text(self) -> str:
+        """The service level as people write it ("99.5"), or "" when the card promises none."""
+        level = self.sla_availability_percent
+        return "" if level is None else format(level.normalize(), "f")

@@ -5,6 +5,7 @@ organisations' 404s; the price card's service level over the API; announced main
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.test import Client
@@ -218,3 +219,39 @@ def test_maintenance_is_announced_over_the_api_with_the_platforms_clock(world) -
         == 404
     )
     assert ClusterMaintenance.objects.count() == 1
+
+
+def test_the_operator_sets_a_service_level_in_the_price_form(world) -> None:  # noqa: F811
+    cluster = world["west"]
+    client = client_of(cluster.operator, "oscar")
+    url = reverse("operator-price-cards", kwargs={"cpi": cluster.cpi})
+    tariff_id = cluster.price_cards.get().tariff_version.tariff_id
+    bad = client.post(
+        url,
+        {
+            "rate_per_card_hour": "9.0000",
+            "tariff": tariff_id,
+            "sla_availability_percent": "99.5",
+            "sla_credit_schedule": "99:10, 95:5",
+        },
+    )
+    assert bad.status_code == 200 and "credits must grow as availability falls" in bad.content.decode()
+    assert cluster.price_cards.count() == 1
+    good = client.post(
+        url,
+        {
+            "rate_per_card_hour": "9.0000",
+            "tariff": tariff_id,
+            "sla_availability_percent": "99.5",
+            "sla_credit_schedule": "99.5:10， 99%:25",  # a full-width comma and a percent sign are fine
+        },
+    )
+    assert good.status_code == 302
+    card = cluster.price_cards.order_by("-version").first()
+    assert card.sla_availability_percent == Decimal("99.5")
+    assert card.sla_credit_schedule == [
+        {"below_percent": "99.5", "credit_percent": "10"},
+        {"below_percent": "99", "credit_percent": "25"},
+    ]
+    page = client.get(url).content.decode()
+    assert "99.5 %" in page and "below 99.5 %: 10 % back" in page
