@@ -28,6 +28,9 @@ Decisions, so the next person does not have to rediscover them:
   operators from the organisation table (never a ``DISTINCT`` over the big one), and search by exact id or
   indexed key: a number finds rows by id, anything else the text fields named in the search help.
 
+- **Reliability scores** are read-only (the hourly beat recomputes them from lease records); "Recompute
+  every score now" runs the same service as the beat, which replaces every row from scratch.
+
 ``operator_endpoint_enabled_set`` and ``lease_event_deliveries_retry`` are in ``broker.services.dispatch``.
 """
 
@@ -63,6 +66,7 @@ from broker.models import (
     BuyerNotice,
     BuyerPreference,
     CapacityHold,
+    ClusterReliability,
     Job,
     Lease,
     LeaseEventDelivery,
@@ -72,7 +76,7 @@ from broker.models import (
     Quote,
     SlaAssessment,
 )
-from broker.services import dispatch
+from broker.services import dispatch, reliability
 from core.admin_tools import (
     BuyerFilter,
     LimitedInlineFormSet,
@@ -1437,6 +1441,46 @@ class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
 
 # Budgets and caps register their own admins (broker/budgets/admin.py).
 from broker.budgets import admin as _budgets_admin  # noqa: E402, F401
+@admin.register(ClusterReliability)
+class ClusterReliabilityAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each cluster's reliability score with the inputs it was computed from (broker.services.reliability).
+    Read-only: the hourly beat recomputes every row from the lease records."""
+
+    list_display = [
+        "cluster",
+        "reliability_percent",
+        "interruptions_per_1000_card_hours",
+        "sold_card_seconds",
+        "delivered_card_seconds",
+        "interruptions",
+        "computed_at",
+    ]
+    list_select_related = ["cluster"]
+    search_fields = ["cluster__cpi"]
+    ordering = ["reliability_percent", "cluster_id"]
+    fields = readonly_fields = (
+        "cluster",
+        "reliability_percent",
+        "interruptions_per_1000_card_hours",
+        "window_start_at",
+        "computed_at",
+        "sold_card_seconds",
+        "delivered_card_seconds",
+        "card_hours",
+        "interruptions",
+        "prior_card_hours",
+        "prior_percent",
+    )
+    actions = ["recompute"]
+
+    @admin.action(description=gettext_lazy("Recompute every score now"), permissions=["view"])
+    def recompute(self, request: HttpRequest, queryset: QuerySet[ClusterReliability]) -> None:
+        count = reliability.cluster_reliability_refresh()
+        self.message_user(
+            request, _("%(n)d reliability scores recomputed.") % {"n": count}, level=messages.SUCCESS
+        )
+
+
 @admin.register(SlaAssessment)
 class SlaAssessmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     """One row per ended lease whose card states a service level: what was lost, what was excluded, and

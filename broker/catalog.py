@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 from django.conf import settings
@@ -41,9 +41,10 @@ from django.db import connections, router
 from django.db.models import Q
 from django.utils import timezone
 
-from broker.models import CapacityHold, LeaseTransition
+from broker.models import CapacityHold, ClusterReliability, LeaseTransition
 from federation.selectors import catalog_rows, heartbeat_report_ttl
 from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
+from metering.sla import SlaTier, sla_credit_fraction
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FABRICS = ("nvlink", "hccs", "infiniband", "roce", "pcie")
@@ -98,6 +99,47 @@ class Catalogue:
     withheld_island: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     withheld_cards: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     withheld_until: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # Reliability (broker.services.reliability, stored hourly): per cluster, the score in percent × 1000
+    # (exact: scores are kept to 0.001 %), and what quotes show of it. Empty arrays (a catalogue built by
+    # hand) mean every cluster scores the prior; ``cluster_reliability`` None: no row yet (the prior).
+    cluster_reliability_e3: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    cluster_reliability: list[ClusterScore | None] = field(default_factory=list)
+    prior_reliability_e3: int = 99_000
+    # The SLA credit each cluster's price card would give, as a fraction of a placement's cost, at the
+    # cluster's expected availability (its reliability): what the "adjusted" preference ranks net of.
+    # Empty: no credit anywhere.
+    cluster_credit_fraction: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+    cluster_credit: list[Decimal] = field(default_factory=list)  # the same fractions, exact
+
+    @property
+    def reliability_e3(self) -> np.ndarray:
+        """Every cluster's reliability score in percent × 1000 (the prior where none is stored)."""
+        if len(self.cluster_reliability_e3) == len(self.cluster_id):
+            return self.cluster_reliability_e3
+        return np.full(len(self.cluster_id), self.prior_reliability_e3, dtype=np.int64)
+
+    @property
+    def credit_fraction(self) -> np.ndarray:
+        """Every cluster's expected SLA credit as a fraction of cost (0 where none)."""
+        if len(self.cluster_credit_fraction) == len(self.cluster_id):
+            return self.cluster_credit_fraction
+        return np.zeros(len(self.cluster_id), dtype=np.float64)
+
+    def expected_credit(self, cluster_index: int, cost: Decimal) -> Decimal:
+        """The SLA credit expected on a placement of ``cost`` on the cluster, CNY to the fen (half even)."""
+        fraction = self.cluster_credit[cluster_index] if self.cluster_credit else Decimal(0)
+        return (cost * fraction).quantize(Decimal("0.01"), ROUND_HALF_EVEN)
+
+    def score(self, cluster_index: int) -> ClusterScore:
+        """What a quote shows of a cluster's reliability: its stored score, or the prior."""
+        known = self.cluster_reliability[cluster_index] if self.cluster_reliability else None
+        if known is not None:
+            return known
+        return ClusterScore(
+            percent=(Decimal(int(self.reliability_e3[cluster_index])) / 1000).quantize(Decimal("0.001")),
+            interruptions_per_1000_card_hours=None,
+            prior=True,
+        )
 
     @property
     def size(self) -> int:
@@ -156,6 +198,54 @@ class Catalogue:
         return lookup
 
 
+@dataclass(frozen=True)
+class ClusterScore:
+    """A cluster's reliability as quotes show it: the score in percent, interruptions per 1,000 card-hours
+    sold (None when nothing was sold), and whether it is the prior alone (a new cluster: nothing sold in
+    the window)."""
+
+    percent: Decimal
+    interruptions_per_1000_card_hours: Decimal | None
+    prior: bool
+
+
+def _reliability(cluster_ids: list[int], prior_e3: int) -> tuple[np.ndarray, list[ClusterScore | None]]:
+    """The stored scores of ``cluster_ids`` (one query per catalogue load, never per quote)."""
+    stored = {
+        cluster_id: ClusterScore(percent=percent, interruptions_per_1000_card_hours=rate, prior=sold <= 0)
+        for cluster_id, percent, rate, sold in ClusterReliability.objects.order_by().values_list(
+            "cluster_id", "reliability_percent", "interruptions_per_1000_card_hours", "sold_card_seconds"
+        )
+    }
+    scores = [stored.get(cluster_id) for cluster_id in cluster_ids]
+    e3 = np.fromiter(
+        (int(score.percent * 1000) if score is not None else prior_e3 for score in scores),
+        dtype=np.int64,
+        count=len(scores),
+    )
+    return e3, scores
+
+
+def _credit_fractions(prices: list[PriceCardRow | None], reliability_e3: np.ndarray) -> list[Decimal]:
+    """Per cluster: the fraction of a lease's charge its price card's credit schedule gives at the
+    cluster's reliability score taken as the expected availability (metering.sla; 0 without a schedule).
+    Once per catalogue load, a dictionary lookup per cluster: clusters share a handful of schedules."""
+    memo: dict[tuple[tuple[SlaTier, ...], int], Decimal] = {}
+    out = []
+    for price, e3 in zip(prices, reliability_e3.tolist(), strict=True):
+        if price is None or not price.sla_credit_schedule:
+            out.append(Decimal(0))
+            continue
+        key = (price.sla_credit_schedule, e3)
+        fraction = memo.get(key)
+        if fraction is None:
+            fraction = memo[key] = sla_credit_fraction(
+                schedule=price.sla_credit_schedule, availability=Decimal(e3) / 1000
+            )
+        out.append(fraction)
+    return out
+
+
 def _load_catalogue() -> Catalogue:
     rows = catalog_rows()
     prices = price_cards_in_force()
@@ -192,6 +282,9 @@ def _load_catalogue() -> Catalogue:
     # Expired reports are kept (a quote compares each expiry with its own first start); offline clusters'
     # islands are never candidates anyway.
     withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
+    prior_e3 = int(Decimal(settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT) * 1000)
+    reliability_e3, scores = _reliability([row[0] for row in clusters], prior_e3)
+    credit = _credit_fractions(cluster_price, reliability_e3)
 
     return Catalogue(
         loaded_at=time.monotonic(),
@@ -229,6 +322,11 @@ def _load_catalogue() -> Catalogue:
         withheld_island=withheld_island,
         withheld_cards=withheld[withheld_island],
         withheld_until=until[withheld_island],
+        cluster_reliability_e3=reliability_e3,
+        cluster_reliability=scores,
+        prior_reliability_e3=prior_e3,
+        cluster_credit=credit,
+        cluster_credit_fraction=np.array([float(f) for f in credit], dtype=np.float64),
     )
 
 

@@ -25,6 +25,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.paginator import Page, Paginator
 from django.db.models import (
     Case,
@@ -75,8 +76,8 @@ LISTED_STATUSES = (ClusterStatus.ACTIVE, ClusterStatus.DRAINING, ClusterStatus.O
 # Cards that count as sellable for utilisation: clusters running or finishing work.
 SELLABLE_STATUSES = (ClusterStatus.ACTIVE, ClusterStatus.DRAINING)
 
-MarketSort = Literal["price", "free", "latency", "hub"]
-MARKET_SORTS: tuple[MarketSort, ...] = ("price", "free", "latency", "hub")
+MarketSort = Literal["price", "free", "latency", "hub", "reliability"]
+MARKET_SORTS: tuple[MarketSort, ...] = ("price", "free", "latency", "hub", "reliability")
 HomeHubSource = Literal["preference", "latest_job", "default"]
 
 
@@ -183,6 +184,7 @@ class MarketQuery:
     operator: str = ""
     min_free_cards: int | None = None
     max_price: Decimal | None = None
+    min_reliability: Decimal | None = None
     include_offline: bool = False
     sort: MarketSort = "price"
 
@@ -191,7 +193,10 @@ def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> Que
     """The marketplace's clusters, filtered and sorted in SQL, each annotated with ``free_cards``,
     ``held_cards``, ``unhealthy`` and ``withheld_cards`` (now: see the module docstring), ``market_price_card_id`` and ``rate_per_card_hour`` (the
     price card in force at ``at``: the newest effective_from at or before it, the newer version on a
-    tie — metering's rule) and ``latency_ms`` (from ``origin_hub``; NULL where no latency is known).
+    tie — metering's rule), ``latency_ms`` (from ``origin_hub``; NULL where no latency is known) and
+    ``reliability_score`` (the stored reliability score, or the platform's prior for a cluster without
+    one: broker.services.reliability). The stored score row is joined (``select_related``), not queried
+    per cluster.
 
     Retired clusters are never listed; offline and draining ones only with ``include_offline``.
     """
@@ -206,8 +211,13 @@ def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> Que
     statuses = LISTED_STATUSES if query.include_offline else PLACEABLE_STATUSES
     clusters = (
         Cluster.objects.filter(status__in=statuses)
-        .select_related("operator", "hub", "accelerator")
+        .select_related("operator", "hub", "accelerator", "reliability")
         .annotate(
+            reliability_score=Coalesce(
+                F("reliability__reliability_percent"),
+                Value(Decimal(settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT)),
+                output_field=DecimalField(max_digits=6, decimal_places=3),
+            ),
             free_cards=_cluster_sum(at, "free"),
             held_cards=_cluster_sum(at, "held"),
             unhealthy=_cluster_sum(at, "unhealthy"),
@@ -230,11 +240,15 @@ def market_clusters(*, query: MarketQuery, origin_hub: str, at: datetime) -> Que
         clusters = clusters.filter(free_cards__gte=query.min_free_cards)
     if query.max_price is not None:
         clusters = clusters.filter(rate_per_card_hour__lte=query.max_price)
+    if query.min_reliability is not None:
+        clusters = clusters.filter(reliability_score__gte=query.min_reliability)
     order: list[Any]
     if query.sort == "free":
         order = [F("free_cards").desc(), F("rate_per_card_hour").asc(nulls_last=True)]
     elif query.sort == "latency":
         order = [F("latency_ms").asc(nulls_last=True), F("rate_per_card_hour").asc(nulls_last=True)]
+    elif query.sort == "reliability":
+        order = [F("reliability_score").desc(), F("rate_per_card_hour").asc(nulls_last=True)]
     elif query.sort == "hub":
         order = ["hub__sort_order", "hub__code", F("rate_per_card_hour").asc(nulls_last=True)]
     else:
@@ -265,10 +279,45 @@ class MarketRow:
     latency_ms: Decimal | None
     strip: TariffStrip | None
     withheld_cards: int = 0  # kept from sale by the operator's last heartbeat (K2), now
+    reliability: MarketReliability | None = None
 
     @property
     def placeable(self) -> bool:
         return self.cluster.status in PLACEABLE_STATUSES and self.price_card is not None
+
+
+@dataclass(frozen=True)
+class MarketReliability:
+    """A cluster's reliability score as the marketplace shows it (broker.services.reliability): the score
+    in percent, interruptions per 1,000 card-hours sold (None when nothing was sold), whether it is the
+    platform's prior alone (a new cluster: nothing sold in the last 30 days, or not scored yet), and when it
+    was computed (None: not yet)."""
+
+    percent: Decimal
+    prior: bool
+    interruptions_per_1000_card_hours: Decimal | None
+    computed_at: datetime | None
+
+
+def cluster_reliability_of(cluster: Cluster) -> MarketReliability:
+    """``cluster``'s reliability from its joined score row (select_related), or the prior without one."""
+    try:
+        row = cluster.reliability
+    except ObjectDoesNotExist:
+        row = None
+    if row is None:
+        return MarketReliability(
+            percent=Decimal(settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT).quantize(Decimal("0.001")),
+            prior=True,
+            interruptions_per_1000_card_hours=None,
+            computed_at=None,
+        )
+    return MarketReliability(
+        percent=row.reliability_percent,
+        prior=not row.has_history,
+        interruptions_per_1000_card_hours=row.interruptions_per_1000_card_hours,
+        computed_at=row.computed_at,
+    )
 
 
 def tariff_strip(*, price_card: PriceCard, at: datetime, cache: dict[int, TariffStrip]) -> TariffStrip:
@@ -329,6 +378,7 @@ def market_rows(*, clusters: Sequence[Cluster], at: datetime) -> list[MarketRow]
                 price_card=card,
                 latency_ms=cluster.latency_ms,  # type: ignore[attr-defined]
                 strip=tariff_strip(price_card=card, at=at, cache=strips) if card is not None else None,
+                reliability=cluster_reliability_of(cluster),
             )
         )
     return rows

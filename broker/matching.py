@@ -7,7 +7,9 @@ For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts ar
    under the first reason it fails (like HTCondor's analysis): ``offline`` (cluster not active), ``chip``
    (model not allowed, too few TFLOPS, or no public TFLOPS for a standard-card job), ``memory``,
    ``fabric``, ``latency`` (origin hub → cluster hub over budget), ``unpriced`` (no price card in force),
-   ``price`` (even the cheapest start is over the job's cap), ``capacity`` (not enough free cards for the
+   ``reliability`` (the cluster's reliability score, or the prior for a new one, is below the job's
+   minimum: one comparison per cluster against the catalogue's array), ``price`` (even the cheapest start
+   is over the job's cap), ``capacity`` (not enough free cards for the
    whole duration at any start), ``window`` (no start fits the window any more).
 2. **Price** every start at once per tariff: the tariff's multiplier integrated over time is a
    piecewise-linear function ``M``; the cost of a start is ``rate × cards × (M(s + D) − M(s))``, evaluated
@@ -19,7 +21,9 @@ For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts ar
    operator's unexpired heartbeat keeps from sale (K2) are one more hold per island, over
    ``[t0, report expiry)``: they limit the starts before the next expected heartbeat, never later ones.
 4. **Rank** one placement per island (or per cluster when the job may span islands) at that island's
-   cheapest feasible start (the earliest on a tie), by the job's preference, and price the top ones exactly
+   cheapest feasible start (the earliest on a tie), by the job's preference (``adjusted``: the cost less
+   the expected SLA credit, a per-cluster fraction of the cost kept in the catalogue, so it scales the
+   cluster's rate and changes nothing else), and price the top ones exactly
    in Decimal, band by band. The islands of a cluster share its cost and latency until a hold moves one's
    start, so island placements are ranked a cluster at a time and only the clusters that can reach the top
    are opened (the same answer as ranking every island: tests/broker/test_matching_property.py).
@@ -39,7 +43,18 @@ from broker.catalog import FABRICS, Catalogue, epoch
 from broker.types import BandCost, JobSpec, MatchResult, Placement
 from metering.tariffs import CompiledTariff
 
-REASONS = ("offline", "chip", "memory", "fabric", "latency", "unpriced", "price", "capacity", "window")
+REASONS = (
+    "offline",
+    "chip",
+    "memory",
+    "fabric",
+    "latency",
+    "unpriced",
+    "reliability",
+    "price",
+    "capacity",
+    "window",
+)
 _R = {reason: i + 1 for i, reason in enumerate(REASONS)}
 _EXCLUDED = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -151,6 +166,9 @@ def match(
         latency = np.full(m, np.inf)
     reject(after, latency > spec.latency_budget_ms, "latency")
     reject(after, c.cluster_tariff == 0, "unpriced")
+    if spec.min_reliability is not None:
+        reject(after, c.reliability_e3 < math.ceil(spec.min_reliability * 1000), "reliability")
+    rank_rate = _rank_rate(spec, c)
 
     # Cards each cluster's chip needs: the job's cards, or its standard cards at the chip's factor.
     if spec.standard_cards is not None:
@@ -203,7 +221,9 @@ def match(
             holds = tuple(  # type: ignore[assignment]
                 np.concatenate([h, r]) for h, r in zip(holds, reports.as_holds(c, window), strict=True)
             )
-        return _match_spanning(spec, c, holds, window, reason, need, latency, delta, limit, tariff_of)
+        return _match_spanning(
+            spec, c, holds, window, reason, need, latency, delta, limit, tariff_of, rank_rate
+        )
 
     reason[(reason == 0) & (c.island_capacity < need)] = _R["capacity"]
     candidates = np.nonzero(reason == 0)[0]
@@ -218,7 +238,8 @@ def match(
             live=live,
             blocked=blocked,
             cluster_best_k=cluster_best_k,
-            cluster_cost=c.cluster_rate * cluster_need * cluster_best_value,
+            cluster_cost=rank_rate * cluster_need * cluster_best_value,
+            rank_rate=rank_rate,
             cluster_need=cluster_need,
             latency=latency,
             delta=delta,
@@ -250,7 +271,7 @@ def match(
     members = np.bincount(cluster[live], minlength=m)  # islands ranked with their cluster
     own = np.zeros(n, dtype=bool)  # islands ranked on their own, at their exact best start
     exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
-    cluster_cost = c.cluster_rate * cluster_need * cluster_best_value
+    cluster_cost = rank_rate * cluster_need * cluster_best_value
     first_of_cluster, cluster_islands = c.islands_by_cluster
     origin = max(origin, 0)
     while True:
@@ -260,7 +281,7 @@ def match(
         alone_value = np.fromiter((exact[int(i)][1] for i in alone), dtype=np.float64, count=len(alone))
         keys = _rank_keys(
             spec,
-            np.concatenate([cluster_cost[groups], c.cluster_rate[alone_cluster] * need[alone] * alone_value]),
+            np.concatenate([cluster_cost[groups], rank_rate[alone_cluster] * need[alone] * alone_value]),
             np.concatenate([latency[groups], latency[alone_cluster]]),
         )
         counts = np.concatenate([members[groups], np.ones(len(alone), dtype=np.int64)])
@@ -345,6 +366,7 @@ def _rank_offers(
     latency: np.ndarray,
     delta: dict[int, np.ndarray],
     limit: int,
+    rank_rate: np.ndarray,
 ) -> list[tuple[int, int, np.ndarray, int]]:
     """The best ``limit`` offers of an island-gang job, best first, as (cluster index, start index, its
     islands in catalogue order, the earliest start any of them could take).
@@ -375,7 +397,7 @@ def _rank_offers(
         cost = np.concatenate(
             [
                 cluster_cost[groups],
-                c.cluster_rate[alone_cluster] * cluster_need[alone_cluster] * exact_value[alone_first],
+                rank_rate[alone_cluster] * cluster_need[alone_cluster] * exact_value[alone_first],
             ]
         )
         if not len(cost):
@@ -436,6 +458,15 @@ def _live_members(
     """The live islands of ``cluster`` still ranked with it (not on their own), in catalogue order."""
     islands = cluster_islands[first_of_cluster[cluster] : first_of_cluster[cluster + 1]]
     return islands[live[islands] & ~own[islands]]
+
+
+def _rank_rate(spec: JobSpec, c: Catalogue) -> np.ndarray:
+    """Each cluster's rate as the ranking counts it: the list rate, or for the ``adjusted`` preference the
+    rate less the expected SLA credit (a fraction of the cost, so of the rate). Caps and quotes use the
+    list rate."""
+    if spec.preference == "adjusted":
+        return c.cluster_rate * (1.0 - c.credit_fraction)
+    return c.cluster_rate
 
 
 def _rank_keys(spec: JobSpec, cost: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -682,6 +713,7 @@ def _match_spanning(
     delta: dict[int, np.ndarray],
     limit: int,
     tariff_of: Callable[[int], CompiledTariff],
+    rank_rate: np.ndarray,
 ) -> MatchResult:
     """A job that may span the islands of one cluster: per cluster and start, the cards free on every
     island for the whole run, summed over its islands."""
@@ -737,7 +769,7 @@ def _match_spanning(
                 left -= take
             if left == 0:
                 break
-        placement_cost = float(c.cluster_rate[cl]) * float(cluster_need[cl]) * float(values[best])
+        placement_cost = float(rank_rate[cl]) * float(cluster_need[cl]) * float(values[best])
         placements_raw.append(
             (placement_cost, float(latency[cl]), int(cl), allocation, best, int(np.argmax(ok)))
         )
@@ -821,6 +853,7 @@ def _placement(
     factor_e4 = int(c.chip_factor_e4[chip])
     factor = Decimal(factor_e4) / _E4 if factor_e4 else None
     hub = int(c.cluster_hub[cluster_index])
+    score = c.score(cluster_index)
     return Placement(
         cluster_id=int(c.cluster_id[cluster_index]),
         cluster_cpi=c.cluster_cpi[cluster_index],
@@ -847,6 +880,10 @@ def _placement(
         alternatives=tuple((int(c.island_id[i]), cards) for i, cards in alternatives or ()),
         alternative_cpis=tuple(c.island_cpi[i] for i, _ in alternatives or ()),
         earliest_feasible_start_at=_at(earliest),
+        reliability_percent=score.percent,
+        reliability_prior=score.prior,
+        interruptions_per_1000_card_hours=score.interruptions_per_1000_card_hours,
+        expected_credit=c.expected_credit(cluster_index, cost),
     )
 
 

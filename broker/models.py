@@ -27,6 +27,9 @@ class Preference(models.TextChoices):
     PRICE = "price", _("Cheapest within the latency budget (latency breaks ties)")
     LATENCY = "latency", _("Lowest latency (price breaks ties)")
     WEIGHTED = "weighted", _("A weighted blend of price and latency")
+    # Cost less the credit the price card's SLA schedule would give at the cluster's expected availability
+    # (its reliability score, broker.services.reliability); latency breaks ties.
+    ADJUSTED = "adjusted", _("Cheapest after the expected SLA credit (latency breaks ties)")
 
 
 class Job(models.Model):
@@ -80,6 +83,16 @@ class Job(models.Model):
         related_name="+",
         help_text=_("Pinned to this cluster: only its islands are considered; empty = any cluster."),
     )
+    min_reliability = models.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        help_text=_(
+            "Lowest reliability score accepted, in percent (delivered ÷ sold card-seconds over 30 days, "
+            "with the platform's prior); empty = any."
+        ),
+    )
     state = models.CharField(max_length=12, choices=State.choices, default=State.OPEN)
     failure_reason = models.CharField(max_length=500, blank=True)
     # What the job's latest quote request found (broker.services.quotes.quote_create): when, how many
@@ -113,6 +126,11 @@ class Job(models.Model):
             models.CheckConstraint(condition=Q(duration_seconds__gt=0), name="job_duration_positive"),
             models.CheckConstraint(
                 condition=Q(price_weight__gte=0) & Q(price_weight__lte=1), name="job_price_weight_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(min_reliability__isnull=True)
+                | (Q(min_reliability__gte=0) & Q(min_reliability__lte=100)),
+                name="job_min_reliability_range",
             ),
         ]
         indexes = [models.Index(fields=["buyer", "-created_at"], name="job_buyer_created")]
@@ -353,6 +371,55 @@ from broker.budgets.models import (  # noqa: E402, F401
     BuyerEndpoint,
     LeaseOrigin,
 )
+class ClusterReliability(models.Model):
+    """A cluster's reliability score over the rolling window before ``computed_at``, with its inputs.
+
+    Recomputed from scratch by the hourly beat (broker.services.reliability.cluster_reliability_refresh,
+    which documents exactly what "sold" and "delivered" are), one row per listed cluster. The score is
+    delivered ÷ sold card-seconds with a Bayesian prior: as if the cluster had also sold
+    ``prior_card_hours`` card-hours and delivered ``prior_percent`` of them. The prior is a platform
+    choice (settings CARDHOUR_RELIABILITY_PRIOR_*), not an official figure; a cluster with nothing sold in
+    the window scores exactly the prior ("new — prior")."""
+
+    cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="reliability")
+    window_start_at = models.DateTimeField()
+    computed_at = models.DateTimeField()
+    sold_card_seconds = models.BigIntegerField()
+    delivered_card_seconds = models.BigIntegerField()
+    interruptions = models.PositiveIntegerField()
+    # Card-hours sold in the window: what the interruption rate is counted over.
+    card_hours = models.DecimalField(max_digits=20, decimal_places=6)
+    prior_card_hours = models.DecimalField(max_digits=12, decimal_places=3)
+    prior_percent = models.DecimalField(max_digits=6, decimal_places=3)
+    reliability_percent = models.DecimalField(max_digits=6, decimal_places=3)
+    # Null when nothing was sold in the window (no card-hours to count over).
+    interruptions_per_1000_card_hours = models.DecimalField(
+        max_digits=14, decimal_places=3, null=True, blank=True
+    )
+
+    class Meta:
+        verbose_name_plural = "cluster reliabilities"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(delivered_card_seconds__gte=0)
+                & Q(delivered_card_seconds__lte=F("sold_card_seconds")),
+                name="reliability_delivered_within_sold",
+            ),
+            models.CheckConstraint(
+                condition=Q(reliability_percent__gte=0) & Q(reliability_percent__lte=100),
+                name="reliability_percent_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"reliability of {self.cluster_id}: {self.reliability_percent} %"
+
+    @property
+    def has_history(self) -> bool:
+        """Whether anything was sold in the window; without it the score is the prior alone."""
+        return self.sold_card_seconds > 0
+
+
 class SlaAssessment(models.Model):
     """How much of a lease's window was lost to its operator, assessed once after the lease ended
     (broker.services.sla): one row per lease whether or not it earned a credit, so it is never redone.

@@ -9,7 +9,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import OperationalError
 
-from broker.services import dispatch, enforcement, failover, quotes, sla
+from broker.services import dispatch, enforcement, failover, quotes, reliability, sla
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,15 @@ def budget_alerts_deliver(alert_ids: list[int] | None = None) -> int:
     from broker.budgets.services import budget_alerts_deliver_due
 
     return budget_alerts_deliver_due(alert_ids=alert_ids)
+@shared_task(
+    name="broker.reliability_refresh", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
+)
+def reliability_refresh() -> int:
+    """Recompute every cluster's reliability score over the last 30 days (hourly). Safe to run twice: each
+    run replaces the rows from scratch."""
+    return reliability.cluster_reliability_refresh()
+
+
 @shared_task(
     name="broker.leases_sla_assess", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
 )

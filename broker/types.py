@@ -29,6 +29,8 @@ class JobSpec:
     exclude_clusters: frozenset[int] = field(default_factory=frozenset)
     # A job pinned to one cluster: only that cluster's islands are considered (None: any cluster).
     only_cluster: int | None = None
+    # The lowest reliability score accepted, in percent (None: any).
+    min_reliability: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,19 @@ class Placement:
     # The earliest start any island of the offer could take the job at (``earliest_feasible_cost`` is the
     # cost there): what "starting at the earliest possible time" means for this offer.
     earliest_feasible_start_at: datetime | None = None
+    # The cluster's reliability score (percent; the platform's prior when ``reliability_prior``: a new
+    # cluster), its interruptions per 1,000 card-hours sold (None when nothing was sold), and the SLA
+    # credit its price card would give at that availability (CNY, to the fen): ``cost`` less it is what
+    # the ``adjusted`` preference ranks by.
+    reliability_percent: Decimal | None = None
+    reliability_prior: bool = True
+    interruptions_per_1000_card_hours: Decimal | None = None
+    expected_credit: Decimal = Decimal("0.00")
+
+    @property
+    def adjusted_cost(self) -> Decimal:
+        """The cost less the expected SLA credit."""
+        return self.cost - self.expected_credit
 
     @property
     def islands_available(self) -> int:

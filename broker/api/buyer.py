@@ -6,6 +6,7 @@ that is not a buyer 403 ``not_a_buyer``.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import django_filters
@@ -80,13 +81,30 @@ class JobOutput(serializers.Serializer):
         allow_null=True,
         help_text="The cluster the job is pinned to (its CPI): only its islands are quoted; null = any.",
     )
+    min_reliability = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        allow_null=True,
+        help_text="The lowest reliability score accepted, in percent; null = any.",
+    )
     idempotency_key = serializers.CharField()
     created_at = serializers.DateTimeField()
 
 
 class RelaxationOutput(serializers.Serializer):
     kind = serializers.ChoiceField(
-        choices=["cluster", "latency", "chip", "memory", "fabric", "price", "window", "gang", "cards"],
+        choices=[
+            "cluster",
+            "latency",
+            "chip",
+            "memory",
+            "fabric",
+            "reliability",
+            "price",
+            "window",
+            "gang",
+            "cards",
+        ],
         help_text="Which constraint the change loosens.",
     )
     changes = serializers.DictField(
@@ -229,6 +247,18 @@ class JobListApi(generics.ListAPIView):
             help_text="Pin the job to one cluster (its CPI, e.g. `cpi:cucc:nx:zw-ai01`): only its islands "
             "are quoted, and failover cannot move the job elsewhere. Empty = any cluster.",
         )
+        min_reliability = serializers.DecimalField(
+            max_digits=6,
+            decimal_places=3,
+            min_value=Decimal(0),
+            max_value=Decimal(100),
+            required=False,
+            allow_null=True,
+            help_text="The lowest reliability score accepted, in percent (e.g. `99.5`): a cluster scoring "
+            "less is not quoted (rejection reason `reliability`). A cluster's score is its delivered ÷ "
+            "sold card-seconds over 30 days with the platform's prior; a new cluster scores the prior "
+            "(99.0 % by default). Null = any.",
+        )
         idempotency_key = serializers.CharField(max_length=200, required=False, default="")
 
     def get_queryset(self) -> QuerySet[Job]:
@@ -277,6 +307,7 @@ class JobListApi(generics.ListAPIView):
                 preference=values["preference"],
                 price_weight=values.get("price_weight"),
                 cluster=values["cluster"],
+                min_reliability=values.get("min_reliability"),
                 idempotency_key=values["idempotency_key"],
             ),
             actor=actor,
@@ -376,6 +407,26 @@ class DrawPlanOutput(serializers.Serializer):
     )
 
 
+class QuoteReliabilityOutput(serializers.Serializer):
+    percent = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=3,
+        allow_null=True,
+        help_text="The cluster's reliability score when quoted: delivered ÷ sold card-seconds over the last "
+        "30 days with the platform's prior (as if it had also sold 1,000 card-hours and delivered 99.0 % "
+        "of them, by default: a platform choice, not an official figure).",
+    )
+    prior = serializers.BooleanField(
+        help_text="True when the score is the prior alone: a new cluster, nothing sold on it in the window."
+    )
+    interruptions_per_1000_card_hours = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=3,
+        allow_null=True,
+        help_text="Leases interrupted or failed per 1,000 card-hours sold in the window; null for a new cluster.",
+    )
+
+
 class QuoteOutput(serializers.Serializer):
     id = serializers.IntegerField()
     rank = serializers.IntegerField()
@@ -432,6 +483,22 @@ class QuoteOutput(serializers.Serializer):
         help_text="Whether your packs, less your live leases' expected draws, cover the expected draw; "
         "accepting when false is 402 insufficient_balance."
     )
+    reliability = QuoteReliabilityOutput(
+        allow_null=True, help_text="Null for a quote made before reliability was kept."
+    )
+    expected_credit = serializers.DecimalField(
+        max_digits=16,
+        decimal_places=2,
+        allow_null=True,
+        help_text="The SLA credit the price card's credit schedule would give at the cluster's reliability "
+        "score taken as its expected availability, CNY; 0 when the card has no service level.",
+    )
+    adjusted_cost = serializers.DecimalField(
+        max_digits=16,
+        decimal_places=2,
+        allow_null=True,
+        help_text="`cost` − `expected_credit`: what the `adjusted` preference ranks by, CNY.",
+    )
     expires_at = serializers.DateTimeField()
 
 
@@ -467,6 +534,9 @@ def quote_body(quote: Quote) -> dict[str, Any]:
         "expected_standard_draw": extra["expected_standard_draw"],
         "draw_plan": extra.get("draw_plan"),
         "balance_sufficient": quote.balance_sufficient,
+        "reliability": extra.get("reliability"),
+        "expected_credit": extra.get("expected_credit"),
+        "adjusted_cost": extra.get("adjusted_cost"),
         "expires_at": quote.expires_at,
     }
 
@@ -478,6 +548,9 @@ class RejectionsOutput(serializers.Serializer):
     fabric = serializers.IntegerField()
     latency = serializers.IntegerField(help_text="Origin hub to cluster hub over the latency budget.")
     unpriced = serializers.IntegerField(help_text="The cluster has no price card in force.")
+    reliability = serializers.IntegerField(
+        help_text="The cluster's reliability score is below the job's `min_reliability`."
+    )
     price = serializers.IntegerField(help_text="Even the cheapest start is over the price cap.")
     capacity = serializers.IntegerField(
         help_text="Not enough free cards for the whole duration at any start."
@@ -520,7 +593,8 @@ class JobQuoteApi(APIView):
         "cluster that can take the job at the same start, cards, price and latency are one quote, with "
         "`islands_available` and `alternatives` (accepting takes the first still free); `limit` counts "
         "offers. Each quote has its cost by tariff band, latency, price card, the cost of starting the "
-        "same offer at the earliest possible time and the saving against it; the response counts the "
+        "same offer at the earliest possible time and the saving against it, its cluster's reliability "
+        "score (the platform's prior for a new cluster) and the SLA credit expected at it; the response counts the "
         "islands rejected per reason and, when nothing fits, lists the nearest changes that would produce "
         "a quote (`relaxations`). The job keeps the counts and relaxations (`quote_summary`). Quotes "
         "expire after a short time (60 s by default) and hold nothing until accepted. 409 `job_closed` "

@@ -45,6 +45,7 @@ SERVICE_FIELDS: dict[str, str] = {
     "preference": "preference",
     "price_weight": "price_weight",
     "cluster": "cluster",
+    "min_reliability": "min_reliability",
 }
 
 # The service's fault codes in the buyer's language; a code not listed shows the service's own message.
@@ -67,6 +68,7 @@ FAULT_MESSAGES: dict[str, Any] = {
     "price_cap_not_positive": _("The price cap must be positive."),
     "start_in_past": _("The earliest start is in the past."),
     "unknown_cluster": _("No cluster with this identifier is listed on the market."),
+    "min_reliability_range": _("The minimum reliability is a percentage between 0 and 100."),
 }
 
 
@@ -82,6 +84,7 @@ PREFILL_FIELDS = (
     "deadline_at",
     "max_price_per_card_hour",
     "cluster",
+    "min_reliability",
 )
 
 
@@ -128,6 +131,7 @@ def job_initial(job: Job, *, now: datetime) -> dict[str, Any]:
         "preference": job.preference,
         "price_weight": job.price_weight if job.preference == Preference.WEIGHTED else None,
         "cluster": job.cluster.cpi if job.cluster is not None else "",
+        "min_reliability": job.min_reliability,
     }
 
 
@@ -245,6 +249,10 @@ class JobForm(forms.Form):
             (Preference.PRICE, _("Price (latency breaks ties)")),
             (Preference.LATENCY, _("Latency (price breaks ties)")),
             (Preference.WEIGHTED, _("A blend of price and latency")),
+            (
+                Preference.ADJUSTED,
+                _("Price less the expected SLA credit, at each cluster's reliability (latency breaks ties)"),
+            ),
         ],
         initial=Preference.PRICE,
         widget=forms.RadioSelect,
@@ -265,6 +273,16 @@ class JobForm(forms.Form):
             "not moved elsewhere if it fails. Empty: any cluster."
         ),
     )
+    min_reliability = forms.DecimalField(
+        label=_("Minimum reliability (%)"),
+        required=False,
+        max_digits=6,
+        decimal_places=3,
+        help_text=_(
+            "Only clusters whose reliability score is at least this: the card-time delivered out of the "
+            "card-time sold over 30 days, with a prior of %(percent)s %% for new clusters. Empty: any."
+        ),
+    )
     idempotency_key = forms.CharField(max_length=200, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, now: datetime | None = None, **kwargs: Any) -> None:
@@ -276,6 +294,9 @@ class JobForm(forms.Form):
         cast(forms.ChoiceField, self.fields["origin_hub"]).choices = [
             (code, f"{code} — {name}") for code, name in hub_list().values_list("code", "name")
         ]
+        self.fields["min_reliability"].help_text = str(self.fields["min_reliability"].help_text) % {
+            "percent": settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT
+        }
         if not self.is_bound:
             self.initial.setdefault("earliest_start_at", now)
             self.initial.setdefault("start_shown", _local_minute(now))
@@ -344,6 +365,7 @@ class JobForm(forms.Form):
             preference=data["preference"],
             price_weight=data.get("price_weight"),
             cluster=(data.get("cluster") or "").strip(),
+            min_reliability=data.get("min_reliability"),
             idempotency_key=data["idempotency_key"],
         )
 

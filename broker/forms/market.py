@@ -18,6 +18,7 @@ SORT_LABELS = {
     "free": _("Free cards (most first)"),
     "latency": _("Latency (lowest first)"),
     "hub": _("Hub"),
+    "reliability": _("Reliability (highest first)"),
 }
 
 
@@ -35,6 +36,14 @@ class MarketFilterForm(forms.Form):
         min_value=Decimal(0),
         max_digits=12,
         decimal_places=4,
+    )
+    min_reliability = forms.DecimalField(
+        label=_("Minimum reliability (%)"),
+        required=False,
+        min_value=Decimal(0),
+        max_value=Decimal(100),
+        max_digits=6,
+        decimal_places=3,
     )
     include_offline = forms.BooleanField(label=_("Include offline and draining clusters"), required=False)
     sort = forms.ChoiceField(
@@ -62,6 +71,7 @@ class MarketFilterForm(forms.Form):
         ]
         self.fields["min_free"].widget.attrs.update({"inputmode": "numeric"})
         self.fields["max_price"].widget.attrs.update({"step": "0.01", "inputmode": "decimal"})
+        self.fields["min_reliability"].widget.attrs.update({"step": "0.1", "inputmode": "decimal"})
 
     def market_query(self) -> MarketQuery:
         """The valid part of the filters as a MarketQuery (a field in error counts as not given)."""
@@ -74,6 +84,7 @@ class MarketFilterForm(forms.Form):
             operator=data.get("operator") or "",
             min_free_cards=data.get("min_free"),
             max_price=data.get("max_price"),
+            min_reliability=data.get("min_reliability"),
             include_offline=bool(data.get("include_offline")),
             sort=cast(MarketSort, sort if sort in MARKET_SORTS else "price"),
         )

@@ -49,6 +49,8 @@ class JobInput:
     price_weight: Decimal | None = None
     # Pin the job to one cluster (its CPI): only that cluster's islands are considered. "" = any cluster.
     cluster: str = ""
+    # The lowest reliability score accepted, in percent (broker.services.reliability); None = any.
+    min_reliability: Decimal | None = None
     idempotency_key: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -124,6 +126,13 @@ def _validate(data: JobInput, *, now: datetime) -> tuple[list[dict[str, str]], d
         _fault(errors, "price_weight", "price_weight_range", "price_weight is between 0 and 1.")
     if data.max_price_per_card_hour is not None and data.max_price_per_card_hour <= 0:
         _fault(errors, "max_price_per_card_hour", "price_cap_not_positive", "The price cap must be positive.")
+    if data.min_reliability is not None and not Decimal(0) <= data.min_reliability <= Decimal(100):
+        _fault(
+            errors,
+            "min_reliability",
+            "min_reliability_range",
+            "min_reliability is a percentage between 0 and 100.",
+        )
     if data.cluster and cluster_get_listed(cpi=data.cluster) is None:
         _fault(errors, "cluster", "unknown_cluster", f"No cluster {data.cluster!r} is listed on the market.")
     return errors, earliest
@@ -134,8 +143,10 @@ def _body_hash(data: JobInput, earliest: datetime | None) -> str:
         key: (str(value) if not isinstance(value, list | tuple | bool | int | type(None)) else value)
         for key, value in data.__dict__.items()
         if key not in ("idempotency_key", "extra", "earliest_start_at")
-        # A job that pins no cluster hashes as it did before pinning existed, so a replay still matches.
+        # A job that pins no cluster (or asks no minimum reliability) hashes as it did before those existed,
+        # so a replay still matches.
         and not (key == "cluster" and not value)
+        and not (key == "min_reliability" and value is None)
     }
     body["earliest_start_at"] = data.earliest_start_at.isoformat() if data.earliest_start_at else None
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -192,6 +203,7 @@ def job_create(
                 preference=data.preference,
                 price_weight=weight,
                 cluster=cluster_get_listed(cpi=data.cluster) if data.cluster else None,
+                min_reliability=data.min_reliability,
             )
     except IntegrityError:
         existing = Job.objects.filter(buyer=buyer, idempotency_key=data.idempotency_key).first()
@@ -264,4 +276,5 @@ def job_spec(
         price_weight=job.price_weight,
         exclude_clusters=exclude_clusters,
         only_cluster=job.cluster_id,
+        min_reliability=job.min_reliability,
     )

@@ -137,6 +137,21 @@ def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]
             str(placement.expected_standard_draw) if placement.expected_standard_draw is not None else None
         ),
         "earliest_feasible_cost": str(placement.earliest_feasible_cost),
+        # The cluster's reliability score when quoted (the platform's prior for a new cluster) and the SLA
+        # credit its price card would give at that availability (broker.services.reliability).
+        "reliability": {
+            "percent": str(placement.reliability_percent)
+            if placement.reliability_percent is not None
+            else None,
+            "prior": placement.reliability_prior,
+            "interruptions_per_1000_card_hours": (
+                str(placement.interruptions_per_1000_card_hours)
+                if placement.interruptions_per_1000_card_hours is not None
+                else None
+            ),
+        },
+        "expected_credit": str(placement.expected_credit),
+        "adjusted_cost": str(placement.adjusted_cost),
         "earliest_feasible_start_at": placement.earliest_feasible_start_at.isoformat()
         if placement.earliest_feasible_start_at
         else None,

@@ -2,7 +2,7 @@
 
 Each candidate change loosens one constraint the rejections point at — the pinned cluster, the latency
 budget (to the next latencies from the origin hub), the chip (any chip with the figures asked), memory,
-fabric, the price cap, the window (up to the planning horizon), the placement (spanning the islands of
+fabric, the minimum reliability, the price cap, the window (up to the planning horizon), the placement (spanning the islands of
 one cluster) and the number of cards — and is tried by running the matcher again with it. At most
 ``MAX_TRIES`` runs are made per job, so a job with no quote costs a bounded amount of work. A change that
 produces a placement is kept with that placement; its values are the nearest that admit it (the latency
@@ -119,6 +119,8 @@ def _candidates(spec: JobSpec, rejected: set[str], now: datetime) -> Iterator[tu
         yield "memory", [(replace(spec, min_memory_gb=None), {"min_memory_gb": None})]
     if "fabric" in rejected and spec.fabrics:
         yield "fabric", [(replace(spec, fabrics=()), {"fabrics": []})]
+    if "reliability" in rejected and spec.min_reliability is not None:
+        yield "reliability", [(replace(spec, min_reliability=None), {"min_reliability": None})]
     if "price" in rejected and spec.max_price_per_card_hour is not None:
         yield "price", [(replace(spec, max_price_per_card_hour=None), {"max_price_per_card_hour": None})]
     if rejected & {"capacity", "window", "price"}:
@@ -148,6 +150,9 @@ def _nearest(kind: str, spec: JobSpec, changes: dict[str, object], placement: Pl
             hours *= placement.standard_card_factor
         cap = (placement.cost / hours).quantize(Decimal("0.01"), ROUND_CEILING)
         return {"max_price_per_card_hour": str(cap)}
+    if kind == "reliability" and placement.reliability_percent is not None:
+        # The minimum that still admits the placement found: its cluster's score.
+        return {"min_reliability": str(placement.reliability_percent)}
     if kind == "window":
         local = timezone.localtime(placement.end_at)
         # The deadline the placement's run ends by, up to the next full hour (what a person would type).

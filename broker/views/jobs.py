@@ -59,6 +59,7 @@ REJECTION_REASONS: dict[str, Any] = {
     "fabric": gettext_lazy("the island's fabric is not allowed"),
     "latency": gettext_lazy("the latency from your origin hub is over the budget"),
     "unpriced": gettext_lazy("the cluster has no price card in force"),
+    "reliability": gettext_lazy("the cluster's reliability score is below your minimum"),
     "price": gettext_lazy("even its cheapest start is over your price cap"),
     "capacity": gettext_lazy("too few free cards for the whole run at any start"),
     "window": gettext_lazy("no start fits the window any more"),
@@ -172,6 +173,34 @@ class QuoteRow:
     lease_id: int | None
     plan: DrawPlan | None  # which of the buyer's packs would pay, in their units, and the effective price
     shift: TimeShift
+    reliability: QuoteReliability | None = None
+
+
+@dataclass(frozen=True)
+class QuoteReliability:
+    """The cluster's reliability score when quoted, and the SLA credit expected at it."""
+
+    percent: Decimal
+    prior: bool
+    interruptions_per_1000_card_hours: Decimal | None
+    expected_credit: Decimal
+    adjusted_cost: Decimal
+
+
+def _quote_reliability(quote: Quote, extra: dict[str, Any]) -> QuoteReliability | None:
+    """What the quote kept of its cluster's reliability; None for a quote made before it was kept."""
+    stored = extra.get("reliability")
+    if not isinstance(stored, dict) or stored.get("percent") is None:
+        return None
+    rate = stored.get("interruptions_per_1000_card_hours")
+    credit = Decimal(str(extra.get("expected_credit") or "0"))
+    return QuoteReliability(
+        percent=Decimal(str(stored["percent"])),
+        prior=bool(stored.get("prior")),
+        interruptions_per_1000_card_hours=Decimal(str(rate)) if rate is not None else None,
+        expected_credit=credit,
+        adjusted_cost=Decimal(str(extra.get("adjusted_cost") or quote.cost - credit)),
+    )
 
 
 def _quote_plan(quote: Quote, extra: dict[str, Any], packs: Callable[[], BuyerPacks]) -> DrawPlan:
@@ -308,6 +337,7 @@ def _quote_rows(quotes: list[Quote], *, now: datetime, buyer: Organisation) -> l
                 lease_id=lease.pk if lease is not None else None,
                 plan=_quote_plan(quote, extra, packs),
                 shift=_time_shift(quote, extra, now=now, cheapest_above=cheapest_above),
+                reliability=_quote_reliability(quote, extra),
             )
         )
         cheapest_above = quote.cost if cheapest_above is None else min(cheapest_above, quote.cost)
@@ -391,6 +421,11 @@ def _suggestions(job: Job) -> list[Suggestion]:
             change = _("No minimum memory per card")
         elif kind == "fabric":
             change = _("Any fabric")
+        elif kind == "reliability":
+            change = _("A minimum reliability of %(new)s %% (now %(old)s %%)") % {
+                "new": changes.get("min_reliability"),
+                "old": job.min_reliability,
+            }
         elif kind == "price":
             change = _("A price cap of %(new)s per card-hour (now %(old)s)") % {
                 "new": money(changes.get("max_price_per_card_hour")),

@@ -346,6 +346,13 @@ CARDHOUR_QUOTE_LIMIT_MAX = env.int("CARDHOUR_QUOTE_LIMIT_MAX", default=100)
 CARDHOUR_BROKER_CATALOG_TTL_SECONDS = env.float("CARDHOUR_BROKER_CATALOG_TTL_SECONDS", default=5.0)
 # Refuse a lease (402 insufficient_balance) whose expected draw the buyer's packs cannot pay.
 CARDHOUR_BROKER_REQUIRE_BALANCE = env.bool("CARDHOUR_BROKER_REQUIRE_BALANCE", default=True)
+# Reliability scores (broker.services.reliability, recomputed hourly): delivered ÷ sold card-seconds over
+# the last WINDOW_DAYS, with a Bayesian prior as if each cluster had also sold PRIOR_CARD_HOURS card-hours and
+# delivered PRIOR_PERCENT of them. The prior is a platform choice, not an official or measured figure: a new
+# cluster scores exactly it, and its own record outweighs it once it has sold more card-hours than this.
+CARDHOUR_RELIABILITY_WINDOW_DAYS = env.int("CARDHOUR_RELIABILITY_WINDOW_DAYS", default=30)
+CARDHOUR_RELIABILITY_PRIOR_CARD_HOURS = Decimal(env("CARDHOUR_RELIABILITY_PRIOR_CARD_HOURS", default="1000"))
+CARDHOUR_RELIABILITY_PRIOR_PERCENT = Decimal(env("CARDHOUR_RELIABILITY_PRIOR_PERCENT", default="99.0"))
 # Operators report usage at least this often; usage after a stop request is accepted this long after it.
 CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS = env.int("CARDHOUR_USAGE_REPORT_INTERVAL_SECONDS", default=60)
 # Long-poll of GET /operator/leases: the most a request may wait for a change.

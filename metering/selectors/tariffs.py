@@ -16,6 +16,7 @@ from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import PriceCardNotFoundError, TariffNotFoundError
 from metering.models import PriceCard, Tariff, TariffBand, TariffVersion, TariffWindow
+from metering.sla import SlaTier, sla_schedule_parse
 from metering.tariffs import CompiledTariff, TariffSpec, WindowSpec, tariff_compile
 
 _MAX_ID = 2**63 - 1  # BigAutoField; a larger path value cannot name a row and would overflow the query
@@ -180,6 +181,9 @@ class PriceCardRow:
     rate_per_card_hour: Decimal
     tariff_version_id: int
     tariff_code: str
+    # The card's service level (percent) and credit tiers (metering.sla), highest threshold first.
+    sla_availability_percent: Decimal | None = None
+    sla_credit_schedule: tuple[SlaTier, ...] = ()
 
 
 def price_cards_in_force(*, at: datetime | None = None) -> dict[int, PriceCardRow]:
@@ -196,10 +200,20 @@ def price_cards_in_force(*, at: datetime | None = None) -> dict[int, PriceCardRo
         "rate_per_card_hour",
         "tariff_version_id",
         "tariff_version__tariff__code",
+        "sla_availability_percent",
+        "sla_credit_schedule",
     )
     rows = cards.distinct("cluster_id") if connection.vendor == "postgresql" else cards
     out: dict[int, PriceCardRow] = {}
-    for cluster_id, pk, version, rate, tariff_version_id, code in rows.values_list(*fields):
+    for cluster_id, pk, version, rate, tariff_version_id, code, level, schedule in rows.values_list(*fields):
         if cluster_id not in out:
-            out[cluster_id] = PriceCardRow(pk, version, rate, tariff_version_id, code)
+            out[cluster_id] = PriceCardRow(
+                pk,
+                version,
+                rate,
+                tariff_version_id,
+                code,
+                level,
+                sla_schedule_parse(schedule) if schedule else (),
+            )
     return out

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from broker.models import Job, Lease
+from broker.models import ClusterReliability, Job, Lease
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster, Hub
@@ -78,3 +78,30 @@ def make_lease(
             actor=Actor.system("test"),
             check_balance=check_balance,
         )
+
+
+def make_reliability(
+    *, cluster: Cluster, percent: str, sold_card_seconds: int = 3_600_000, interruptions: int = 0
+) -> ClusterReliability:
+    """A stored reliability score for ``cluster`` (as the hourly refresh would leave it), with inputs that
+    fit it. The score itself is taken as given: its computation is tested in test_reliability.py."""
+    delivered = int(sold_card_seconds * Decimal(percent) / 100)
+    now = timezone.now().replace(microsecond=0)
+    row, _ = ClusterReliability.objects.update_or_create(
+        cluster=cluster,
+        defaults={
+            "window_start_at": now - timedelta(days=30),
+            "computed_at": now,
+            "sold_card_seconds": sold_card_seconds,
+            "delivered_card_seconds": delivered,
+            "interruptions": interruptions,
+            "card_hours": Decimal(sold_card_seconds) / 3600,
+            "prior_card_hours": Decimal(1000),
+            "prior_percent": Decimal("99.000"),
+            "reliability_percent": Decimal(percent),
+            "interruptions_per_1000_card_hours": (
+                Decimal(interruptions) * 1000 * 3600 / sold_card_seconds if sold_card_seconds else None
+            ),
+        },
+    )
+    return row

@@ -14,6 +14,7 @@ from decimal import Decimal
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin import helpers
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
@@ -29,6 +30,7 @@ from broker.models import (
     BuyerNotice,
     BuyerPreference,
     CapacityHold,
+    ClusterReliability,
     Job,
     Lease,
     LeaseEventDelivery,
@@ -42,13 +44,14 @@ from broker.services import dispatch
 from broker.services.leases import lease_lock, lease_transition, notice_create
 from broker.services.preferences import buyer_home_hub_set
 from broker.services.quotes import quote_create
+from broker.services.reliability import cluster_reliability_refresh
 from core.errors import ConflictError
 from core.models import Membership, Organisation
 from core.types import Actor
 from federation.models import Cluster, ClusterStatus
 from federation.services import cluster_status_set
 from tests.broker.factories import make_job, make_lease
-from tests.factories import BuyerFactory, OperatorFactory, UserFactory
+from tests.factories import BuyerFactory, OperatorFactory, UserFactory, make_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -164,6 +167,7 @@ class World:
         # 0: reserved on east, 1: running on west (so both operators have history and deliveries).
         self.leases = _grow(buyer, [east, west], 2)
         self.preference = buyer_home_hub_set(buyer=buyer, hub_code="yrd", actor=SYSTEM)
+        cluster_reliability_refresh()  # a score row per cluster, as the hourly beat leaves them
 
 
 @pytest.fixture
@@ -208,6 +212,10 @@ def test_changelist_queries_do_not_grow_with_rows(
     if model in (Budget, BudgetAlert, BudgetBreach, BuyerEndpoint):
         for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
             _budget_world(BuyerFactory(slug=slug, name=slug))
+    if model is ClusterReliability:
+        for name in ["r-1", "r-2", "r-3", "r-4"]:
+            make_cluster(operator=world.east.operator, hub="yrd", name=name, islands=[("isl-01", 8)])
+        cluster_reliability_refresh()
     if model is BuyerPreference:
         for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
             buyer_home_hub_set(buyer=BuyerFactory(slug=slug, name=slug), hub_code="nx", actor=SYSTEM)
@@ -614,3 +622,25 @@ def test_helpers() -> None:
     ]
     assert broker_admin._mask("") == "— (none: the operator disabled lease events)"
     assert broker_admin._mask("chw_abcdefghijklmnop") == "chw_abcd… (20 characters, hidden)"
+
+
+def test_reliability_scores_are_read_only_and_recomputed_by_the_action(
+    admin_client: Client, world: World
+) -> None:
+    west = ClusterReliability.objects.get(cluster=world.west)
+    ClusterReliability.objects.filter(cluster=world.east).delete()
+    response = admin_client.post(
+        _url(ClusterReliability, "changelist"),
+        {"action": "recompute", helpers.ACTION_CHECKBOX_NAME: [west.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert "2 reliability scores recomputed." in response.content.decode()
+    assert set(ClusterReliability.objects.values_list("cluster_id", flat=True)) == {
+        world.east.pk,
+        world.west.pk,
+    }
+    assert (
+        admin_client.post(_url(ClusterReliability, "change", west.pk), {"interruptions": 9}).status_code
+        == 403
+    )

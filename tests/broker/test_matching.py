@@ -17,7 +17,7 @@ from core.types import Actor
 from federation.models import Cluster
 from federation.services import cluster_status_set
 from tests.broker.conftest import A800, H800
-from tests.broker.factories import make_job, make_lease
+from tests.broker.factories import make_job, make_lease, make_reliability
 from tests.factories import make_cluster
 from tests.metering.factories import make_price_card
 
@@ -159,6 +159,7 @@ def test_every_rejection_reason_is_counted(
     cluster("far", hub="nx")
     cluster("unpriced", rate=None)
     cluster("dear", rate="99.0000")
+    make_reliability(cluster=cluster("shaky"), percent="90.000")
     cluster("small", cards=4)
     busy = cluster("busy")
     make_lease(job=make_job(buyer=buyer), cluster=busy, cards=8, start_at=at(9), end_at=at(13))
@@ -171,6 +172,8 @@ def test_every_rejection_reason_is_counted(
         earliest_start_at=at(10),
         deadline_at=at(12),
         duration_seconds=7200,
+        # Below the shaky cluster's 90 %, above the others' prior (99.0 %: no score stored).
+        min_reliability=Decimal("98.5"),
     )
     result = find(job)
     assert result.rejections == {
@@ -180,12 +183,13 @@ def test_every_rejection_reason_is_counted(
         "fabric": 1,
         "latency": 1,
         "unpriced": 1,
+        "reliability": 1,
         "price": 1,
         "capacity": 2,
         "window": 0,
     }
     assert [p.cluster_cpi for p in result.placements] == [good.cpi]
-    assert result.considered == 10 and result.feasible == 1
+    assert result.considered == 11 and result.feasible == 1
     memory_job = make_job(
         buyer=buyer,
         min_memory_gb=Decimal("96"),
@@ -194,7 +198,7 @@ def test_every_rejection_reason_is_counted(
         duration_seconds=7200,
     )
     memory = find(memory_job)
-    assert memory.rejections["memory"] == 8 and memory.rejections["chip"] == 0  # the L20 has 48 GB
+    assert memory.rejections["memory"] == 9 and memory.rejections["chip"] == 0  # the L20 has 48 GB
     # Too little TFLOPS is the chip's fault.
     assert (
         find(
@@ -206,7 +210,7 @@ def test_every_rejection_reason_is_counted(
                 duration_seconds=7200,
             )
         ).rejections["chip"]
-        == 8
+        == 9
     )  # the two offline ones count as offline
 
 

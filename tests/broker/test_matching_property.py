@@ -69,7 +69,9 @@ holds_strategy = st.lists(
 )
 
 
-def _spec(*, cards: int, duration: int, preference: str = "price") -> JobSpec:
+def _spec(
+    *, cards: int, duration: int, preference: str = "price", min_reliability: Decimal | None = None
+) -> JobSpec:
     """An island-gang job for ``cards`` cards over ``duration`` seconds within the next 24 h."""
     return JobSpec(
         cards=cards,
@@ -86,6 +88,7 @@ def _spec(*, cards: int, duration: int, preference: str = "price") -> JobSpec:
         duration_seconds=duration,
         max_price_per_card_hour=None,
         preference=preference,
+        min_reliability=min_reliability,
     )
 
 
@@ -209,9 +212,12 @@ def clustered_catalogue(
     capacity: list[int],
     rates: list[int],
     reports: list[tuple[int, int]] | None = None,
+    reliability_e3: list[int] | None = None,
+    credit: list[str] | None = None,
 ) -> Catalogue:
     """Clusters of several islands (the matcher ranks them a cluster at a time), on two hubs; ``reports``:
-    (cards withheld, expiry) per island, as in ``catalogue``."""
+    (cards withheld, expiry) per island, as in ``catalogue``; per cluster, its reliability score (percent
+    × 1000) and the fraction of a cost its SLA credit is expected to be."""
     m = len(islands_per_cluster)
     island_cluster = np.repeat(np.arange(m), islands_per_cluster)
     n = len(island_cluster)
@@ -245,7 +251,28 @@ def clustered_catalogue(
         withheld_island=np.array(reported, dtype=np.int64),
         withheld_cards=np.array([reports[i][0] for i in reported], dtype=np.int64),
         withheld_until=np.array([reports[i][1] for i in reported], dtype=np.int64),
+        cluster_reliability_e3=np.array((reliability_e3 or [99_000] * m)[:m], dtype=np.int64),
+        cluster_credit=[Decimal(f) for f in (credit or ["0"] * m)[:m]],
+        cluster_credit_fraction=np.array([float(f) for f in (credit or ["0"] * m)[:m]], dtype=np.float64),
     )
+
+
+# Per cluster: reliability scores (percent × 1000) around the minimums tried, and expected credit fractions.
+reliability_strategy = st.lists(st.sampled_from([97_000, 99_000, 99_500, 99_900]), min_size=5, max_size=5)
+credit_strategy = st.lists(st.sampled_from(["0", "0", "0.1", "0.25"]), min_size=5, max_size=5)
+minimum_strategy = st.sampled_from([None, Decimal("99"), Decimal("99.5")])
+
+
+def _rank_cost(cat: Catalogue, cluster: int, cards: int, value: float, preference: str) -> float:
+    """What the ranking compares: the list cost, or for ``adjusted`` the cost less the expected credit."""
+    rate = cat.cluster_rate[cluster]
+    if preference == "adjusted":
+        rate = rate * (1.0 - cat.cluster_credit_fraction[cluster])
+    return float(rate * cards * value)
+
+
+def _reliable(cat: Catalogue, cluster: int, minimum: Decimal | None) -> bool:
+    return minimum is None or int(cat.cluster_reliability_e3[cluster]) >= int(minimum * 1000)
 
 
 @settings(max_examples=300, deadline=None)
@@ -259,6 +286,9 @@ def clustered_catalogue(
     preference="price",
     limit=1,
     reports=[(0, 0)] * 20,
+    reliability=[99_000] * 5,
+    credit=["0"] * 5,
+    minimum=None,
 )
 @given(
     islands_per_cluster=st.lists(st.integers(1, 4), min_size=1, max_size=5),
@@ -272,8 +302,11 @@ def clustered_catalogue(
     ),
     cards=st.integers(1, 8),
     duration=st.integers(600, 6 * 3600),
-    preference=st.sampled_from(["price", "latency"]),
+    preference=st.sampled_from(["price", "latency", "adjusted"]),
     limit=st.integers(1, 6),
+    reliability=reliability_strategy,
+    credit=credit_strategy,
+    minimum=minimum_strategy,
     reports=st.lists(
         st.tuples(
             st.integers(0, 8),
@@ -293,22 +326,30 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     preference: str,
     limit: int,
     reports: list[tuple[int, int]],
+    reliability: list[int],
+    credit: list[str],
+    minimum: Decimal | None,
 ) -> None:
     """The matcher ranks whole clusters first; the answer must be the ranking of every island on its own
     at its exact cheapest feasible start (ties: earliest start, then island id), heartbeat reports
-    included (their withheld cards move the starts they block, as holds do)."""
+    included (their withheld cards move the starts they block, as holds do). Clusters below the job's
+    minimum reliability are rejected under ``reliability``; ``adjusted`` ranks by cost less the expected
+    credit."""
     t0 = int(NOW.timestamp())
     reports = [(min(w, c), t0 + offset) for (w, offset), c in zip(reports, capacity, strict=True)]
-    cat = clustered_catalogue(islands_per_cluster, capacity, rates, reports)
+    cat = clustered_catalogue(islands_per_cluster, capacity, rates, reports, reliability, credit)
     n = cat.size
-    spec = _spec(cards=cards, duration=duration, preference=preference)
+    spec = _spec(cards=cards, duration=duration, preference=preference, min_reliability=minimum)
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = _hold_arrays(holds, t0)
     result = match(
         spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=limit, tariff_of=TARIFFS.__getitem__
     )
     window = window_of(spec, now=NOW, step=STEP)
-    candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
+    unreliable = [i for i in range(n) if not _reliable(cat, int(cat.island_cluster[i]), minimum)]
+    candidates = np.array(
+        [i for i in range(n) if capacity[i] >= cards and i not in unreliable], dtype=np.int64
+    )
     blocked = _blocked_starts(
         cat,
         arrays,
@@ -325,7 +366,7 @@ def test_ranking_by_cluster_matches_ranking_every_island(
         if not ok.any():
             continue
         k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
-        cost = cat.cluster_rate[cluster] * cards * float(values[k])
+        cost = _rank_cost(cat, cluster, cards, float(values[k]), preference)
         latency = float(cat.latency_ms[1][cat.cluster_hub[cluster]])
         rows.append((latency, cost, int(island), k))
     primary = (lambda r: (r[0], r[1], r[2])) if preference == "latency" else (lambda r: (r[1], r[0], r[2]))
@@ -335,7 +376,8 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     ]
     assert [(p.island_cpis[0], p.start_at) for p in result.placements] == expected
     assert result.feasible == len(rows)
-    assert result.rejections["capacity"] == n - len(rows)
+    assert result.rejections["reliability"] == len(unreliable)
+    assert result.rejections["capacity"] == n - len(unreliable) - len(rows)
 
 
 @settings(max_examples=300, deadline=None)
@@ -348,6 +390,22 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     duration=3600,
     preference="price",
     limit=3,
+    reliability=[99_000] * 5,
+    credit=["0"] * 5,
+    minimum=None,
+)
+@example(  # the dearer cluster is first after its expected credit; the third is below the minimum
+    islands_per_cluster=[2, 1, 1],
+    capacity=[8] * 25,
+    rates=[10, 12, 8, 10, 10],
+    holds=[],
+    cards=8,
+    duration=3600,
+    preference="adjusted",
+    limit=3,
+    reliability=[99_900, 99_000, 97_000, 99_000, 99_000],
+    credit=["0", "0.25", "0.25", "0", "0"],
+    minimum=Decimal("99"),
 )
 @given(
     islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=5),
@@ -361,8 +419,11 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     ),
     cards=st.integers(1, 8),
     duration=st.integers(600, 6 * 3600),
-    preference=st.sampled_from(["price", "latency"]),
+    preference=st.sampled_from(["price", "latency", "adjusted"]),
     limit=st.integers(1, 6),
+    reliability=reliability_strategy,
+    credit=credit_strategy,
+    minimum=minimum_strategy,
 )
 def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
     islands_per_cluster: list[int],
@@ -373,14 +434,17 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
     duration: int,
     preference: str,
     limit: int,
+    reliability: list[int],
+    credit: list[str],
+    minimum: Decimal | None,
 ) -> None:
     """With ``distinct``, each placement is an offer: every island of one cluster whose exact cheapest
     feasible start is the same, the lowest first; offers rank as their best island does, and ``limit``
     counts offers. The offer's earliest start is the earliest any of its islands could take."""
-    cat = clustered_catalogue(islands_per_cluster, capacity, rates)
+    cat = clustered_catalogue(islands_per_cluster, capacity, rates, None, reliability, credit)
     n = cat.size
     t0 = int(NOW.timestamp())
-    spec = _spec(cards=cards, duration=duration, preference=preference)
+    spec = _spec(cards=cards, duration=duration, preference=preference, min_reliability=minimum)
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = _hold_arrays(holds, t0)
     result = match(
@@ -394,7 +458,10 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
         distinct=True,
     )
     window = window_of(spec, now=NOW, step=STEP)
-    candidates = np.array([i for i in range(n) if capacity[i] >= cards], dtype=np.int64)
+    candidates = np.array(
+        [i for i in range(n) if capacity[i] >= cards and _reliable(cat, int(cat.island_cluster[i]), minimum)],
+        dtype=np.int64,
+    )
     blocked = _blocked_starts(cat, arrays, window, candidates, np.full(n, cards, dtype=np.int64))
     offers: dict[tuple[int, int], list[tuple[float, float, int, int]]] = {}
     for island in candidates:
@@ -404,7 +471,7 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
         if not ok.any():
             continue
         k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
-        cost = cat.cluster_rate[cluster] * cards * float(values[k])
+        cost = _rank_cost(cat, cluster, cards, float(values[k]), preference)
         latency = float(cat.latency_ms[1][cat.cluster_hub[cluster]])
         offers.setdefault((cluster, k), []).append((latency, cost, int(island), int(np.argmax(ok))))
     rows = [(*sorted(group, key=lambda r: r[2])[0][:3], k, group) for (_cl, k), group in offers.items()]

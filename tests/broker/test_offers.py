@@ -172,6 +172,7 @@ def test_the_job_keeps_its_latest_quote_summary_and_the_api_returns_it(
             "fabric": 0,
             "latency": 2,
             "unpriced": 0,
+            "reliability": 0,
             "price": 0,
             "capacity": 0,
             "window": 0,

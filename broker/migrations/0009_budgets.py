@@ -49,7 +49,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("django_celery_beat", "0019_alter_periodictasks_options"),
-        ('broker', '0006_job_quote_summary_cluster_pin_quote_alternatives'),
+        ('broker', '0008_reliability'),
         ('core', '0005_demo_record'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
