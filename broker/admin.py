@@ -1439,8 +1439,6 @@ class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = readonly_fields = ("buyer", "home_hub", "updated_at")
 
 
-# Budgets and caps register their own admins (broker/budgets/admin.py).
-from broker.budgets import admin as _budgets_admin  # noqa: E402, F401
 @admin.register(ClusterReliability)
 class ClusterReliabilityAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     """Each cluster's reliability score with the inputs it was computed from (broker.services.reliability).
@@ -1499,3 +1497,7 @@ class SlaAssessmentAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ["outcome", "assessed_at"]
     search_fields = ["lease__id"]
     list_select_related = ["lease", "credit"]
+
+
+# Budgets and caps register their own admins (broker/budgets/admin.py).
+from broker.budgets import admin as _budgets_admin  # noqa: E402, F401

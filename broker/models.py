@@ -362,15 +362,6 @@ class BuyerPreference(models.Model):
         return f"preferences of {self.buyer_id}"
 
 
-# Budgets and caps live in their own package (broker/budgets); imported here so Django registers them.
-from broker.budgets.models import (  # noqa: E402, F401
-    Budget,
-    BudgetAlert,
-    BudgetBreach,
-    BudgetHold,
-    BuyerEndpoint,
-    LeaseOrigin,
-)
 class ClusterReliability(models.Model):
     """A cluster's reliability score over the rolling window before ``computed_at``, with its inputs.
 
@@ -451,3 +442,14 @@ class SlaAssessment(models.Model):
 
     def __str__(self) -> str:
         return f"SLA assessment of lease {self.lease_id}: {self.outcome}"
+
+
+# Budgets and caps live in their own package (broker/budgets); imported here so Django registers them.
+from broker.budgets.models import (  # noqa: E402, F401
+    Budget,
+    BudgetAlert,
+    BudgetBreach,
+    BudgetHold,
+    BuyerEndpoint,
+    LeaseOrigin,
+)

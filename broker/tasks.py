@@ -96,6 +96,8 @@ def budget_alerts_deliver(alert_ids: list[int] | None = None) -> int:
     from broker.budgets.services import budget_alerts_deliver_due
 
     return budget_alerts_deliver_due(alert_ids=alert_ids)
+
+
 @shared_task(
     name="broker.reliability_refresh", autoretry_for=(OperationalError,), retry_backoff=True, max_retries=3
 )

@@ -857,12 +857,15 @@ def _lease_stop_for_exhaustion(*, lease_id: int, now: datetime) -> bool:
 
 
 def leases_stop_flagged(*, buyer_ids: Collection[int] | None = None, now: datetime | None = None) -> int:
-    """Ask operators to stop every running lease that metering's rating flagged, whatever the reason; return
-    how many. Today one reason: the buyer's packs ran dry (leases_stop_exhausted). The one stop step of
+    """Ask operators to stop every running lease that rating's figures call for, whatever the reason; return
+    how many. Two reasons: the buyer's packs ran dry (leases_stop_exhausted), and posted spend reached a
+    budget's hard cap (leases_stop_over_cap, which evaluates the buyers' budgets first). The one stop step of
     enforcement, run right after each rating on arrival (broker.services.enforcement) and every 10 s as the
     safety net (broker.tasks.leases_stop_exhausted). Idempotent; ``buyer_ids`` limits it to those buyers.
     """
-    return leases_stop_exhausted(buyer_ids=buyer_ids, now=now)
+    exhausted = leases_stop_exhausted(buyer_ids=buyer_ids, now=now)
+    over_cap = leases_stop_over_cap(buyer_ids=set(buyer_ids) if buyer_ids is not None else None, now=now)
+    return exhausted + over_cap
 
 
 # --- Operator endpoint and lease events -------------------------------------------------------------

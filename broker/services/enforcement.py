@@ -1,5 +1,5 @@
 """Enforcement on arrival: usage is rated within seconds of being accepted, and the running leases of the
-buyers that rating flags are asked to stop at once, instead of on the minute's rating beat.
+buyers that rating flags (packs exhausted, a budget's hard cap reached) are asked to stop at once, instead of on the minute's rating beat.
 
 The path: the usage API, once a report that stored records has committed, calls
 ``broker.tasks.usage_rate_on_arrival_request``, which queues the ``broker.usage_rate_on_arrival`` task (to start
@@ -69,6 +69,9 @@ def usage_rate_and_enforce(*, now: datetime | None = None) -> EnforcementRun:
     minute's rating (see the module docstring). Each rating batch and each stop is its own transaction.
     """
     usage_rating_request_clear()
-    rated = rating.usage_rate_pending(now=now)
-    stopped = dispatch.leases_stop_flagged(now=now)
+    rated_buyers: set[int] = set()
+    rated = rating.usage_rate_pending(now=now, rated_buyers=rated_buyers)
+    # Only the buyers just rated can have become flagged or crossed a cap through this run's records;
+    # the 10 s safety net looks at everyone.
+    stopped = dispatch.leases_stop_flagged(buyer_ids=rated_buyers, now=now) if rated_buyers else 0
     return EnforcementRun(rated=rated, stopped=stopped)

@@ -152,14 +152,18 @@ def usage_rate_pending(
     max_batches: int | None = None,
     buyer: Organisation | None = None,
     now: datetime | None = None,
+    rated_buyers: set[int] | None = None,
 ) -> int:
     """Rate unrated usage records batch by batch until none is left (or ``max_batches``); return how many
     were rated. Safe to run concurrently and to re-run after a crash. ``buyer`` limits it to one account
-    (the admin's "re-run rating")."""
+    (the admin's "re-run rating"). ``rated_buyers``, when given, receives the ids of the buyers whose
+    records were rated (enforcement on arrival evaluates their budgets, not every buyer's)."""
     size = batch_size or settings.CARDHOUR_RATING_BATCH_SIZE
     rated = batches = 0
     while max_batches is None or batches < max_batches:
-        count = _rate_batch(batch_size=size, buyer_id=buyer.pk if buyer else None, now=now)
+        count = _rate_batch(
+            batch_size=size, buyer_id=buyer.pk if buyer else None, now=now, rated_buyers=rated_buyers
+        )
         batches += 1
         rated += count
         if count < size:
@@ -168,7 +172,9 @@ def usage_rate_pending(
 
 
 @transaction.atomic
-def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) -> int:
+def _rate_batch(
+    *, batch_size: int, buyer_id: int | None, now: datetime | None, rated_buyers: set[int] | None = None
+) -> int:
     if connection.vendor == "postgresql":
         # Rating is recomputable from the usage records, which are durable before they are rated: if the
         # server crashes within the next ~0.6 s, this whole transaction is lost (never half of it) and
@@ -194,7 +200,10 @@ def _rate_batch(*, batch_size: int, buyer_id: int | None, now: datetime | None) 
     }
     standard = _StandardCards.load()
     commission_e6 = to_micros(settings.CARDHOUR_PLATFORM_COMMISSION)
-    packs = _lock_packs(buyer_ids={r[3] for r in records})
+    buyer_ids = {r[3] for r in records}
+    packs = _lock_packs(buyer_ids=buyer_ids)
+    if rated_buyers is not None:
+        rated_buyers.update(buyer_ids)
 
     rows: list[tuple] = []
     # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below.
