@@ -29,8 +29,8 @@ def leases_fail_over() -> int:
 )
 def leases_stop_exhausted() -> int:
     """Ask operators to stop the running leases of buyers whose packs ran dry (every 10 s): the safety net
-    of enforcement on arrival, so it stops everything flagged (dispatch.leases_stop_flagged)."""
-    return dispatch.leases_stop_flagged()
+    of enforcement on arrival for exhaustion; leases_stop_over_cap below is the one for budget caps."""
+    return dispatch.leases_stop_exhausted()
 
 
 @shared_task(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from unittest import mock
 from zoneinfo import ZoneInfo
@@ -323,3 +324,43 @@ def test_stopping_what_is_flagged_can_be_limited_to_some_buyers(
     }
     assert dispatch.leases_stop_flagged() == 1
     assert Lease.objects.get(pk=mine.pk).state == LeaseState.STOP_REQUESTED
+
+
+def test_usage_that_reaches_a_hard_cap_stops_the_running_lease_when_it_is_accepted(
+    pinned: datetime,
+    arrival: list[str],
+    east: APIClient,
+    buyer: Organisation,
+    east_cluster: Cluster,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """The same arrival run that rates a report evaluates the buyer's budgets: posted spend reaching the
+    organisation's hard cap stops its running lease at once (packs are plentiful: not an exhaustion)."""
+    from broker.budgets.models import BudgetBreach
+    from broker.budgets.selectors import budget_statuses
+    from tests.broker.test_budgets import cap
+
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=100, price="900.00", key="big", paid_at=NOW)
+    lease = running_lease(east_cluster, buyer)
+    report(east, lease, "first", LEASE_START, capture=django_capture_on_commit_callbacks)
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.RUNNING
+    budget = cap(buyer, "1000.00")
+    (status,) = budget_statuses(buyer_id=buyer.pk, budgets=[budget], at=NOW)
+    first_spend = status.spent
+    assert first_spend > 0
+    # A cap a fen above what is spent: the next five minutes (the same spend again) reach it.
+    budget.hard_cap = first_spend + Decimal("0.01")
+    budget.save(update_fields=["hard_cap"])
+
+    report(east, lease, "second", LEASE_START + FIVE_MINUTES, capture=django_capture_on_commit_callbacks)
+    assert arrival == [TASK, TASK, "broker.budget_alerts_deliver"]  # the cap's alert goes out after commit
+    lease.refresh_from_db()
+    assert (lease.state, lease.stop_requested_at) == (LeaseState.STOP_REQUESTED, NOW)
+    assert lease.reason.startswith(f"budget cap reached: budget {budget.pk} (organisation) at ")
+    breach = BudgetBreach.objects.get()
+    assert (breach.spent, breach.cap) == (2 * first_spend, first_spend + Decimal("0.01"))
+    assert not BuyerExhaustion.objects.exists()
+    pulled = east.get("/api/v1/operator/leases", {"state": "stop_requested"}).json()["results"]
+    assert [item["id"] for item in pulled] == [lease.pk]
+    # The 10 s safety net finds nothing left to stop.
+    assert tasks.leases_stop_over_cap() == 0
