@@ -614,10 +614,14 @@ def _flag_exhaustion(
     for record_id, _op, cluster_id, buyer_id, *_rest in records:
         used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
     now_s = _epoch(now)
+    # A standard-card pack cannot pay for a chip with no dense FP16 figure (no standard-card factor): it
+    # must not count as something left, or a buyer holding only such a pack would run into arrears unflagged.
+    factorless = {slug for slug, tflops in chips.values() if tflops is None}
     dry: dict[tuple[int, str], tuple[int, int]] = {}
     for (buyer_id, chip_slug), first_record in used.items():
+        usable = (chip_slug,) if chip_slug in factorless else (chip_slug, STANDARD_CLASS)
         left = any(
-            p.balance > 0 and not p.dust and p.expires > now_s and p.class_key in (chip_slug, STANDARD_CLASS)
+            p.balance > 0 and not p.dust and p.expires > now_s and p.class_key in usable
             for p in packs.get(buyer_id, ())
         )
         if not left:

@@ -364,3 +364,40 @@ def test_usage_that_reaches_a_hard_cap_stops_the_running_lease_when_it_is_accept
     assert [item["id"] for item in pulled] == [lease.pk]
     # The 10 s safety net finds nothing left to stop.
     assert tasks.leases_stop_over_cap() == 0
+
+
+def test_a_standard_pack_that_cannot_pay_for_the_chip_does_not_keep_the_lease_running(
+    pinned: datetime,
+    arrival: list[str],
+    east: APIClient,
+    east_operator: Organisation,
+    buyer: Organisation,
+    presets: None,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Hygon's DCU K100 has no published dense FP16 figure, so no standard-card factor: a standard pack cannot
+    pay for it, and usage on it is arrears at once — the buyer is flagged and the lease stopped, however
+    many standard card-hours it holds."""
+    from tests.factories import make_cluster
+    from tests.metering.factories import make_price_card
+
+    cluster = make_cluster(
+        operator=east_operator,
+        hub="yrd",
+        name="sh-dcu",
+        accelerator="hygon-dcu-k100",
+        islands=[("isl-01", 8)],
+    )
+    make_price_card(cluster=cluster, rate="6.0000", tariff_code="cn-gd")
+    standard = make_paid_pack(
+        buyer=buyer, card_hours=1000, price="12000.00", key="std", paid_at=NOW - timedelta(days=3)
+    )
+    lease = running_lease(cluster, buyer)
+
+    report(east, lease, "first", LEASE_START, capture=django_capture_on_commit_callbacks)
+
+    assert arrival == [TASK]
+    assert pack_balance(standard) == 1000 * 1_000_000  # not drawn: it cannot pay for this chip
+    flag = BuyerExhaustion.objects.get()
+    assert (flag.buyer_id, flag.pack_class, flag.shortfall) == (buyer.pk, "hygon-dcu-k100", 666_667)
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.STOP_REQUESTED
