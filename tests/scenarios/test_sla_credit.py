@@ -271,8 +271,32 @@ def test_an_interrupted_lease_gets_one_credit_note_that_balances_and_matches_the
 
 
 def test_the_beat_is_scheduled_every_ten_minutes() -> None:
+    """The migration is applied and its forward step schedules the task (run here on an empty table: a
+    transactional test's flush, kept by --reuse-db, may have removed the migrated row), once."""
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from config.celery_app import app as celery_app
+
+    migration = importlib.import_module("broker.migrations.0007_sla_assessment")
+    assert (
+        MigrationRecorder(connection).migration_qs.filter(app="broker", name="0007_sla_assessment").exists()
+    )
+    PeriodicTask.objects.filter(task="broker.leases_sla_assess").delete()
+    migration.create_schedule(apps, None)
+    migration.create_schedule(apps, None)
     task = PeriodicTask.objects.get(task="broker.leases_sla_assess")
-    assert (task.enabled, task.interval.every, task.interval.period) == (True, 600, "seconds")
+    assert (task.enabled, task.interval.every, task.interval.period, task.expire_seconds) == (
+        True,
+        600,
+        "seconds",
+        600,
+    )
+    celery_app.loader.import_default_modules()
+    assert "broker.leases_sla_assess" in celery_app.tasks
 
 
 def test_no_credit_when_the_buyer_cancelled_before_the_cluster_went_down(world) -> None:
@@ -462,3 +486,56 @@ def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_o
     assert list(april_invoice.lines.values_list("kind", "amount")) == [
         (InvoiceLine.Kind.SLA_REVERSAL, Decimal("18.00"))
     ]
+
+
+def test_the_celery_task_run_twice_issues_one_note(world) -> None:
+    from broker.tasks import leases_sla_assess
+
+    lease = running_lease(world, checkpointable=False)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+    # The task runs on the real clock, long after this pinned March: the lease is due.
+    assert leases_sla_assess.apply().get() == 1
+    assert leases_sla_assess.apply().get() == 0
+    assert SlaCredit.objects.count() == 1
+    assert LedgerTransfer.objects.filter(kind=TransferKind.SLA_CREDIT).count() == 1
+    assert SlaAssessment.objects.filter(lease=lease).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_assessing_one_lease_at_once_issue_one_note(world) -> None:
+    import threading
+
+    from django.db import connections
+
+    lease = running_lease(world, checkpointable=False)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+
+    results: list[int | None] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            assessment = lease_sla_assess(lease_id=lease.pk, now=at(60))
+            results.append(assessment.pk if assessment else None)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert len(set(results)) == 1 and results[0] is not None  # both see the one assessment
+    assert SlaCredit.objects.count() == 1
+    assert LedgerTransfer.objects.filter(kind=TransferKind.SLA_CREDIT).count() == 1
