@@ -107,8 +107,10 @@ def world(db: None) -> dict[str, object]:
     return {"east": east, "west": west, "buyer": buyer, "pack": pack}
 
 
-def running_lease(world: dict[str, object], *, checkpointable: bool) -> Lease:
-    buyer = world["buyer"]
+def running_lease(
+    world: dict[str, object], *, checkpointable: bool, buyer: Organisation | None = None
+) -> Lease:
+    buyer = buyer or world["buyer"]  # type: ignore[assignment]
     assert isinstance(buyer, Organisation)
     job = make_job(
         buyer=buyer,
@@ -539,3 +541,39 @@ def test_two_workers_assessing_one_lease_at_once_issue_one_note(world) -> None:
     assert len(set(results)) == 1 and results[0] is not None  # both see the one assessment
     assert SlaCredit.objects.count() == 1
     assert LedgerTransfer.objects.filter(kind=TransferKind.SLA_CREDIT).count() == 1
+
+
+def test_a_credit_for_usage_with_no_pack_takes_money_off_what_is_owed(world) -> None:
+    """Beta has no pack: its 4 card-hours are arrears (48 CNY owed). Half comes back: the arrears shrink by 2
+    card-hours, the money owed by 24 CNY, and the invoice's amount due says 24.00."""
+    from datetime import date
+
+    from metering.models import Invoice, InvoiceLine
+    from metering.services.billing import billing_close_period
+
+    beta = BuyerFactory(slug="beta", name="Beta Labs")
+    lease = running_lease(world, checkpointable=False, buyer=beta)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+    before = balances()
+    leases_sla_assess_due(now=at(60))
+    credit = SlaCredit.objects.get()
+    after = balances()
+    moved = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+    assert moved == {
+        f"arrears:{beta.pk}:{A800}": 2_000_000,
+        f"issuance:{A800}": -2_000_000,
+        f"buyer_money:{beta.pk}": -24_000_000,
+        f"operator_earnings:{world['east'].operator_id}": 21_600_000,
+        "platform_commission": 2_400_000,
+    }
+    assert [line["to"] for line in credit.lines] == ["arrears"]
+
+    billing_close_period(period_start=date(2026, 3, 1), now=datetime(2026, 4, 1, 1, tzinfo=SHANGHAI))
+    invoice = Invoice.objects.get(buyer=beta, period_start=date(2026, 3, 1))
+    assert list(invoice.lines.order_by("seq").values_list("kind", "amount")) == [
+        (InvoiceLine.Kind.ARREARS, Decimal("48.00")),
+        (InvoiceLine.Kind.SLA_CREDIT, Decimal("-24.00")),
+    ]
+    assert (invoice.arrears_amount, invoice.amount_due) == (Decimal("24.00"), Decimal("24.00"))
