@@ -45,7 +45,9 @@ of that, only where the schema cannot say what the server checks:
   not resolve to a private address) and Django's URL rules (63-character labels) on ``endpoint_url``, and the
   cluster's total cards (``cluster_too_large``, a sum over islands); ``clusters_heartbeat``: ``sent_at``
   against the server's clock (the allowed skew); ``islands_add``: the same total;
-  ``price_cards_create``: ``effective_from`` in the past; ``fleet_imports_create``: the CSV's content;
+  ``price_cards_create``: ``effective_from`` in the past (and the SLA schedule's rules across tiers);
+  ``clusters_maintenance_announce``: a window against the server's clock (in the future, at most 7 days);
+  ``fleet_imports_create``: the CSV's content;
   ``hub_latencies_measure``: ``measured_at`` ahead of the server's clock or before 2000; ``jobs_create``:
   the job's rules across fields and against the clock and the catalog (``job_invalid``);
   ``operator_leases_start``/``_stop``: times against the lease's window (``lease_time_invalid``);
@@ -188,6 +190,7 @@ POSITIVE_ACCEPTED_BY_OPERATION: dict[str, list[str]] = {
     "clusters_heartbeat": ["400"],
     "islands_add": ["400", "409"],
     "price_cards_create": ["400"],
+    "clusters_maintenance_announce": ["400"],
     "fleet_imports_create": ["400"],
     "hub_latencies_measure": ["400"],
     "jobs_create": ["400"],
