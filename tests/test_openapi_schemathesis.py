@@ -45,7 +45,9 @@ of that, only where the schema cannot say what the server checks:
   not resolve to a private address) and Django's URL rules (63-character labels) on ``endpoint_url``, and the
   cluster's total cards (``cluster_too_large``, a sum over islands); ``clusters_heartbeat``: ``sent_at``
   against the server's clock (the allowed skew); ``islands_add``: the same total;
-  ``price_cards_create``: ``effective_from`` in the past; ``fleet_imports_create``: the CSV's content;
+  ``price_cards_create``: ``effective_from`` in the past (and the SLA schedule's rules across tiers);
+  ``clusters_maintenance_announce``: a window against the server's clock (in the future, at most 7 days);
+  ``fleet_imports_create``: the CSV's content;
   ``hub_latencies_measure``: ``measured_at`` ahead of the server's clock or before 2000; ``jobs_create``:
   the job's rules across fields and against the clock and the catalog (``job_invalid``);
   ``operator_leases_start``/``_stop``: times against the lease's window (``lease_time_invalid``);
@@ -105,9 +107,10 @@ from core.types import Actor
 from federation import services as federation_services
 from federation.models import Cluster
 from federation.types import IslandReport
-from metering.models import Invoice, PackOrder, PackProduct, Settlement, Tariff
+from metering.models import Invoice, PackOrder, PackProduct, Settlement, SlaCredit, Tariff
 from metering.services.billing import billing_close_period
 from metering.services.rating import usage_rate_pending
+from metering.services.sla import sla_credit_issue
 from metering.services.tariffs import tariff_create
 from metering.services.usage import usage_record_create_batch
 from metering.tariffs import PRESETS
@@ -141,6 +144,12 @@ HOSTILE_STRINGS = ["\x00", f"{CPI}\x00", f"{CPI}\n", "a/b", "x" * 300, CPI.upper
 HOSTILE_INTEGERS = [0, -1, 2**31, 2**63]
 
 PLATFORM_ONLY = {"hub_latencies_measure"}
+# The seeded SLA credit note's lease id (metering names a lease by id only) and cucc's credit schedule.
+SLA_LEASE_ID = 990_001
+SLA_SCHEDULE = [
+    {"below_percent": "99.5", "credit_percent": "10"},
+    {"below_percent": "95", "credit_percent": "25"},
+]
 # Buyer-only operations: fuzzed with the buyer's token, so their inputs get past the 403 (the operator's
 # 403 is a hand-written scenario).
 BUYER_ONLY = {
@@ -192,6 +201,7 @@ POSITIVE_ACCEPTED_BY_OPERATION: dict[str, list[str]] = {
     "clusters_heartbeat": ["400"],
     "islands_add": ["400", "409"],
     "price_cards_create": ["400"],
+    "clusters_maintenance_announce": ["400"],
     "fleet_imports_create": ["400"],
     "hub_latencies_measure": ["400"],
     "jobs_create": ["400"],
@@ -261,6 +271,7 @@ class World:
     soon_lease: Lease  # acme's on cucc's cluster, reserved, starting in a minute
     budget: Budget  # acme's organisation budget (soft amount only)
     other_budget: Budget  # beta's
+    sla_credit: SlaCredit  # on acme's March usage of cucc's cluster: acme's and cucc's
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secret}"}
@@ -309,6 +320,7 @@ class World:
             "quote_id": [self.quote.pk],
             "lease_id": [self.lease.pk, self.other_lease.pk],
             "budget_id": [self.budget.pk, self.other_budget.pk],
+            "credit_id": [self.sla_credit.pk, self.sla_credit.pk + 1000],
         }
 
 
@@ -406,7 +418,13 @@ def _closed_march(*, clusters: list[Cluster], buyer: Organisation) -> dict[str, 
     )
     now = datetime(2026, 4, 1, 3, tzinfo=SHANGHAI)
     for cluster, buyer_slug in ((own_cluster, buyer.slug), (other_cluster, other_buyer.slug)):
-        make_price_card(cluster=cluster, tariff_code="cn-gd")
+        # cucc promises 99.5 % (an SLA credit note is issued on acme's March usage after the close).
+        sla: dict[str, Any] = (
+            {"sla_availability_percent": "99.5", "sla_credit_schedule": SLA_SCHEDULE}
+            if cluster == own_cluster
+            else {}
+        )
+        make_price_card(cluster=cluster, tariff_code="cn-gd", **sla)
         usage_record_create_batch(
             operator=cluster.operator,
             records=[
@@ -418,13 +436,31 @@ def _closed_march(*, clusters: list[Cluster], buyer: Organisation) -> dict[str, 
                     start_at=datetime(2026, 3, 10, 7, 30, tzinfo=SHANGHAI),
                     end_at=datetime(2026, 3, 10, 10, 30, tzinfo=SHANGHAI),
                     price_card_version=1,
+                    reference=f"lease:{SLA_LEASE_ID}" if cluster == own_cluster else "",
                 )
             ],
             now=now,
         )
     usage_rate_pending(now=now)
     billing_close_period(period_start=MARCH, now=now)
+    sla_credit = sla_credit_issue(
+        lease_id=SLA_LEASE_ID,
+        reference=f"lease:{SLA_LEASE_ID}",
+        buyer_id=buyer.pk,
+        operator_id=own_cluster.operator_id,
+        cluster_id=own_cluster.pk,
+        price_card_id=own_cluster.price_cards.get().pk,
+        window_start_at=datetime(2026, 3, 10, 7, 30, tzinfo=SHANGHAI),
+        window_end_at=datetime(2026, 3, 10, 10, 30, tzinfo=SHANGHAI),
+        window_seconds=3 * 3600,
+        lost_seconds=600,
+        excluded_buyer_seconds=0,
+        excluded_maintenance_seconds=0,
+        availability_percent=Decimal("94.444"),
+        now=now,
+    )
     return {
+        "sla_credit": sla_credit,
         "order": acme_pack.order,
         "other_order": make_paid_pack(buyer=other_buyer, accelerator=ACCELERATOR).order,  # after the close
         "invoice": Invoice.objects.get(buyer=buyer, period_start=MARCH),
@@ -722,6 +758,33 @@ SCENARIOS = [
     Scenario("clusters_update", 404, "others", lambda w: _OTHERS, body=lambda w: {"site": "x"}),
     Scenario("clusters_status_history", 200, "own", lambda w: _OWN),
     Scenario("clusters_status_history", 404, "others", lambda w: _OTHERS),
+    Scenario("clusters_maintenance_list", 200, "own", lambda w: _OWN),
+    Scenario("clusters_maintenance_list", 404, "others", lambda w: _OTHERS),
+    Scenario(
+        "clusters_maintenance_announce",
+        201,
+        "ahead",
+        lambda w: _OWN,
+        body=lambda w: {
+            "starts_at": _now_iso(3 * 86400),
+            "ends_at": _now_iso(3 * 86400 + 7200),
+            "reason": "PDU",
+        },
+    ),
+    Scenario(
+        "clusters_maintenance_announce",
+        400,
+        "past",
+        lambda w: _OWN,
+        body=lambda w: {"starts_at": _now_iso(-3600), "ends_at": _now_iso(3600), "reason": "PDU"},
+    ),
+    Scenario(
+        "clusters_maintenance_announce",
+        404,
+        "others",
+        lambda w: _OTHERS,
+        body=lambda w: {"starts_at": _now_iso(86400), "ends_at": _now_iso(90000), "reason": "PDU"},
+    ),
     Scenario(
         "islands_add",
         201,
@@ -906,6 +969,14 @@ SCENARIOS = [
     Scenario(
         "invoices_fapiao_csv", 404, "others", lambda w: {"invoice_id": w.other_invoice.pk}, as_org="acme"
     ),
+    # SLA credit notes: cucc (the operator) and acme (the buyer) are party to the seeded one.
+    Scenario("sla_credits_list", 200, "operator"),
+    Scenario("sla_credits_list", 200, "buyer", as_org="acme"),
+    Scenario("sla_credits_list", 200, "role", query={"role": "operator"}),
+    Scenario("sla_credits_list", 400, "bad-role", query={"role": "platform"}),
+    Scenario("sla_credits_get", 200, "operator", lambda w: {"credit_id": w.sla_credit.pk}),
+    Scenario("sla_credits_get", 200, "buyer", lambda w: {"credit_id": w.sla_credit.pk}, as_org="acme"),
+    Scenario("sla_credits_get", 404, "missing", lambda w: {"credit_id": w.sla_credit.pk + 1000}),
     Scenario("settlements_list", 200, "operator"),
     Scenario("settlements_list", 403, "buyer", as_org="acme"),
     Scenario("settlements_get", 200, "own", lambda w: {"settlement_id": w.settlement.pk}),

@@ -111,6 +111,8 @@ class SlaCreditListApi(generics.ListAPIView):
         )
 
     def get_queryset(self) -> QuerySet[SlaCredit]:
+        if self.request.query_params.get("role") == "":  # as the strict filter backend: empty is not "any"
+            raise serializers.ValidationError({"role": ["Give a value, or leave the parameter out."]})
         query = self.Query(data=self.request.query_params)
         query.is_valid(raise_exception=True)
         return selectors.sla_credit_list_for(

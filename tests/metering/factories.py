@@ -82,8 +82,11 @@ def make_price_card(
     rate: Decimal | str = "10.0000",
     tariff_code: str = "flat",
     effective_from: datetime | None = None,
+    sla_availability_percent: Decimal | str | None = None,
+    sla_credit_schedule: list[dict[str, str]] | None = None,
 ) -> PriceCard:
-    """A price card on a preset tariff (or an operator tariff with that code), through the service."""
+    """A price card on a preset tariff (or an operator tariff with that code), through the service; with a
+    service level and credit schedule if given."""
     from metering.services.tariffs import price_card_set
 
     tariff = Tariff.objects.get(code=tariff_code, owner__isnull=True)
@@ -92,5 +95,7 @@ def make_price_card(
         rate_per_card_hour=Decimal(rate),
         tariff=tariff,
         effective_from=effective_from,
+        sla_availability_percent=sla_availability_percent,
+        sla_credit_schedule=sla_credit_schedule,
         actor=Actor(organisation=cluster.operator, system_label="test"),
     )

@@ -107,8 +107,10 @@ def world(db: None) -> dict[str, object]:
     return {"east": east, "west": west, "buyer": buyer, "pack": pack}
 
 
-def running_lease(world: dict[str, object], *, checkpointable: bool) -> Lease:
-    buyer = world["buyer"]
+def running_lease(
+    world: dict[str, object], *, checkpointable: bool, buyer: Organisation | None = None
+) -> Lease:
+    buyer = buyer or world["buyer"]  # type: ignore[assignment]
     assert isinstance(buyer, Organisation)
     job = make_job(
         buyer=buyer,
@@ -271,8 +273,32 @@ def test_an_interrupted_lease_gets_one_credit_note_that_balances_and_matches_the
 
 
 def test_the_beat_is_scheduled_every_ten_minutes() -> None:
+    """The migration is applied and its forward step schedules the task (run here on an empty table: a
+    transactional test's flush, kept by --reuse-db, may have removed the migrated row), once."""
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from config.celery_app import app as celery_app
+
+    migration = importlib.import_module("broker.migrations.0007_sla_assessment")
+    assert (
+        MigrationRecorder(connection).migration_qs.filter(app="broker", name="0007_sla_assessment").exists()
+    )
+    PeriodicTask.objects.filter(task="broker.leases_sla_assess").delete()
+    migration.create_schedule(apps, None)
+    migration.create_schedule(apps, None)
     task = PeriodicTask.objects.get(task="broker.leases_sla_assess")
-    assert (task.enabled, task.interval.every, task.interval.period) == (True, 600, "seconds")
+    assert (task.enabled, task.interval.every, task.interval.period, task.expire_seconds) == (
+        True,
+        600,
+        "seconds",
+        600,
+    )
+    celery_app.loader.import_default_modules()
+    assert "broker.leases_sla_assess" in celery_app.tasks
 
 
 def test_no_credit_when_the_buyer_cancelled_before_the_cluster_went_down(world) -> None:
@@ -462,3 +488,92 @@ def test_the_credit_is_debited_on_the_operators_next_settlement_and_a_reversal_o
     assert list(april_invoice.lines.values_list("kind", "amount")) == [
         (InvoiceLine.Kind.SLA_REVERSAL, Decimal("18.00"))
     ]
+
+
+def test_the_celery_task_run_twice_issues_one_note(world) -> None:
+    from broker.tasks import leases_sla_assess
+
+    lease = running_lease(world, checkpointable=False)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+    # The task runs on the real clock, long after this pinned March: the lease is due.
+    assert leases_sla_assess.apply().get() == 1
+    assert leases_sla_assess.apply().get() == 0
+    assert SlaCredit.objects.count() == 1
+    assert LedgerTransfer.objects.filter(kind=TransferKind.SLA_CREDIT).count() == 1
+    assert SlaAssessment.objects.filter(lease=lease).count() == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_assessing_one_lease_at_once_issue_one_note(world) -> None:
+    import threading
+
+    from django.db import connections
+
+    lease = running_lease(world, checkpointable=False)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+
+    results: list[int | None] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            assessment = lease_sla_assess(lease_id=lease.pk, now=at(60))
+            results.append(assessment.pk if assessment else None)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert len(set(results)) == 1 and results[0] is not None  # both see the one assessment
+    assert SlaCredit.objects.count() == 1
+    assert LedgerTransfer.objects.filter(kind=TransferKind.SLA_CREDIT).count() == 1
+
+
+def test_a_credit_for_usage_with_no_pack_takes_money_off_what_is_owed(world) -> None:
+    """Beta has no pack: its 4 card-hours are arrears (48 CNY owed). Half comes back: the arrears shrink by 2
+    card-hours, the money owed by 24 CNY, and the invoice's amount due says 24.00."""
+    from datetime import date
+
+    from metering.models import Invoice, InvoiceLine
+    from metering.services.billing import billing_close_period
+
+    beta = BuyerFactory(slug="beta", name="Beta Labs")
+    lease = running_lease(world, checkpointable=False, buyer=beta)
+    report(lease, 0, 30, now=31)
+    cluster_misses_heartbeats(world, last_beat=35, now=40)
+    leases_fail_over(now=at(40))
+    before = balances()
+    leases_sla_assess_due(now=at(60))
+    credit = SlaCredit.objects.get()
+    after = balances()
+    moved = {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+    assert moved == {
+        f"arrears:{beta.pk}:{A800}": 2_000_000,
+        f"issuance:{A800}": -2_000_000,
+        f"buyer_money:{beta.pk}": -24_000_000,
+        f"operator_earnings:{world['east'].operator_id}": 21_600_000,
+        "platform_commission": 2_400_000,
+    }
+    assert [line["to"] for line in credit.lines] == ["arrears"]
+
+    billing_close_period(period_start=date(2026, 3, 1), now=datetime(2026, 4, 1, 1, tzinfo=SHANGHAI))
+    invoice = Invoice.objects.get(buyer=beta, period_start=date(2026, 3, 1))
+    assert list(invoice.lines.order_by("seq").values_list("kind", "amount")) == [
+        (InvoiceLine.Kind.ARREARS, Decimal("48.00")),
+        (InvoiceLine.Kind.SLA_CREDIT, Decimal("-24.00")),
+    ]
+    assert (invoice.arrears_amount, invoice.amount_due) == (Decimal("24.00"), Decimal("24.00"))
