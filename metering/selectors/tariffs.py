@@ -117,7 +117,12 @@ _compiled_lock = threading.Lock()
 
 def compiled_tariff(*, tariff_version_id: int) -> CompiledTariff:
     """The compiled schedule of a tariff version, cached for the life of the process (versions are
-    immutable, so the cache never goes stale). Raises TariffNotFoundError for an unknown id."""
+    immutable, so the cache never goes stale). Raises TariffNotFoundError for an unknown id.
+
+    One hazard: SQLite hands out a rolled-back insert's id again (its id counter rolls back with the
+    transaction; PostgreSQL's sequences never do). Only the process that wrote the rolled-back version can
+    have compiled it, since no other connection saw it, so writing a version forgets its id here
+    (``compiled_tariff_forget``) and a reused id is compiled afresh."""
     compiled = _compiled.get(tariff_version_id)
     if compiled is not None:
         return compiled
@@ -135,6 +140,13 @@ def compiled_tariff(*, tariff_version_id: int) -> CompiledTariff:
     compiled = tariff_compile(tariff_version_spec(version=version))
     with _compiled_lock:
         return _compiled.setdefault(tariff_version_id, compiled)
+
+
+def compiled_tariff_forget(*, tariff_version_id: int) -> None:
+    """Drop ``tariff_version_id`` from this process's compiled-tariff cache (a version was just written
+    under that id; see compiled_tariff)."""
+    with _compiled_lock:
+        _compiled.pop(tariff_version_id, None)
 
 
 def _price_cards(cluster: Cluster) -> QuerySet[PriceCard]:

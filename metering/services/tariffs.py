@@ -30,6 +30,7 @@ from metering.errors import (
     TariffReadOnlyError,
 )
 from metering.models import PriceCard, Tariff, TariffVersion
+from metering.selectors.tariffs import compiled_tariff_forget
 from metering.sla import SlaScheduleError, sla_schedule_as_json, sla_schedule_validate
 from metering.tariffs import PRESETS, TariffSpec, tariff_spec_validate
 
@@ -77,6 +78,7 @@ def _write_version(
     row = version_model.objects.create(
         tariff=tariff, version=version, effective_from=effective_from, created_by=created_by[:200]
     )
+    compiled_tariff_forget(tariff_version_id=row.pk)  # an id SQLite reused after a rollback: compile anew
     used = {window.band for window in spec.windows}
     band_model.objects.bulk_create(
         band_model(tariff_version=row, band=band, multiplier=Decimal(multiplier))
