@@ -105,6 +105,12 @@ class BudgetStatus:
         return None if self.limit is None else self.limit - self.spent - self.held
 
     @property
+    def overrun(self) -> Decimal:
+        """How far spent + held is past the limit (0 when within it)."""
+        remaining = self.remaining
+        return -remaining if remaining is not None and remaining < 0 else Decimal(0)
+
+    @property
     def spent_percent(self) -> int:
         limit = self.limit
         return int(self.spent * 100 / limit) if limit else (100 if self.spent > 0 else 0)

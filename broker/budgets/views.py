@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from broker.budgets import selectors, services
 from broker.budgets.forms import BudgetForm
-from broker.budgets.models import Budget, BudgetScope
+from broker.budgets.models import JOB_PERIOD, Budget, BudgetScope
 from core.errors import DomainError, PermissionDeniedError
 from core.forms.accounts import form_add_domain_error
 from core.portal import PortalActor, portal_view
@@ -60,7 +60,15 @@ def _list_page(request: HttpRequest, *, form: BudgetForm | None = None, status: 
             "period": selectors.month_key(at=now),
             "page": alerts,
             "endpoint": selectors.buyer_endpoint_for(buyer=buyer),
-            "notices": list(selectors.budget_notices_for(buyer=buyer)[:10]),
+            # The latest alerts as notices, worded in the reader's language (the notice rows keep the English
+            # text every stored notice has).
+            "notices": [
+                {
+                    "alert": alert,
+                    "period": _("the job's life") if alert.period_key == JOB_PERIOD else alert.period_key,
+                }
+                for alert in selectors.alert_list_for(buyer=buyer)[:10]
+            ],
             "can_manage": portal.can_manage,
             "form": form if form is not None else (BudgetForm(buyer=buyer) if portal.can_manage else None),
         },

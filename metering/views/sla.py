@@ -19,10 +19,11 @@ from django.urls import URLPattern, path
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
-from core.money import micros_to_fen
+from core.money import lines_total, micros_to_fen
 from core.portal import portal_view
 from metering.models import SlaCredit
 from metering.selectors import sla as selectors
+from metering.selectors.spend import buyer_spend_rows
 from metering.services.sla import percent_text, sla_credit_reason
 from metering.sla import sla_schedule_parse
 
@@ -107,6 +108,12 @@ def _context(credit: SlaCredit, *, side: str) -> dict[str, object]:
         "tier_below": percent_text(credit.tier_below_percent),
         "credit_percent": percent_text(credit.credit_percent),
         "charge": micros_to_fen(credit.charge_gross),
+        # What the buyer paid for the lease: the same figure its usage page, budgets and invoice use (prepaid
+        # value drawn plus arrears), not the operator's list price above.
+        "paid": lines_total(
+            row.value_micros
+            for row in buyer_spend_rows(buyer_id=credit.buyer_id, references=[credit.reference])
+        ),
         "credited": micros_to_fen(credit.credit_gross),
         "buyer_value": micros_to_fen(credit.credit_buyer_value),
         "payable_debited": micros_to_fen(credit.credit_gross - credit.credit_commission),

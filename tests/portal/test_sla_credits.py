@@ -70,8 +70,9 @@ def test_the_buyer_reads_its_credit_note(world, credit: SlaCredit) -> None:  # n
         "availability 25.000 % against a service level of 99.5 %",
         "90.0 min lost to the operator out of 120.0 min counted",
         "below 90 %, 50 % of the lease&#x27;s charge is credited",
-        "¥48.00",  # the lease's charge
-        "¥24.00",  # half of it credited
+        "What you paid for the lease",
+        "¥36.00",  # what the buyer paid: 4 A800 card-hours of its 9 CNY pack (its usage page's figure)
+        "Returned to you: 50 % of it",
         "¥18.00",  # prepaid value back (2 of the 4 A800 card-hours at 9 CNY)
         "+2.000000",  # card-hours back in the pack
         f"#{credit.transfer_id}",
@@ -79,6 +80,8 @@ def test_the_buyer_reads_its_credit_note(world, credit: SlaCredit) -> None:  # n
         "← applied",
     ):
         assert fragment in html, fragment
+    # One figure for what the buyer pays: not the operator's list charge (¥48.00) or its half (¥24.00).
+    assert "¥48.00" not in html and "¥24.00" not in html
     # Only the buyer's page: the operator's URL for the same note is not the buyer's.
     assert client.get(reverse("operator-sla-credit-detail", args=[credit.pk])).status_code == 403
 
