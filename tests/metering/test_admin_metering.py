@@ -265,14 +265,18 @@ def _grow(world: World) -> None:
         if isinstance(statement, Settlement):
             # As settlement_issue does: SQLite checks payable = gross − commission in floating point, so the
             # copy's payable must be the database's own difference (an SLA line's amounts made it differ).
-            gross, commission = statement.gross, statement.commission
+            # Saved unfrozen, then given its amounts and its freeze in one UPDATE: PostgreSQL's trigger
+            # refuses any UPDATE of a row already frozen.
+            gross, commission, frozen_at = statement.gross, statement.commission, statement.frozen_at
             statement.gross = statement.commission = statement.payable = Decimal(0)
+            statement.frozen_at = None
             statement.save()
             money = DecimalField(max_digits=14, decimal_places=2)
             Settlement.objects.filter(pk=statement.pk).update(
                 gross=gross,
                 commission=commission,
                 payable=Value(gross, output_field=money) - Value(commission, output_field=money),
+                frozen_at=frozen_at,
             )
         else:
             statement.save()
