@@ -367,10 +367,10 @@ def build_market(
             cur,
             "metering_pricecard",
             ("id", "cluster_id", "version", "rate_per_card_hour", "currency", "tariff_version_id",
-             "effective_from", "created_at", "created_by"),
+             "effective_from", "created_at", "created_by", "sla_credit_schedule"),
             (
                 (pk, pk, 1, cluster_rate[pk - 1], "CNY", cluster_tariff_version[pk - 1], registered,
-                 registered, operator_labels[operator_ids[fleet[pk - 1].operator]])
+                 registered, operator_labels[operator_ids[fleet[pk - 1].operator]], "[]")
                 for pk in range(1, len(fleet) + 1)
             ),
         )  # fmt: skip
