@@ -23,7 +23,7 @@ from django.utils.translation import gettext as _
 
 from broker.budgets.models import JOB_PERIOD, Budget, BudgetAlert, BudgetHold, BudgetScope, BuyerEndpoint
 from broker.errors import BudgetNotFoundError
-from broker.models import BuyerNotice, Lease
+from broker.models import Lease
 from core.models import Organisation
 from core.money import lines_total
 from metering.selectors.spend import SpendRow, buyer_spend_rows
@@ -68,16 +68,6 @@ def alert_list_for(*, buyer: Organisation) -> QuerySet[BudgetAlert]:
         BudgetAlert.objects.filter(budget__buyer=buyer)
         .select_related("budget")
         .order_by("-created_at", "-id")
-    )
-
-
-BUDGET_NOTICE_KINDS = ("budget_threshold", "budget_cap_reached")
-
-
-def budget_notices_for(*, buyer: Organisation) -> QuerySet[BuyerNotice]:
-    """The buyer's notices about budgets (alerts and leases stopped at a cap), newest first."""
-    return BuyerNotice.objects.filter(buyer=buyer, kind__in=BUDGET_NOTICE_KINDS).order_by(
-        "-created_at", "-id"
     )
 
 
