@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import date
 
 from celery import shared_task
+from django.conf import settings
 from django.db import OperationalError
 
 from metering.services import billing, maintenance, rating
@@ -27,10 +28,31 @@ from metering.services import billing, maintenance, rating
     retry_backoff=True,
     max_retries=3,
 )
-def usage_rate_pending(batch_size: int | None = None, max_batches: int | None = None) -> int:
+def usage_rate_pending(
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    shard: int | None = None,
+    shards: int | None = None,
+) -> int:
     """Rate unrated usage records (every minute). A record already rated is never claimed again, and two
-    workers never claim the same record (SKIP LOCKED), so overlapping runs are safe."""
-    return rating.usage_rate_pending(batch_size=batch_size, max_batches=max_batches)
+    workers never claim the same record (SKIP LOCKED), so overlapping runs are safe.
+
+    The beat's run (no ``shard``) fans out over ``CARDHOUR_RATING_SHARDS`` parts of the buyers: it queues
+    one task for each other part and rates part 0 itself, so a worker with that many processes rates in
+    parallel (rating.Shard says why by buyer). Each part's task is the same idempotent run; one that is
+    lost or late leaves its records to the next minute's."""
+    parts = shards if shards is not None else settings.CARDHOUR_RATING_SHARDS
+    if parts <= 1:
+        return rating.usage_rate_pending(batch_size=batch_size, max_batches=max_batches)
+    if shard is None:
+        for index in range(1, parts):
+            usage_rate_pending.delay(
+                batch_size=batch_size, max_batches=max_batches, shard=index, shards=parts
+            )
+        shard = 0
+    return rating.usage_rate_pending(
+        batch_size=batch_size, max_batches=max_batches, shard=rating.Shard(index=shard, of=parts)
+    )
 
 
 @shared_task(

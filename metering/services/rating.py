@@ -35,6 +35,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.functions import Mod
 from django.utils import timezone
 
 from core.models import Organisation
@@ -146,6 +147,25 @@ class _StandardCards:
 _before_record: Callable[[int], None] | None = None
 
 
+@dataclass(frozen=True)
+class Shard:
+    """One of ``of`` disjoint parts of the pending queue: the records of the buyers whose id is ``index``
+    modulo ``of``.
+
+    Two workers rating the same buyers in parallel would queue on the buyers' pack locks for the whole of
+    each other's batch, so a second worker would add nothing; split by buyer, they lock disjoint packs
+    and meet only on the few shared ledger accounts (commission, spread, issuance, operators' earnings),
+    which ``ledger.transfer_post`` locks late in the batch, after its records are priced. A buyer's
+    records therefore stay in one worker's hands, rated in id order as one worker rates them."""
+
+    index: int
+    of: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.of:
+            raise ValueError(f"shard {self.index} of {self.of}")
+
+
 def usage_rate_pending(
     *,
     batch_size: int | None = None,
@@ -153,16 +173,23 @@ def usage_rate_pending(
     buyer: Organisation | None = None,
     now: datetime | None = None,
     rated_buyers: set[int] | None = None,
+    shard: Shard | None = None,
 ) -> int:
     """Rate unrated usage records batch by batch until none is left (or ``max_batches``); return how many
     were rated. Safe to run concurrently and to re-run after a crash. ``buyer`` limits it to one account
-    (the admin's "re-run rating"). ``rated_buyers``, when given, receives the ids of the buyers whose
-    records were rated (enforcement on arrival evaluates their budgets, not every buyer's)."""
+    (the admin's "re-run rating"), ``shard`` to one part of the buyers (metering.tasks fans the minute's
+    rating out over ``CARDHOUR_RATING_SHARDS`` parts so the worker's processes rate in parallel).
+    ``rated_buyers``, when given, receives the ids of the buyers whose records were rated (enforcement on
+    arrival evaluates their budgets, not every buyer's)."""
     size = batch_size or settings.CARDHOUR_RATING_BATCH_SIZE
     rated = batches = 0
     while max_batches is None or batches < max_batches:
         count = _rate_batch(
-            batch_size=size, buyer_id=buyer.pk if buyer else None, now=now, rated_buyers=rated_buyers
+            batch_size=size,
+            buyer_id=buyer.pk if buyer else None,
+            now=now,
+            rated_buyers=rated_buyers,
+            shard=shard,
         )
         batches += 1
         rated += count
@@ -173,7 +200,12 @@ def usage_rate_pending(
 
 @transaction.atomic
 def _rate_batch(
-    *, batch_size: int, buyer_id: int | None, now: datetime | None, rated_buyers: set[int] | None = None
+    *,
+    batch_size: int,
+    buyer_id: int | None,
+    now: datetime | None,
+    rated_buyers: set[int] | None = None,
+    shard: Shard | None = None,
 ) -> int:
     if connection.vendor == "postgresql":
         # Rating is recomputable from the usage records, which are durable before they are rated: if the
@@ -181,7 +213,7 @@ def _rate_batch(
         # the records are simply rated again. So the commit need not wait for the WAL flush.
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
-    records = _claim(batch_size=batch_size, buyer_id=buyer_id)
+    records = _claim(batch_size=batch_size, buyer_id=buyer_id, shard=shard)
     if not records:
         return 0
     now = now or timezone.now()
@@ -376,10 +408,11 @@ def _rate_batch(
     return len(records)
 
 
-def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
-    """Take the oldest pending records off the queue, skipping those another worker holds; times as epoch
-    seconds, in record id order. The rows are deleted by this transaction: if it rolls back they are
-    pending again."""
+def _claim(*, batch_size: int, buyer_id: int | None, shard: Shard | None = None) -> list[tuple]:
+    """Take the oldest pending records off the queue (of one buyer, of one shard's buyers), skipping those
+    another worker holds; times as epoch seconds, in record id order. The rows are deleted by this
+    transaction: if it rolls back they are pending again."""
+    shard_of, shard_index = (shard.of, shard.index) if shard else (None, None)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
@@ -388,6 +421,7 @@ def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
                  WHERE usage_record_id = ANY(ARRAY(
                         SELECT usage_record_id FROM metering_usagepending
                          WHERE (%s::bigint IS NULL OR buyer_id = %s::bigint)
+                           AND (%s::bigint IS NULL OR buyer_id %% %s::bigint = %s::bigint)
                          ORDER BY usage_record_id
                          LIMIT %s
                            FOR UPDATE SKIP LOCKED))
@@ -395,12 +429,14 @@ def _claim(*, batch_size: int, buyer_id: int | None) -> list[tuple]:
                           extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint,
                           price_card_id
                 """,
-                [buyer_id, buyer_id, batch_size],
+                [buyer_id, buyer_id, shard_of, shard_of, shard_index, batch_size],
             )
             return sorted(cursor.fetchall())
     claim = UsagePending.objects.select_for_update(skip_locked=True)
     if buyer_id is not None:
         claim = claim.filter(buyer_id=buyer_id)
+    if shard is not None:
+        claim = claim.alias(shard=Mod("buyer_id", shard.of)).filter(shard=shard.index)
     rows = list(
         claim.order_by("usage_record_id").values_list(
             "usage_record_id",

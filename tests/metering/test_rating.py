@@ -441,3 +441,99 @@ def test_rating_never_writes_the_usage_row(world: tuple[Organisation, Organisati
     assert usage_rate_pending() == 3
     assert versions() == before
     assert all(xmax == "0" for *_, xmax in before)
+
+
+def _four_buyers_report(seller: Organisation, prefix: str = "shard") -> list[Organisation]:
+    """Four buyers, each with a pack that runs out part-way, reporting the same 12 records: shards see
+    draws, hand-overs and arrears."""
+    buyers = [BuyerFactory(slug=f"{prefix}-{n}") for n in range(4)]
+    for buyer in buyers:
+        make_paid_pack(
+            buyer=buyer,
+            accelerator=A800,
+            card_hours=9,
+            price="90",
+            paid_at=local(5, 0),
+            key=f"{buyer.slug}-p",
+        )
+        report(
+            seller,
+            *[(f"{buyer.slug}-{n}", 1 + n % 3, local(3, n), local(3, n + 1)) for n in range(12)],
+            buyer=buyer.slug,
+        )
+    return buyers
+
+
+def _segments_of(buyer: Organisation) -> list[tuple]:
+    """The buyer's segments with its record keys made buyer-neutral (``<n>``), in record order."""
+    return [
+        (key.rsplit("-", 1)[1], seq, band, draw, gross, value)
+        for key, seq, band, draw, gross, value in RatedSegment.objects.filter(buyer_id=buyer.pk)
+        .order_by("usage_record_id", "seq")
+        .values_list("usage_record__idempotency_key", "seq", "band", "pack_draw", "gross", "buyer_value")
+    ]
+
+
+def test_a_shard_rates_only_its_buyers_and_the_shards_together_rate_as_one_worker(
+    seller: Organisation, a800_cluster: Cluster, gd_price_card: PriceCard
+) -> None:
+    buyers = _four_buyers_report(seller)
+    odd = {b.pk for b in buyers if b.pk % 2 == 1}
+    assert odd and len(odd) < 4  # both parts hold buyers
+
+    rated = usage_rate_pending(batch_size=5, shard=rating.Shard(index=1, of=2))
+    assert rated == 12 * len(odd)
+    assert set(RatedSegment.objects.values_list("buyer_id", flat=True)) == odd
+    assert set(UsagePending.objects.values_list("buyer_id", flat=True)) == {b.pk for b in buyers} - odd
+    assert usage_rate_pending(batch_size=5, shard=rating.Shard(index=0, of=2)) == 12 * (4 - len(odd))
+    assert_ledger_balanced()
+    assert ledger_reconcile().ok
+
+    # Twins reporting the same records, rated by one worker with no shard, get the same segments.
+    twins = _four_buyers_report(seller, prefix="twin")
+    assert usage_rate_pending(batch_size=5) == 48
+    for buyer, twin in zip(buyers, twins, strict=True):
+        sharded = _segments_of(buyer)
+        assert sharded == _segments_of(twin)
+        assert any(value for *_, value in sharded) and any(s[3] for s in sharded)  # real draws
+    assert BuyerExhaustion.objects.count() == 8  # every pack ran out: hand-over to arrears seen
+    assert_ledger_balanced()
+
+
+def test_a_shard_must_be_one_of_its_parts() -> None:
+    with pytest.raises(ValueError):
+        rating.Shard(index=2, of=2)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_shards_rating_at_once_post_every_record_once_and_balance(
+    seller: Organisation, a800_cluster: Cluster, gd_price_card: PriceCard
+) -> None:
+    buyers = _four_buyers_report(seller)
+    counts: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait()
+            counts.append(usage_rate_pending(batch_size=4, shard=rating.Shard(index=index, of=2)))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert not errors
+    assert sum(counts) == 48 and len(buyers) == 4
+    assert UsageRecord.objects.unrated().count() == 0
+    assert RatedSegment.objects.values("usage_record_id").distinct().count() == 48
+    assert_ledger_balanced()
+    assert ledger_reconcile().ok
+    assert BuyerExhaustion.objects.count() == 4  # every pack ran out, every buyer flagged once

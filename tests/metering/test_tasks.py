@@ -34,7 +34,7 @@ def test_tasks_call_the_services(monkeypatch: pytest.MonkeyPatch) -> None:
         tasks.billing, "billing_close_period", lambda **kw: calls.append(("period", kw)) or run
     )
 
-    assert tasks.usage_rate_pending.apply(kwargs={"batch_size": 100}).get() == 7
+    assert tasks.usage_rate_pending.apply(kwargs={"batch_size": 100, "shards": 1}).get() == 7
     assert tasks.packs_expire_due.apply().get() == 2
     assert tasks.ledger_reconcile.apply().get() is False
     assert tasks.billing_close_previous_month.apply().get() == "2026-03-01"
