@@ -16,10 +16,14 @@ What it does, in order:
 4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` in batches of
    10,000 — validation, dedup against the unique (operator, key) index, set-based insert — in this process.
 5. Replay: one batch sent again must answer ``duplicate`` for every record (timed too).
-6. Rating: a separate worker process (``python -m benchmarks.metering --rate DATABASE_URL``) runs
-   ``metering.services.rating.usage_rate_pending`` until nothing is left, and reports its time and peak RSS.
-   Its CPU is measured beside its wall time: the worker process's and its PostgreSQL backend's (from /proc),
-   per record; WAL writer, checkpointer and autovacuum are not counted (nor are they for the baseline).
+6. Rating: ``--rating-workers`` separate worker processes (default 2, as the minute's rating fans out over
+   ``CARDHOUR_RATING_SHARDS``; ``python -m benchmarks.metering --rate DATABASE_URL --shard K``) each run
+   ``metering.services.rating.usage_rate_pending`` on their part of the buyers (``rating.Shard``) until
+   nothing is left, at the same time; the rating's wall time runs from the first one's start to the last
+   one's end, and the peak RSS is the largest worker's. CPU is measured beside wall time: each worker
+   process's and its own PostgreSQL backend's (from /proc), summed, per record; WAL writer, checkpointer
+   and autovacuum are not counted (nor are they for the baseline). ``--rating-workers 1`` is one worker
+   rating everything.
 7. Baseline for rating: the segments it wrote, COPYed again into a table like ``metering_ratedsegment``
    (same indexes), timed with the same CPU accounting — the floor of writing those rows.
 8. Checks: every record rated once, Σ of every ledger unit zero, segments' card-seconds = records', and
@@ -37,6 +41,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from decimal import Decimal
@@ -85,14 +90,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-rating", action="store_true", help="ingest only (COPY baseline, ingest, replay)"
     )
+    parser.add_argument(
+        "--rating-workers",
+        type=int,
+        default=2,
+        help="rating worker processes, each rating one part of the buyers (rating.Shard), as the minute's "
+        "rating fans out over CARDHOUR_RATING_SHARDS; 1: one worker rates everything",
+    )
     parser.add_argument("--rate", metavar="DATABASE_URL", help=argparse.SUPPRESS)  # the worker process
+    parser.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)  # the worker's part
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.rate:
-        return rate_worker(args.rate, batch_size=args.rating_batch)
+        return rate_worker(
+            args.rate, batch_size=args.rating_batch, shard=args.shard, shards=args.rating_workers
+        )
     database = (
         BenchDatabase.existing(args.database_url)
         if args.database_url
@@ -383,26 +398,46 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE metering_usagerecord")
     env = {**os.environ, **django_environment(database_url=database.url, conn_max_age=600)}
-    worker = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.metering",
-            "--rate",
-            database.url,
-            "--rating-batch",
-            str(args.rating_batch),
-        ],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if worker.returncode != 0:
-        print(worker.stdout, worker.stderr)
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.metering",
+                "--rate",
+                database.url,
+                "--rating-batch",
+                str(args.rating_batch),
+                "--shard",
+                str(index),
+                "--rating-workers",
+                str(args.rating_workers),
+            ],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(args.rating_workers)
+    ]
+    outputs = [worker.communicate() for worker in workers]
+    if any(worker.returncode != 0 for worker in workers):
+        for stdout, stderr in outputs:
+            print(stdout, stderr)
         return 1
-    rated = json.loads(worker.stdout.strip().splitlines()[-1])
+    parts = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    # The workers run at once: the rating took from the first one's start to the last one's end.
+    rated = {
+        "records": sum(p["records"] for p in parts),
+        "seconds": max(p["ended"] for p in parts) - min(p["started"] for p in parts),
+        "worker_cpu": sum(p["worker_cpu"] for p in parts),
+        "postgres_cpu": sum(p["postgres_cpu"] for p in parts),
+        "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
+        "arrears": parts[0]["arrears"],
+        "flags": parts[0]["flags"],
+        "by_worker": [(p["records"], p["ended"] - p["started"]) for p in parts],
+    }
 
     copy_segments = segment_copy_baseline(database.name)
 
@@ -465,7 +500,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 "",
             ],
             [
-                "rating: usage_rate_pending (worker)",
+                f"rating: usage_rate_pending ({args.rating_workers} worker{'s' if args.rating_workers > 1 else ''})",
                 f"{rated['records']:,}",
                 f"{rated['seconds']:.1f}",
                 f"{rating_rate:,.0f}",
@@ -477,7 +512,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
     )
     print(cpu_line)
     print_table(
-        "Rating CPU per record (worker + its PostgreSQL backend)",
+        "Rating CPU per record (workers + their PostgreSQL backends)",
         ["step", "records", "wall s", "worker µs", "PostgreSQL µs", "total µs", "target", ""],
         [
             [
@@ -502,6 +537,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             ],
         ],
     )
+    if len(rated["by_worker"]) > 1:
+        print(
+            "rating workers (records, seconds): "
+            + "; ".join(f"{n:,} in {seconds:.1f} s" for n, seconds in rated["by_worker"])
+        )
     print(
         f"rating at 2 cores' worth of CPU: {2e6 / rating_us:,.0f} records/s "
         f"({rating_us / max(copy_us, 1e-9):.2f}× the COPY baseline's CPU)"
@@ -552,10 +592,10 @@ def segment_copy_baseline(database: str) -> dict[str, float]:
     return {"seconds": timer.seconds, "client_cpu": cpu.own_seconds, "postgres_cpu": cpu.seconds("postgres")}
 
 
-def rate_worker(database_url: str, *, batch_size: int) -> int:
+def rate_worker(database_url: str, *, batch_size: int, shard: int, shards: int) -> int:
     django_setup(database_url=database_url, conn_max_age=600, migrate=False)
     from metering.models import BuyerExhaustion, RatedSegment
-    from metering.services.rating import usage_rate_pending
+    from metering.services.rating import Shard, usage_rate_pending
 
     profile_to = os.environ.get("CARDHOUR_BENCH_PROFILE")  # a path: write cProfile stats of the rating there
     if profile_to:
@@ -563,23 +603,30 @@ def rate_worker(database_url: str, *, batch_size: int) -> int:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    from urllib.parse import urlsplit
-
     from django.db import connection
 
-    connection.ensure_connection()  # its backend exists before the sampler looks for it
-    with CpuSampler(database=urlsplit(database_url).path.lstrip("/")) as cpu, Timer() as timer:
-        records = usage_rate_pending(batch_size=batch_size)
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    part = Shard(index=shard, of=shards) if shards > 1 else None
+    # This worker's own backend only (the other workers' backends are theirs to count).
+    with CpuSampler(server_pids=[backend]) as cpu, Timer() as timer:
+        started = time.time()
+        records = usage_rate_pending(batch_size=batch_size, shard=part)
+        ended = time.time()
     if profile_to:
         profiler.disable()
-        profiler.dump_stats(profile_to)
+        profiler.dump_stats(f"{profile_to}.{shard}" if shards > 1 else profile_to)
     print(
         json.dumps(
             {
                 "records": records,
                 "seconds": timer.seconds,
+                "started": started,
+                "ended": ended,
                 "worker_cpu": cpu.own_seconds,
-                "postgres_cpu": cpu.seconds("postgres"),
+                "postgres_cpu": cpu.seconds("server"),
                 # VmHWM, not ru_maxrss: the latter survives exec and would report the parent's peak.
                 "peak_rss_mb": process_peak_rss_mb(os.getpid()),
                 "arrears": RatedSegment.objects.filter(pack__isnull=True).count(),
