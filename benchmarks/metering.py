@@ -397,47 +397,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
 
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE metering_usagerecord")
-    env = {**os.environ, **django_environment(database_url=database.url, conn_max_age=600)}
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.metering",
-                "--rate",
-                database.url,
-                "--rating-batch",
-                str(args.rating_batch),
-                "--shard",
-                str(index),
-                "--rating-workers",
-                str(args.rating_workers),
-            ],
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(args.rating_workers)
-    ]
-    outputs = [worker.communicate() for worker in workers]
-    if any(worker.returncode != 0 for worker in workers):
-        for stdout, stderr in outputs:
-            print(stdout, stderr)
+    rated = rate_in_workers(args, database)
+    if rated is None:
         return 1
-    parts = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
-    # The workers run at once: the rating took from the first one's start to the last one's end.
-    rated = {
-        "records": sum(p["records"] for p in parts),
-        "seconds": max(p["ended"] for p in parts) - min(p["started"] for p in parts),
-        "worker_cpu": sum(p["worker_cpu"] for p in parts),
-        "postgres_cpu": sum(p["postgres_cpu"] for p in parts),
-        "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
-        "arrears": parts[0]["arrears"],
-        "flags": parts[0]["flags"],
-        "by_worker": [(p["records"], p["ended"] - p["started"]) for p in parts],
-    }
 
     copy_segments = segment_copy_baseline(database.name)
 
@@ -561,6 +523,54 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         f"{[b.code for b in reconciled.breaches]} → {'OK' if ok else 'ERROR'}"
     )
     return 0 if ok else 1
+
+
+def rate_in_workers(args: argparse.Namespace, database: BenchDatabase) -> dict[str, Any] | None:
+    """Rate everything pending in ``--rating-workers`` worker processes at once, each on its part of the
+    buyers: records, wall seconds (first start to last end), the workers' and their backends' CPU, the
+    largest worker's peak RSS. None if a worker failed (its output is printed)."""
+    env = {**os.environ, **django_environment(database_url=database.url, conn_max_age=600)}
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.metering",
+                "--rate",
+                database.url,
+                "--rating-batch",
+                str(args.rating_batch),
+                "--shard",
+                str(index),
+                "--rating-workers",
+                str(args.rating_workers),
+            ],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(args.rating_workers)
+    ]
+    outputs = [worker.communicate() for worker in workers]
+    if any(worker.returncode != 0 for worker in workers):
+        for stdout, stderr in outputs:
+            print(stdout, stderr)
+        return None
+    parts = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+    # The workers run at once: the rating took from the first one's start to the last one's end.
+    rated = {
+        "records": sum(p["records"] for p in parts),
+        "seconds": max(p["ended"] for p in parts) - min(p["started"] for p in parts),
+        "worker_cpu": sum(p["worker_cpu"] for p in parts),
+        "postgres_cpu": sum(p["postgres_cpu"] for p in parts),
+        "peak_rss_mb": max(p["peak_rss_mb"] for p in parts),
+        "arrears": parts[0]["arrears"],
+        "flags": parts[0]["flags"],
+        "by_worker": [(p["records"], p["ended"] - p["started"]) for p in parts],
+    }
+    return rated
 
 
 def segment_copy_baseline(database: str) -> dict[str, float]:
