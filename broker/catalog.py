@@ -174,6 +174,55 @@ class Catalogue:
         return grouped
 
     @property
+    def cluster_size(self) -> np.ndarray:
+        """Islands per cluster."""
+        first, _islands = self.islands_by_cluster
+        return np.diff(first)
+
+    @property
+    def fabric_counts(self) -> np.ndarray:
+        """``[cluster, fabric]``: how many of each cluster's islands are on each fabric (``FABRICS``)."""
+        counts = self.__dict__.get("_fabric_counts")
+        if counts is None:
+            m, f = len(self.cluster_id), len(FABRICS)
+            counts = self.__dict__["_fabric_counts"] = np.bincount(
+                self.island_cluster * f + self.island_fabric, minlength=m * f
+            ).reshape(m, f)
+        return counts
+
+    @property
+    def capacity_keys(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(by_cluster, by_fabric, top): every island's ``cluster × top + capacity`` and
+        ``(cluster × len(FABRICS) + fabric) × top + capacity``, each sorted, with ``top`` one more than
+        the largest capacity. How many of a cluster's islands (on a fabric) have fewer than ``need``
+        cards is then two binary searches, whatever the number of islands: the matcher counts its
+        ``capacity`` rejections per cluster this way instead of comparing every island."""
+        keys = self.__dict__.get("_capacity_keys")
+        if keys is None:
+            top = int(self.island_capacity.max()) + 1 if self.size else 1
+            by_cluster = np.sort(self.island_cluster * top + self.island_capacity)
+            by_fabric = np.sort(
+                (self.island_cluster * len(FABRICS) + self.island_fabric) * top + self.island_capacity
+            )
+            keys = self.__dict__["_capacity_keys"] = (by_cluster, by_fabric, top)
+        return keys
+
+    def islands_below(self, clusters: np.ndarray, need: np.ndarray, fabrics: np.ndarray | None) -> np.ndarray:
+        """For each of ``clusters``: how many of its islands (on one of ``fabrics``; None: any fabric)
+        have fewer than ``need`` (aligned) cards. Binary searches in ``capacity_keys``, no pass over the
+        islands."""
+        by_cluster, by_fabric, top = self.capacity_keys
+        limit = np.minimum(need, top)
+        if fabrics is None:
+            base = clusters * top
+            return np.searchsorted(by_cluster, base + limit) - np.searchsorted(by_cluster, base)
+        out = np.zeros(len(clusters), dtype=np.int64)
+        for fabric in fabrics.tolist():
+            base = (clusters * len(FABRICS) + fabric) * top
+            out += np.searchsorted(by_fabric, base + limit) - np.searchsorted(by_fabric, base)
+        return out
+
+    @property
     def tariff_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(tariffs, of_cluster): the distinct tariff versions of priced clusters, ascending, and for each
         cluster 1 + the position of its tariff there (0: unpriced)."""
@@ -595,6 +644,8 @@ class Market:
             catalogue.island_index(catalogue.island_id[:1])
             catalogue.islands_by_cluster  # noqa: B018
             catalogue.tariff_groups  # noqa: B018
+            catalogue.fabric_counts  # noqa: B018
+            catalogue.capacity_keys  # noqa: B018
             with self.lock:
                 if self.catalogue is None or self.catalogue.loaded_at < catalogue.loaded_at:
                     self.catalogue = catalogue
