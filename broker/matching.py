@@ -305,7 +305,7 @@ def match(
     # lower bound) until they reach the top, when their exact best feasible start is computed and they
     # are ranked on their own: a handful of rows, not thousands.
     cluster = c.island_cluster
-    inexact = np.unique(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
+    inexact = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     members = members.copy()  # islands ranked with their cluster
     exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
     cluster_cost = rank_rate * cluster_need * cluster_best_value
@@ -383,6 +383,23 @@ def _island_reasons(spec: JobSpec, c: Catalogue, before: np.ndarray, after: np.n
     return np.where(reason == 0, later, reason).astype(np.int8)
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, ascending (a sort; ``np.unique`` hashes, much slower on these)."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
+
+
+def _distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, inverse): the distinct ``values`` ascending, and for each value its position there.
+    A stable sort, cheap on the hold book's rows (already in island order but for a short tail)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.concatenate([[True], ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, dtype=bool)
+    inverse = np.empty(len(values), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return ordered[new], inverse
+
+
 def _within(sorted_values: np.ndarray, values: np.ndarray | int) -> np.ndarray:
     """Whether each of ``values`` is in ``sorted_values`` (ascending): a binary search each."""
     at = np.searchsorted(sorted_values, values)
@@ -451,12 +468,20 @@ def _rank_offers(
     whose best island comes first in the catalogue (the island ranking's order). Work is proportional to
     the clusters and to the islands of the offers that reach the top, not to every island."""
     cluster = c.island_cluster
-    blocked_at_best = np.unique(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
+    blocked_at_best = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     # Islands priced on their own (ascending), their best feasible start and its value.
     alone = np.zeros(0, dtype=np.int64)
     alone_k = np.zeros(0, dtype=np.int64)
     alone_value = np.zeros(0, dtype=np.float64)
     never = np.iinfo(np.int64).max
+    seen: dict[int, np.ndarray] = {}  # a cluster's islands still ranked with it (until ``alone`` grows)
+
+    def with_cluster(cl: int) -> np.ndarray:
+        islands = seen.get(cl)
+        if islands is None:
+            islands = seen[cl] = _live_members(c, cl, live, alone)
+        return islands
+
     while True:
         groups = np.nonzero(members)[0]
         # ascending: the first of each (cluster, start) is its lowest island
@@ -476,24 +501,21 @@ def _rank_offers(
         keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)
         lowest = np.array(
             [
-                int(_live_members(c, int(groups[e]), live, alone)[0])
-                if e < len(groups)
-                else int(alone_first[e - len(groups)])
+                int(with_cluster(int(groups[e]))[0]) if e < len(groups) else int(alone_first[e - len(groups)])
                 for e in keep
             ],
             dtype=np.int64,
         )
         top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
         pending = [
-            island
+            islands[_within(blocked_at_best, islands)]
             for e in top
             if e < len(groups)
-            for island in _live_members(c, int(groups[e]), live, alone).tolist()
-            if _within(blocked_at_best, island)
+            for islands in (with_cluster(int(groups[e])),)
         ]
-        if not pending:
+        islands = np.sort(np.concatenate(pending)) if pending else np.zeros(0, dtype=np.int64)
+        if not len(islands):
             break
-        islands = np.array(sorted(pending), dtype=np.int64)
         ok = blocked.feasible_many(islands)
         ks = np.zeros(len(islands), dtype=np.int64)
         values_at = np.zeros(len(islands), dtype=np.float64)
@@ -506,11 +528,12 @@ def _rank_offers(
         alone_k = np.concatenate([alone_k, ks])[order]
         alone_value = np.concatenate([alone_value, values_at])[order]
         np.subtract.at(members, cluster[islands], 1)
+        seen.clear()
     offers = []
     for e in top:
         if e < len(groups):
             cl = int(groups[e])
-            islands = _live_members(c, cl, live, alone)
+            islands = with_cluster(cl)
             k = int(cluster_best_k[cl])
         else:
             first = int(alone_first[e - len(groups)])
@@ -737,7 +760,7 @@ def _blocked(
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
     # Only islands whose holds (and reports) together could leave too few cards: per island, the sum
     # of their cards, over the islands named (a sort of the named islands, never a pass over all).
-    named, inverse = np.unique(np.concatenate([selected_index, r_island]), return_inverse=True)
+    named, inverse = _distinct_inverse(np.concatenate([selected_index, r_island]))
     held = np.bincount(inverse, weights=np.concatenate([hold_cards[selected], r_cards]), minlength=len(named))
     tight = held + cluster_need[c.island_cluster[named]] > capacity[named]
     keep = selected[tight[inverse[: len(selected)]]]
