@@ -308,17 +308,34 @@ def _load_catalogue() -> Catalogue:
         latency[hub_index[source], hub_index[target]] = float(ms)
         latency_dec[(hub_index[source], hub_index[target])] = ms
     clusters = rows.clusters
-    cluster_pos = {row[0]: i for i, row in enumerate(clusters)}
     cluster_price = [prices.get(row[0]) for row in clusters]
-    islands = sorted(rows.islands, key=lambda row: row[0])
+    # The islands' columns, in id order: numpy work, no Python object per island but its CPI.
+    columns = rows.islands
+    by_id = np.argsort(columns.id, kind="stable")
+    island_id = columns.id[by_id]
+    island_cpi = [columns.cpi[i] for i in by_id.tolist()]
+    cards = columns.cards[by_id]
+    unhealthy = columns.unhealthy_cards[by_id]
+    available = columns.available_cards[by_id]
     fabric_index = {fabric: i for i, fabric in enumerate(FABRICS)}
+    fabric_codes = np.array(
+        [fabric_index.get(fabric, len(FABRICS)) for fabric in columns.fabric], dtype=np.int64
+    )[by_id]
+    cluster_ids = np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters))
+    cluster_order = np.argsort(cluster_ids, kind="stable")
+    island_cluster_id = columns.cluster_id[by_id]
 
     def factor_e4(tflops: Decimal | None) -> int:
         if tflops is None:
             return 0
         return int((tflops / rows.standard_tflops).quantize(Decimal("0.0001")) * 10**4)
 
-    island_cluster = np.fromiter((cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands))
+    # Every island's cluster is in ``clusters`` (both exclude retired clusters, in one transaction's
+    # snapshot or not: an island whose cluster is missing fails loudly here rather than being misfiled).
+    at = np.minimum(np.searchsorted(cluster_ids[cluster_order], island_cluster_id), max(len(clusters) - 1, 0))
+    island_cluster = cluster_order[at] if len(clusters) else np.zeros(0, dtype=np.int64)
+    if len(island_cluster) and not bool((cluster_ids[island_cluster] == island_cluster_id).all()):
+        raise LookupError("an island's cluster is missing from the catalogue rows")
     # What each island's last heartbeat keeps from sale, while the report binds (federation.selectors).
     ttl = int(heartbeat_report_ttl().total_seconds())
     report_until = np.fromiter(
@@ -326,8 +343,8 @@ def _load_catalogue() -> Catalogue:
         dtype=np.int64,
         count=len(clusters),
     )
-    withheld = np.fromiter((row[3] - row[4] - row[6] for row in islands), dtype=np.int64, count=len(islands))
-    until = report_until[island_cluster] if len(islands) else np.zeros(0, dtype=np.int64)
+    withheld = cards - unhealthy - available
+    until = report_until[island_cluster] if len(island_id) else np.zeros(0, dtype=np.int64)
     # Expired reports are kept (a quote compares each expiry with its own first start); offline clusters'
     # islands are never candidates anyway.
     withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
@@ -337,16 +354,12 @@ def _load_catalogue() -> Catalogue:
 
     return Catalogue(
         loaded_at=time.monotonic(),
-        island_id=np.fromiter((row[0] for row in islands), dtype=np.int64, count=len(islands)),
-        island_cpi=[row[1] for row in islands],
+        island_id=island_id,
+        island_cpi=island_cpi,
         island_cluster=island_cluster,
-        island_capacity=np.fromiter(
-            (max(row[3] - row[4], 0) for row in islands), dtype=np.int64, count=len(islands)
-        ),
-        island_fabric=np.fromiter(
-            (fabric_index.get(row[5], len(FABRICS)) for row in islands), dtype=np.int64, count=len(islands)
-        ),
-        cluster_id=np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters)),
+        island_capacity=np.maximum(cards - unhealthy, 0),
+        island_fabric=fabric_codes,
+        cluster_id=cluster_ids,
         cluster_cpi=[row[1] for row in clusters],
         cluster_operator=np.fromiter((row[2] for row in clusters), dtype=np.int64, count=len(clusters)),
         cluster_hub=np.fromiter((hub_index[row[3]] for row in clusters), dtype=np.int64, count=len(clusters)),
@@ -402,21 +415,34 @@ def _active_holds(floor: datetime) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     connection = connections[alias]
     if connection.vendor == "postgresql":
         table = connection.ops.quote_name(CapacityHold._meta.db_table)
-        # The table name comes from the model's metadata; the one value is a bound parameter.
+
+        # One row of five columns: no Python object per hold (a new process's first quote waits for
+        # this). Aggregates of one scan see its rows in one order, so the columns are aligned. The table name
+        # comes from the model's metadata; the one value is a bound parameter.
+        def ints(expression: str) -> str:  # one string of 8-byte big-endian integers
+            return f"string_agg(int8send(({expression})::bigint), ''::bytea)"
+
         sql = (
-            "SELECT lease_id, island_id, floor(extract(epoch FROM start_at))::bigint, "  # noqa: S608
-            f"floor(extract(epoch FROM end_at))::bigint, cards FROM {table} WHERE active AND end_at > %s"
+            f"SELECT {ints('lease_id')}, {ints('island_id')}, "  # noqa: S608
+            f"{ints('floor(extract(epoch FROM start_at))')}, {ints('floor(extract(epoch FROM end_at))')}, "
+            f"{ints('cards')} FROM {table} WHERE active AND end_at > %s"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [floor])
-            rows = cursor.fetchall()
-    else:
-        rows = [
-            (lease_id, island_id, epoch(start_at), epoch(end_at), cards)
-            for lease_id, island_id, start_at, end_at, cards in CapacityHold.objects.filter(
-                active=True, end_at__gt=floor
-            ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
-        ]
+            columns = cursor.fetchone()
+        if columns is None or columns[0] is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty, empty
+        lease, island, start, end, cards = (
+            np.frombuffer(column, dtype=">i8").astype(np.int64) for column in columns
+        )
+        return lease, island, start, end, cards
+    rows = [
+        (lease_id, island_id, epoch(start_at), epoch(end_at), cards)
+        for lease_id, island_id, start_at, end_at, cards in CapacityHold.objects.filter(
+            active=True, end_at__gt=floor
+        ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
+    ]
     if not rows:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty, empty
