@@ -3,9 +3,14 @@
 For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts are ``t0 + k·step``
 (``step`` = 15 minutes) for every ``k`` whose run ends by the deadline.
 
-1. **Filter** every island of the catalogue with array masks, in a fixed order; an island is counted once,
-   under the first reason it fails (like HTCondor's analysis): ``offline`` (cluster not active), ``chip``
-   (model not allowed, too few TFLOPS, or no public TFLOPS for a standard-card job), ``memory``,
+1. **Filter** the catalogue with array masks, in a fixed order; an island is counted once, under the
+   first reason it fails (like HTCondor's analysis). Every reason but ``fabric`` and ``capacity`` is a
+   cluster's, so the masks are over clusters; for an island-gang job the islands are never passed over
+   one by one either: a cluster's islands per fabric and how many have fewer cards than the job needs are
+   read from the catalogue's per-cluster aggregates (``Catalogue.islands_below``), and only the islands
+   that holds or heartbeat reports name are looked at (step 3), so a quote's work grows with clusters,
+   holds in its window and the offers it returns, not with islands. The reasons: ``offline`` (cluster
+   not active), ``chip`` (model not allowed, too few TFLOPS, or no public TFLOPS for a standard-card job), ``memory``,
    ``fabric``, ``latency`` (origin hub → cluster hub over budget), ``unpriced`` (no price card in force),
    ``reliability`` (the cluster's reliability score, or the prior for a new one, is below the job's
    minimum: one comparison per cluster against the catalogue's array), ``price`` (even the cheapest start
