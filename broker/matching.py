@@ -105,7 +105,7 @@ def integrated_multiplier(tariff: CompiledTariff, window: Window) -> np.ndarray:
 
     def m(points: np.ndarray) -> np.ndarray:
         # The window's last instant belongs to the last piece (its end), hence the clip.
-        i = np.clip(np.searchsorted(edges, points, side="right") - 1, 0, len(edges) - 1)
+        i = np.minimum(np.maximum(np.searchsorted(edges, points, side="right") - 1, 0), len(edges) - 1)
         return cumulative[i] + rates[i] * (points - edges[i])
 
     starts = window.t0 + np.arange(window.starts, dtype=np.int64) * window.step
@@ -635,8 +635,9 @@ def _rank(spec: JobSpec, cost: np.ndarray, latency: np.ndarray, tie: np.ndarray,
 
 def _hold_slots(window: Window, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     slots = -(-(window.last_end - window.t0) // window.step)
-    first = np.clip((starts - window.t0) // window.step, 0, slots)
-    last = np.clip(-(-(ends - window.t0) // window.step), 0, slots)
+    # np.minimum / np.maximum, not np.clip: the same integers, without np.clip's overhead per call
+    first = np.minimum(np.maximum((starts - window.t0) // window.step, 0), slots)
+    last = np.minimum(np.maximum(-(-(ends - window.t0) // window.step), 0), slots)
     return first, last, int(slots)
 
 
