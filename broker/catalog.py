@@ -617,6 +617,15 @@ class HoldBook:
         self._compact(now_epoch)
 
 
+def _derive(catalogue: Catalogue) -> None:
+    """Build the catalogue's derived arrays now (in a background thread), not in a request."""
+    catalogue.island_index(catalogue.island_id[:1])
+    catalogue.islands_by_cluster  # noqa: B018
+    catalogue.tariff_groups  # noqa: B018
+    catalogue.fabric_counts  # noqa: B018
+    catalogue.capacity_keys  # noqa: B018
+
+
 class Market:
     """The process-wide catalogue and hold book, refreshed under one lock; the catalogue is reloaded in
     the background (see the module docstring)."""
@@ -657,6 +666,39 @@ class Market:
                 self.holds.maintain(epoch(timezone.now()))
             return catalogue, self.holds.overlapping(start, end)
 
+    def warm(self) -> None:
+        """Load the catalogue and the hold book now, if not loaded yet: a new server process calls this
+        in the background as it starts (config/gunicorn.conf.py), so that its first quote finds them
+        loaded instead of loading them itself. A quote that comes first waits on the lock and then
+        finds them loaded: nothing is loaded twice. A failure is logged; the first quote then loads
+        inline, as without warming. Nothing with a TTL of 0 (every quote reloads)."""
+        if settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS <= 0:
+            return
+        try:
+            with self.lock:
+                if self.catalogue is None:
+                    catalogue = _load_catalogue_quietly()
+                    _derive(catalogue)
+                    self.catalogue = catalogue
+                if not self.holds.loaded:
+                    self.holds.refresh()
+                    self._holds_refreshed_at = time.monotonic()
+        except Exception:
+            logger.exception("warming the broker market failed")
+
+    def warm_in_background(self) -> threading.Thread:
+        """``warm`` in a daemon thread, started here, which closes its database connections after."""
+
+        def run() -> None:
+            try:
+                self.warm()
+            finally:
+                connections.close_all()  # this thread's connections only (they are per thread)
+
+        thread = threading.Thread(target=run, name="broker-market-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _reload_in_background(self) -> None:
         """Start one reload thread unless one is running (called under ``self.lock``)."""
         if self._reloader is not None and self._reloader.is_alive():
@@ -667,12 +709,7 @@ class Market:
     def _reload(self) -> None:
         try:
             catalogue = _load_catalogue_quietly()
-            # Build the derived arrays here, not in a request.
-            catalogue.island_index(catalogue.island_id[:1])
-            catalogue.islands_by_cluster  # noqa: B018
-            catalogue.tariff_groups  # noqa: B018
-            catalogue.fabric_counts  # noqa: B018
-            catalogue.capacity_keys  # noqa: B018
+            _derive(catalogue)
             with self.lock:
                 if self.catalogue is None or self.catalogue.loaded_at < catalogue.loaded_at:
                     self.catalogue = catalogue
