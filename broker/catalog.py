@@ -4,7 +4,8 @@ Quoting is the hot path (hundreds per second over 100,000 islands), so each proc
 
 - a **catalogue** of islands, clusters, chips, hubs and price cards in numpy arrays, reloaded when older
   than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change). A full reload
-  reads every island (about 0.2 s of CPU at 100,000 islands), so no request waits for one: the first quote
+  reads every island (on PostgreSQL as packed columns, no Python object per island but its CPI: about
+  0.1–0.2 s of CPU at 100,000 islands), so no request waits for one: the first quote
   that finds the catalogue stale starts a reload in a background thread and is answered from the old
   catalogue, which is replaced when the new one is ready. Only the first quote of a process, and a quote
   that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background reloads failing or stuck),
@@ -174,6 +175,55 @@ class Catalogue:
         return grouped
 
     @property
+    def cluster_size(self) -> np.ndarray:
+        """Islands per cluster."""
+        first, _islands = self.islands_by_cluster
+        return np.diff(first)
+
+    @property
+    def fabric_counts(self) -> np.ndarray:
+        """``[cluster, fabric]``: how many of each cluster's islands are on each fabric (``FABRICS``)."""
+        counts = self.__dict__.get("_fabric_counts")
+        if counts is None:
+            m, f = len(self.cluster_id), len(FABRICS)
+            counts = self.__dict__["_fabric_counts"] = np.bincount(
+                self.island_cluster * f + self.island_fabric, minlength=m * f
+            ).reshape(m, f)
+        return counts
+
+    @property
+    def capacity_keys(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """(by_cluster, by_fabric, top): every island's ``cluster × top + capacity`` and
+        ``(cluster × len(FABRICS) + fabric) × top + capacity``, each sorted, with ``top`` one more than
+        the largest capacity. How many of a cluster's islands (on a fabric) have fewer than ``need``
+        cards is then two binary searches, whatever the number of islands: the matcher counts its
+        ``capacity`` rejections per cluster this way instead of comparing every island."""
+        keys = self.__dict__.get("_capacity_keys")
+        if keys is None:
+            top = int(self.island_capacity.max()) + 1 if self.size else 1
+            by_cluster = np.sort(self.island_cluster * top + self.island_capacity)
+            by_fabric = np.sort(
+                (self.island_cluster * len(FABRICS) + self.island_fabric) * top + self.island_capacity
+            )
+            keys = self.__dict__["_capacity_keys"] = (by_cluster, by_fabric, top)
+        return keys
+
+    def islands_below(self, clusters: np.ndarray, need: np.ndarray, fabrics: np.ndarray | None) -> np.ndarray:
+        """For each of ``clusters``: how many of its islands (on one of ``fabrics``; None: any fabric)
+        have fewer than ``need`` (aligned) cards. Binary searches in ``capacity_keys``, no pass over the
+        islands."""
+        by_cluster, by_fabric, top = self.capacity_keys
+        limit = np.minimum(need, top)
+        if fabrics is None:
+            base = clusters * top
+            return np.searchsorted(by_cluster, base + limit) - np.searchsorted(by_cluster, base)
+        out = np.zeros(len(clusters), dtype=np.int64)
+        for fabric in fabrics.tolist():
+            base = (clusters * len(FABRICS) + fabric) * top
+            out += np.searchsorted(by_fabric, base + limit) - np.searchsorted(by_fabric, base)
+        return out
+
+    @property
     def tariff_groups(self) -> tuple[np.ndarray, np.ndarray]:
         """(tariffs, of_cluster): the distinct tariff versions of priced clusters, ascending, and for each
         cluster 1 + the position of its tariff there (0: unpriced)."""
@@ -259,17 +309,34 @@ def _load_catalogue() -> Catalogue:
         latency[hub_index[source], hub_index[target]] = float(ms)
         latency_dec[(hub_index[source], hub_index[target])] = ms
     clusters = rows.clusters
-    cluster_pos = {row[0]: i for i, row in enumerate(clusters)}
     cluster_price = [prices.get(row[0]) for row in clusters]
-    islands = sorted(rows.islands, key=lambda row: row[0])
+    # The islands' columns, in id order: numpy work, no Python object per island but its CPI.
+    columns = rows.islands
+    by_id = np.argsort(columns.id, kind="stable")
+    island_id = columns.id[by_id]
+    island_cpi = [columns.cpi[i] for i in by_id.tolist()]
+    cards = columns.cards[by_id]
+    unhealthy = columns.unhealthy_cards[by_id]
+    available = columns.available_cards[by_id]
     fabric_index = {fabric: i for i, fabric in enumerate(FABRICS)}
+    fabric_codes = np.array(
+        [fabric_index.get(fabric, len(FABRICS)) for fabric in columns.fabric], dtype=np.int64
+    )[by_id]
+    cluster_ids = np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters))
+    cluster_order = np.argsort(cluster_ids, kind="stable")
+    island_cluster_id = columns.cluster_id[by_id]
 
     def factor_e4(tflops: Decimal | None) -> int:
         if tflops is None:
             return 0
         return int((tflops / rows.standard_tflops).quantize(Decimal("0.0001")) * 10**4)
 
-    island_cluster = np.fromiter((cluster_pos[row[2]] for row in islands), dtype=np.int64, count=len(islands))
+    # Every island's cluster is in ``clusters`` (both exclude retired clusters, in one transaction's
+    # snapshot or not: an island whose cluster is missing fails loudly here rather than being misfiled).
+    at = np.minimum(np.searchsorted(cluster_ids[cluster_order], island_cluster_id), max(len(clusters) - 1, 0))
+    island_cluster = cluster_order[at] if len(clusters) else np.zeros(0, dtype=np.int64)
+    if len(island_cluster) and not bool((cluster_ids[island_cluster] == island_cluster_id).all()):
+        raise LookupError("an island's cluster is missing from the catalogue rows")
     # What each island's last heartbeat keeps from sale, while the report binds (federation.selectors).
     ttl = int(heartbeat_report_ttl().total_seconds())
     report_until = np.fromiter(
@@ -277,8 +344,8 @@ def _load_catalogue() -> Catalogue:
         dtype=np.int64,
         count=len(clusters),
     )
-    withheld = np.fromiter((row[3] - row[4] - row[6] for row in islands), dtype=np.int64, count=len(islands))
-    until = report_until[island_cluster] if len(islands) else np.zeros(0, dtype=np.int64)
+    withheld = cards - unhealthy - available
+    until = report_until[island_cluster] if len(island_id) else np.zeros(0, dtype=np.int64)
     # Expired reports are kept (a quote compares each expiry with its own first start); offline clusters'
     # islands are never candidates anyway.
     withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
@@ -288,16 +355,12 @@ def _load_catalogue() -> Catalogue:
 
     return Catalogue(
         loaded_at=time.monotonic(),
-        island_id=np.fromiter((row[0] for row in islands), dtype=np.int64, count=len(islands)),
-        island_cpi=[row[1] for row in islands],
+        island_id=island_id,
+        island_cpi=island_cpi,
         island_cluster=island_cluster,
-        island_capacity=np.fromiter(
-            (max(row[3] - row[4], 0) for row in islands), dtype=np.int64, count=len(islands)
-        ),
-        island_fabric=np.fromiter(
-            (fabric_index.get(row[5], len(FABRICS)) for row in islands), dtype=np.int64, count=len(islands)
-        ),
-        cluster_id=np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters)),
+        island_capacity=np.maximum(cards - unhealthy, 0),
+        island_fabric=fabric_codes,
+        cluster_id=cluster_ids,
         cluster_cpi=[row[1] for row in clusters],
         cluster_operator=np.fromiter((row[2] for row in clusters), dtype=np.int64, count=len(clusters)),
         cluster_hub=np.fromiter((hub_index[row[3]] for row in clusters), dtype=np.int64, count=len(clusters)),
@@ -353,21 +416,34 @@ def _active_holds(floor: datetime) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     connection = connections[alias]
     if connection.vendor == "postgresql":
         table = connection.ops.quote_name(CapacityHold._meta.db_table)
-        # The table name comes from the model's metadata; the one value is a bound parameter.
+
+        # One row of five columns: no Python object per hold (a new process's first quote waits for
+        # this). Aggregates of one scan see its rows in one order, so the columns are aligned. The table name
+        # comes from the model's metadata; the one value is a bound parameter.
+        def ints(expression: str) -> str:  # one string of 8-byte big-endian integers
+            return f"string_agg(int8send(({expression})::bigint), ''::bytea)"
+
         sql = (
-            "SELECT lease_id, island_id, floor(extract(epoch FROM start_at))::bigint, "  # noqa: S608
-            f"floor(extract(epoch FROM end_at))::bigint, cards FROM {table} WHERE active AND end_at > %s"
+            f"SELECT {ints('lease_id')}, {ints('island_id')}, "  # noqa: S608
+            f"{ints('floor(extract(epoch FROM start_at))')}, {ints('floor(extract(epoch FROM end_at))')}, "
+            f"{ints('cards')} FROM {table} WHERE active AND end_at > %s"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [floor])
-            rows = cursor.fetchall()
-    else:
-        rows = [
-            (lease_id, island_id, epoch(start_at), epoch(end_at), cards)
-            for lease_id, island_id, start_at, end_at, cards in CapacityHold.objects.filter(
-                active=True, end_at__gt=floor
-            ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
-        ]
+            columns = cursor.fetchone()
+        if columns is None or columns[0] is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty, empty
+        lease, island, start, end, cards = (
+            np.frombuffer(column, dtype=">i8").astype(np.int64) for column in columns
+        )
+        return lease, island, start, end, cards
+    rows = [
+        (lease_id, island_id, epoch(start_at), epoch(end_at), cards)
+        for lease_id, island_id, start_at, end_at, cards in CapacityHold.objects.filter(
+            active=True, end_at__gt=floor
+        ).values_list("lease_id", "island_id", "start_at", "end_at", "cards")
+    ]
     if not rows:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty, empty
@@ -541,6 +617,15 @@ class HoldBook:
         self._compact(now_epoch)
 
 
+def _derive(catalogue: Catalogue) -> None:
+    """Build the catalogue's derived arrays now (in a background thread), not in a request."""
+    catalogue.island_index(catalogue.island_id[:1])
+    catalogue.islands_by_cluster  # noqa: B018
+    catalogue.tariff_groups  # noqa: B018
+    catalogue.fabric_counts  # noqa: B018
+    catalogue.capacity_keys  # noqa: B018
+
+
 class Market:
     """The process-wide catalogue and hold book, refreshed under one lock; the catalogue is reloaded in
     the background (see the module docstring)."""
@@ -581,6 +666,39 @@ class Market:
                 self.holds.maintain(epoch(timezone.now()))
             return catalogue, self.holds.overlapping(start, end)
 
+    def warm(self) -> None:
+        """Load the catalogue and the hold book now, if not loaded yet: a new server process calls this
+        in the background as it starts (config/gunicorn.conf.py), so that its first quote finds them
+        loaded instead of loading them itself. A quote that comes first waits on the lock and then
+        finds them loaded: nothing is loaded twice. A failure is logged; the first quote then loads
+        inline, as without warming. Nothing with a TTL of 0 (every quote reloads)."""
+        if settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS <= 0:
+            return
+        try:
+            with self.lock:
+                if self.catalogue is None:
+                    catalogue = _load_catalogue_quietly()
+                    _derive(catalogue)
+                    self.catalogue = catalogue
+                if not self.holds.loaded:
+                    self.holds.refresh()
+                    self._holds_refreshed_at = time.monotonic()
+        except Exception:
+            logger.exception("warming the broker market failed")
+
+    def warm_in_background(self) -> threading.Thread:
+        """``warm`` in a daemon thread, started here, which closes its database connections after."""
+
+        def run() -> None:
+            try:
+                self.warm()
+            finally:
+                connections.close_all()  # this thread's connections only (they are per thread)
+
+        thread = threading.Thread(target=run, name="broker-market-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _reload_in_background(self) -> None:
         """Start one reload thread unless one is running (called under ``self.lock``)."""
         if self._reloader is not None and self._reloader.is_alive():
@@ -591,10 +709,7 @@ class Market:
     def _reload(self) -> None:
         try:
             catalogue = _load_catalogue_quietly()
-            # Build the derived arrays here, not in a request.
-            catalogue.island_index(catalogue.island_id[:1])
-            catalogue.islands_by_cluster  # noqa: B018
-            catalogue.tariff_groups  # noqa: B018
+            _derive(catalogue)
             with self.lock:
                 if self.catalogue is None or self.catalogue.loaded_at < catalogue.loaded_at:
                     self.catalogue = catalogue

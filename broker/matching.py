@@ -3,9 +3,14 @@
 For a job of ``D`` seconds in the window ``[t0, deadline)``, candidate starts are ``t0 + k·step``
 (``step`` = 15 minutes) for every ``k`` whose run ends by the deadline.
 
-1. **Filter** every island of the catalogue with array masks, in a fixed order; an island is counted once,
-   under the first reason it fails (like HTCondor's analysis): ``offline`` (cluster not active), ``chip``
-   (model not allowed, too few TFLOPS, or no public TFLOPS for a standard-card job), ``memory``,
+1. **Filter** the catalogue with array masks, in a fixed order; an island is counted once, under the
+   first reason it fails (like HTCondor's analysis). Every reason but ``fabric`` and ``capacity`` is a
+   cluster's, so the masks are over clusters; for an island-gang job the islands are never passed over
+   one by one either: a cluster's islands per fabric and how many have fewer cards than the job needs are
+   read from the catalogue's per-cluster aggregates (``Catalogue.islands_below``), and only the islands
+   that holds or heartbeat reports name are looked at (step 3), so a quote's work grows with clusters,
+   holds in its window and the offers it returns, not with islands. The reasons: ``offline`` (cluster
+   not active), ``chip`` (model not allowed, too few TFLOPS, or no public TFLOPS for a standard-card job), ``memory``,
    ``fabric``, ``latency`` (origin hub → cluster hub over budget), ``unpriced`` (no price card in force),
    ``reliability`` (the cluster's reliability score, or the prior for a new one, is below the job's
    minimum: one comparison per cluster against the catalogue's array), ``price`` (even the cheapest start
@@ -100,7 +105,7 @@ def integrated_multiplier(tariff: CompiledTariff, window: Window) -> np.ndarray:
 
     def m(points: np.ndarray) -> np.ndarray:
         # The window's last instant belongs to the last piece (its end), hence the clip.
-        i = np.clip(np.searchsorted(edges, points, side="right") - 1, 0, len(edges) - 1)
+        i = np.minimum(np.maximum(np.searchsorted(edges, points, side="right") - 1, 0), len(edges) - 1)
         return cumulative[i] + rates[i] * (points - edges[i])
 
     starts = window.t0 + np.arange(window.starts, dtype=np.int64) * window.step
@@ -202,21 +207,13 @@ def match(
         with np.errstate(invalid="ignore"):
             reject(after, per_card_hour > cap, "price")
 
-    cluster = c.island_cluster
-    reason = before[cluster]
-    if spec.fabrics:
-        allowed = np.array([FABRICS.index(f) for f in spec.fabrics if f in FABRICS], dtype=np.int64)
-        reason[(reason == 0) & ~np.isin(c.island_fabric, allowed)] = _R["fabric"]
-    later = after[cluster]
-    reason = np.where(reason == 0, later, reason).astype(np.int8)
-    if window.starts == 0:
-        reason[reason == 0] = _R["window"]
-        return _result(reason, [], window, n)
-    need = cluster_need[cluster]
-
-    reports = binding_reports(c, window, reason == 0)
-
     if spec.gang == "cluster":
+        reason = _island_reasons(spec, c, before, after)
+        if window.starts == 0:
+            reason[reason == 0] = _R["window"]
+            return _result(reason, [], window, n)
+        need = cluster_need[c.island_cluster]
+        reports = binding_reports(c, window, lambda positions: reason[positions] == 0)
         if reports is not None:
             holds = tuple(  # type: ignore[assignment]
                 np.concatenate([h, r]) for h, r in zip(holds, reports.as_holds(c, window), strict=True)
@@ -225,17 +222,63 @@ def match(
             spec, c, holds, window, reason, need, latency, delta, limit, tariff_of, rank_rate
         )
 
-    reason[(reason == 0) & (c.island_capacity < need)] = _R["capacity"]
-    candidates = np.nonzero(reason == 0)[0]
-    blocked = _blocked_starts(c, holds, window, candidates, need, reports)
-    reason[blocked.full] = _R["capacity"]
-    live = reason == 0
+    # An island gang: every count and every choice below is made per cluster, from the catalogue's
+    # per-cluster aggregates, and per island only for the islands that holds (or reports) touch and the
+    # islands of the clusters that reach the top: no pass over every island.
+    sizes = c.cluster_size
+    allowed_fabrics = _allowed_fabrics(spec)
+    if allowed_fabrics is None:
+        fabric_ok = np.ones(len(FABRICS), dtype=bool)
+        allowed = sizes
+    else:
+        fabric_ok = np.zeros(len(FABRICS), dtype=bool)
+        fabric_ok[allowed_fabrics] = True
+        allowed = c.fabric_counts[:, allowed_fabrics].sum(axis=1)
+    counts = np.zeros(len(REASONS) + 1, dtype=np.int64)
+    closed = before > 0
+    counts += np.bincount(before[closed], weights=sizes[closed], minlength=len(counts)).astype(np.int64)
+    open_ = before == 0
+    counts[_R["fabric"]] += int((sizes - allowed)[open_].sum())
+    late = open_ & (after > 0)
+    counts += np.bincount(after[late], weights=allowed[late], minlength=len(counts)).astype(np.int64)
+    considered = int(sizes[before != _EXCLUDED].sum())
+    ok_cluster = open_ & (after == 0)
+    if window.starts == 0:
+        counts[_R["window"]] += int(allowed[ok_cluster].sum())
+        return _result_of(counts, considered, [], window)
+    ok_clusters = np.flatnonzero(ok_cluster)
+    below = c.islands_below(ok_clusters, cluster_need[ok_clusters], allowed_fabrics)
+    counts[_R["capacity"]] += int(below.sum())
+    candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
+    candidates_of[ok_clusters] = allowed[ok_clusters] - below
+
+    def candidate(positions: np.ndarray) -> np.ndarray:
+        """Whether each island (catalogue positions) passes every check but the holds."""
+        of = c.island_cluster[positions]
+        return (
+            ok_cluster[of]
+            & fabric_ok[c.island_fabric[positions]]
+            & (c.island_capacity[positions] >= cluster_need[of])
+        )
+
+    reports = binding_reports(c, window, candidate)
+    blocked = _blocked(c, holds, window, candidate, cluster_need, reports)
+    counts[_R["capacity"]] += len(blocked.full)
+    members = candidates_of - np.bincount(c.island_cluster[blocked.full], minlength=m)
+    feasible = int(members.sum())
+
+    def live(positions: np.ndarray) -> np.ndarray:
+        """Whether each island (catalogue positions) can take the job at some start."""
+        return candidate(positions) & ~_within(blocked.full, positions)
+
+    origin = max(origin, 0)
     if distinct:
         offers = _rank_offers(
             spec,
             c,
             window,
             live=live,
+            members=members.copy(),
             blocked=blocked,
             cluster_best_k=cluster_best_k,
             cluster_cost=rank_rate * cluster_need * cluster_best_value,
@@ -255,45 +298,45 @@ def match(
                 allocation=[(int(islands[0]), int(cluster_need[cl]))],
                 k=k,
                 first_k=first_k,
-                origin=max(origin, 0),
+                origin=origin,
                 alternatives=[(int(island), int(cluster_need[cl])) for island in islands[1:]],
             )
             for cl, k, islands, first_k in offers
         ]
-        return _result(reason, placements, window, n, feasible=int(live.sum()))
+        return _result_of(counts, considered, placements, window, feasible=feasible)
     # Every island of a cluster has the cluster's cost and latency at the tariff-best start, so ranking
     # is done per cluster (10× fewer rows), and only the islands of the clusters that can reach the top
     # are ranked one by one. Islands whose tariff-best start is blocked count at that start's value (a
     # lower bound) until they reach the top, when their exact best feasible start is computed and they
     # are ranked on their own: a handful of rows, not thousands.
-    inexact = np.zeros(n, dtype=bool)
-    inexact[blocked.islands_blocking(cluster_best_k[cluster[blocked.island]])] = True
-    members = np.bincount(cluster[live], minlength=m)  # islands ranked with their cluster
-    own = np.zeros(n, dtype=bool)  # islands ranked on their own, at their exact best start
+    cluster = c.island_cluster
+    inexact = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
+    members = members.copy()  # islands ranked with their cluster
     exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
     cluster_cost = rank_rate * cluster_need * cluster_best_value
-    first_of_cluster, cluster_islands = c.islands_by_cluster
-    origin = max(origin, 0)
     while True:
         groups = np.nonzero(members)[0]
         alone = np.fromiter(exact, dtype=np.int64, count=len(exact))
+        own = np.sort(alone)  # islands ranked on their own, at their exact best start
         alone_cluster = cluster[alone]
         alone_value = np.fromiter((exact[int(i)][1] for i in alone), dtype=np.float64, count=len(alone))
         keys = _rank_keys(
             spec,
-            np.concatenate([cluster_cost[groups], rank_rate[alone_cluster] * need[alone] * alone_value]),
+            np.concatenate(
+                [cluster_cost[groups], rank_rate[alone_cluster] * cluster_need[alone_cluster] * alone_value]
+            ),
             np.concatenate([latency[groups], latency[alone_cluster]]),
         )
-        counts = np.concatenate([members[groups], np.ones(len(alone), dtype=np.int64)])
-        keep = _top_entries(keys[-1], counts, limit)
+        group_counts = np.concatenate([members[groups], np.ones(len(alone), dtype=np.int64)])
+        keep = _top_entries(keys[-1], group_counts, limit)
         parts = [
-            _live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)
+            _live_members(c, int(groups[e]), live, own)
             if e < len(groups)
             else alone[e - len(groups) : e - len(groups) + 1]
             for e in keep
         ]
         top = _rank_members(keys, keep, parts, limit)
-        pending = [island for island in top if inexact[island] and not own[island]]
+        pending = [island for island in top if island not in exact and _within(inexact, island)]
         if not pending:
             break
         for island in pending:
@@ -301,7 +344,6 @@ def match(
             values = delta[int(c.cluster_tariff[cluster[island]])]
             k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
             exact[island] = (k, float(values[k]), int(np.argmax(ok)))
-            own[island] = True
             members[cluster[island]] -= 1
     placements = []
     for island in top:
@@ -318,13 +360,58 @@ def match(
                 window,
                 tariff_of,
                 cluster_index=cl,
-                allocation=[(island, int(need[island]))],
+                allocation=[(island, int(cluster_need[cl]))],
                 k=k,
                 first_k=first_k,
                 origin=origin,
             )
         )
-    return _result(reason, placements, window, n, feasible=int(live.sum()))
+    return _result_of(counts, considered, placements, window, feasible=feasible)
+
+
+def _allowed_fabrics(spec: JobSpec) -> np.ndarray | None:
+    """The positions in ``FABRICS`` of the job's fabrics (None: any fabric)."""
+    if not spec.fabrics:
+        return None
+    return np.array(sorted({FABRICS.index(f) for f in spec.fabrics if f in FABRICS}), dtype=np.int64)
+
+
+def _island_reasons(spec: JobSpec, c: Catalogue, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Every island's first reason (0: none yet) from the cluster-level reasons and its fabric: one
+    pass over every island, for a job that may span islands (its capacity is summed over them)."""
+    cluster = c.island_cluster
+    reason = before[cluster]
+    allowed = _allowed_fabrics(spec)
+    if allowed is not None:
+        reason[(reason == 0) & ~np.isin(c.island_fabric, allowed)] = _R["fabric"]
+    later = after[cluster]
+    return np.where(reason == 0, later, reason).astype(np.int8)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct ``values``, ascending (a sort; ``np.unique`` hashes, much slower on these)."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
+
+
+def _distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct, inverse): the distinct ``values`` ascending, and for each value its position there.
+    A stable sort, cheap on the hold book's rows (already in island order but for a short tail)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.concatenate([[True], ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, dtype=bool)
+    inverse = np.empty(len(values), dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return ordered[new], inverse
+
+
+def _within(sorted_values: np.ndarray, values: np.ndarray | int) -> np.ndarray:
+    """Whether each of ``values`` is in ``sorted_values`` (ascending): a binary search each."""
+    at = np.searchsorted(sorted_values, values)
+    inside = at < len(sorted_values)
+    found = np.zeros(np.shape(at), dtype=bool)
+    found[inside] = sorted_values[at[inside]] == np.asarray(values)[inside]
+    return found
 
 
 @dataclass(frozen=True)
@@ -342,12 +429,17 @@ class Reports:
         return c.island_id[self.island], starts, self.until, self.cards
 
 
-def binding_reports(c: Catalogue, window: Window, live: np.ndarray) -> Reports | None:
-    """The reports of ``live`` islands that still bind at the window's first start (None: none do).
-    Work is proportional to the islands with cards withheld, and nothing for a start past every expiry."""
+def binding_reports(
+    c: Catalogue, window: Window, live: np.ndarray | Callable[[np.ndarray], np.ndarray]
+) -> Reports | None:
+    """The reports of the ``live`` islands (a mask over the catalogue, or a test of catalogue positions)
+    that still bind at the window's first start (None: none do). Work is proportional to the islands
+    with cards withheld, and nothing for a start past every expiry."""
     if window.t0 >= c.withheld_until_max:
         return None
-    binding = (c.withheld_until > window.t0) & live[c.withheld_island]
+    binding = c.withheld_until > window.t0
+    islands = c.withheld_island[binding]
+    binding[binding] = live[islands] if isinstance(live, np.ndarray) else live(islands)
     if not binding.any():
         return None
     return Reports(c.withheld_island[binding], c.withheld_cards[binding], c.withheld_until[binding])
@@ -358,7 +450,8 @@ def _rank_offers(
     c: Catalogue,
     window: Window,
     *,
-    live: np.ndarray,
+    live: Callable[[np.ndarray], np.ndarray],
+    members: np.ndarray,
     blocked: BlockedStarts,
     cluster_best_k: np.ndarray,
     cluster_cost: np.ndarray,
@@ -369,35 +462,42 @@ def _rank_offers(
     rank_rate: np.ndarray,
 ) -> list[tuple[int, int, np.ndarray, int]]:
     """The best ``limit`` offers of an island-gang job, best first, as (cluster index, start index, its
-    islands in catalogue order, the earliest start any of them could take).
+    islands in catalogue order, the earliest start any of them could take). ``live`` tells the islands
+    that can take the job at some start, ``members`` how many there are per cluster (changed here).
 
     An offer is a (cluster, start) with every island of the cluster whose cheapest feasible start it is.
     As in the island ranking, the live islands of a cluster are first taken together at the cluster's
     tariff-best start (one entry, its cost a lower bound for any island a hold blocks there); an offer
     that reaches the top has its blocked islands priced on their own, at their exact best feasible start,
     and the ranking is done again, until the top offers hold only exact islands. Ties go to the offer
-    whose best island comes first in the catalogue (the island ranking's order)."""
-    n, m = c.size, len(c.cluster_id)
+    whose best island comes first in the catalogue (the island ranking's order). Work is proportional to
+    the clusters and to the islands of the offers that reach the top, not to every island."""
     cluster = c.island_cluster
-    first_of_cluster, cluster_islands = c.islands_by_cluster
-    blocked_at_best = np.zeros(n, dtype=bool)
-    blocked_at_best[blocked.islands_blocking(cluster_best_k[cluster[blocked.island]])] = True
-    members = np.bincount(cluster[live], minlength=m)
-    own = np.zeros(n, dtype=bool)
-    exact_k = np.full(n, -1, dtype=np.int64)  # islands priced on their own: their best feasible start
-    exact_value = np.zeros(n, dtype=np.float64)
+    blocked_at_best = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
+    # Islands priced on their own (ascending), their best feasible start and its value.
+    alone = np.zeros(0, dtype=np.int64)
+    alone_k = np.zeros(0, dtype=np.int64)
+    alone_value = np.zeros(0, dtype=np.float64)
     never = np.iinfo(np.int64).max
+    seen: dict[int, np.ndarray] = {}  # a cluster's islands still ranked with it (until ``alone`` grows)
+
+    def with_cluster(cl: int) -> np.ndarray:
+        islands = seen.get(cl)
+        if islands is None:
+            islands = seen[cl] = _live_members(c, cl, live, alone)
+        return islands
+
     while True:
         groups = np.nonzero(members)[0]
-        alone = np.nonzero(own)[0]  # ascending: the first of each (cluster, start) is its lowest island
-        pair = cluster[alone] * (window.starts + 1) + exact_k[alone]
+        # ascending: the first of each (cluster, start) is its lowest island
+        pair = cluster[alone] * (window.starts + 1) + alone_k
         _pairs, first_index = np.unique(pair, return_index=True)
         alone_first = alone[first_index]
         alone_cluster = cluster[alone_first]
         cost = np.concatenate(
             [
                 cluster_cost[groups],
-                rank_rate[alone_cluster] * cluster_need[alone_cluster] * exact_value[alone_first],
+                rank_rate[alone_cluster] * cluster_need[alone_cluster] * alone_value[first_index],
             ]
         )
         if not len(cost):
@@ -406,41 +506,44 @@ def _rank_offers(
         keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)
         lowest = np.array(
             [
-                int(_live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)[0])
-                if e < len(groups)
-                else int(alone_first[e - len(groups)])
+                int(with_cluster(int(groups[e]))[0]) if e < len(groups) else int(alone_first[e - len(groups)])
                 for e in keep
             ],
             dtype=np.int64,
         )
         top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
         pending = [
-            island
+            islands[_within(blocked_at_best, islands)]
             for e in top
             if e < len(groups)
-            for island in _live_members(int(groups[e]), first_of_cluster, cluster_islands, live, own)
-            if blocked_at_best[island]
+            for islands in (with_cluster(int(groups[e])),)
         ]
-        if not pending:
+        islands = np.sort(np.concatenate(pending)) if pending else np.zeros(0, dtype=np.int64)
+        if not len(islands):
             break
-        islands = np.array(sorted(pending), dtype=np.int64)
         ok = blocked.feasible_many(islands)
+        ks = np.zeros(len(islands), dtype=np.int64)
+        values_at = np.zeros(len(islands), dtype=np.float64)
         for row, island in enumerate(islands):
             values = delta[int(c.cluster_tariff[cluster[island]])]
             k = int(np.argmin(np.where(ok[row], values, never)))
-            exact_k[island], exact_value[island] = k, float(values[k])
-        own[islands] = True
+            ks[row], values_at[row] = k, float(values[k])
+        order = np.argsort(np.concatenate([alone, islands]), kind="stable")
+        alone = np.concatenate([alone, islands])[order]
+        alone_k = np.concatenate([alone_k, ks])[order]
+        alone_value = np.concatenate([alone_value, values_at])[order]
         np.subtract.at(members, cluster[islands], 1)
+        seen.clear()
     offers = []
     for e in top:
         if e < len(groups):
             cl = int(groups[e])
-            islands = _live_members(cl, first_of_cluster, cluster_islands, live, own)
+            islands = with_cluster(cl)
             k = int(cluster_best_k[cl])
         else:
             first = int(alone_first[e - len(groups)])
-            cl, k = int(cluster[first]), int(exact_k[first])
-            islands = alone[(cluster[alone] == cl) & (exact_k[alone] == k)]
+            cl, k = int(cluster[first]), int(alone_k[first_index[e - len(groups)]])
+            islands = alone[(cluster[alone] == cl) & (alone_k == k)]
         offers.append((cl, k, islands, _first_feasible(blocked, islands)))
     return offers
 
@@ -453,11 +556,16 @@ def _first_feasible(blocked: BlockedStarts, islands: np.ndarray) -> int:
 
 
 def _live_members(
-    cluster: int, first_of_cluster: np.ndarray, cluster_islands: np.ndarray, live: np.ndarray, own: np.ndarray
+    c: Catalogue, cluster: int, live: Callable[[np.ndarray], np.ndarray], own: np.ndarray
 ) -> np.ndarray:
-    """The live islands of ``cluster`` still ranked with it (not on their own), in catalogue order."""
+    """The live islands of ``cluster`` still ranked with it (not in ``own``, ascending), in catalogue
+    order."""
+    first_of_cluster, cluster_islands = c.islands_by_cluster
     islands = cluster_islands[first_of_cluster[cluster] : first_of_cluster[cluster + 1]]
-    return islands[live[islands] & ~own[islands]]
+    keep = live(islands)
+    if len(own):
+        keep &= ~_within(own, islands)
+    return islands[keep]
 
 
 def _rank_rate(spec: JobSpec, c: Catalogue) -> np.ndarray:
@@ -527,8 +635,9 @@ def _rank(spec: JobSpec, cost: np.ndarray, latency: np.ndarray, tie: np.ndarray,
 
 def _hold_slots(window: Window, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     slots = -(-(window.last_end - window.t0) // window.step)
-    first = np.clip((starts - window.t0) // window.step, 0, slots)
-    last = np.clip(-(-(ends - window.t0) // window.step), 0, slots)
+    # np.minimum / np.maximum, not np.clip: the same integers, without np.clip's overhead per call
+    first = np.minimum(np.maximum((starts - window.t0) // window.step, 0), slots)
+    last = np.minimum(np.maximum(-(-(ends - window.t0) // window.step), 0), slots)
     return first, last, int(slots)
 
 
@@ -596,52 +705,76 @@ def _blocked_starts(
     need: np.ndarray,
     reports: Reports | None = None,
 ) -> BlockedStarts:
-    """Sparse occupancy: per candidate island, the hold edges (rounded outward to the slot grid) sorted
-    and summed give the occupied card count between consecutive edges; each stretch where fewer than
-    ``need`` cards are free blocks the starts whose run would touch it. Work is proportional to the
-    holds in the window, not to islands × slots.
+    """``_blocked`` for the islands at catalogue positions ``candidates``, ``need`` cards per island
+    (aligned with the catalogue)."""
+    is_candidate = np.zeros(c.size, dtype=bool)
+    is_candidate[candidates] = True
+    by_cluster = np.zeros(len(c.cluster_id), dtype=np.int64)
+    by_cluster[c.island_cluster[candidates]] = need[candidates]
+    if not bool((need[candidates] == by_cluster[c.island_cluster[candidates]]).all()):
+        raise ValueError("the islands of a cluster must need the same cards")
+    return _blocked(c, holds, window, lambda positions: is_candidate[positions], by_cluster, reports)
 
-    ``reports`` (binding heartbeat reports) are holds over ``[t0, expiry)``. A report that ends within
-    the first slot (always, with the default settings: it expires within 90 s, a slot is 15 minutes)
-    can block only the first start, the one run touching that slot, and does exactly when it, the
-    holds touching the slot (every one occupies all of it, rounded outward) and ``need`` exceed the
-    island's cards: decided per island without adding edges to sort. Other reports join the holds."""
+
+def _blocked(
+    c: Catalogue,
+    holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    window: Window,
+    candidate: Callable[[np.ndarray], np.ndarray],
+    cluster_need: np.ndarray,
+    reports: Reports | None = None,
+) -> BlockedStarts:
+    """Sparse occupancy: per candidate island (those ``candidate`` accepts, a test of catalogue
+    positions), the hold edges (rounded outward to the slot grid) sorted and summed give the occupied
+    card count between consecutive edges; each stretch where fewer than ``cluster_need`` (per cluster)
+    cards are free blocks the starts whose run would touch it. Work is proportional to the holds in the
+    window, not to islands × slots, nor to islands: only the islands the holds name are looked at.
+
+    ``reports`` (binding heartbeat reports, of candidate islands) are holds over ``[t0, expiry)``. A
+    report that ends within the first slot (always, with the default settings: it expires within 90 s,
+    a slot is 15 minutes) can block only the first start, the one run touching that slot, and does
+    exactly when it, the holds touching the slot (every one occupies all of it, rounded outward) and
+    ``need`` exceed the island's cards: decided per island without adding edges to sort. Other reports
+    join the holds."""
     empty = np.zeros(0, dtype=np.int64)
     none = BlockedStarts(empty, empty, empty, empty, window.starts)
     hold_island, hold_start, hold_end, hold_cards = holds
-    if not len(candidates) or (not len(hold_island) and reports is None):
+    if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
     index = c.island_index(hold_island)
-    is_candidate = np.zeros(c.size + 1, dtype=bool)  # the last entry stands for unknown islands (-1)
-    is_candidate[candidates] = True
-    of_candidate = is_candidate[index]
-    # Only islands whose holds together could leave too few cards (one pass, one selection).
-    selected = np.flatnonzero(of_candidate)
+    known = np.flatnonzero(index >= 0)
+    # The holds of candidate islands (positions in the hold arrays).
+    selected = known[candidate(index[known])]
     selected_index = index[selected]
-    held = np.bincount(selected_index, weights=hold_cards[selected], minlength=c.size)
     first_only = r_island = r_cards = r_until = empty
     if reports is not None:
-        mine = is_candidate[reports.island]
+        mine = candidate(reports.island)
         r_island, r_cards, r_until = reports.island[mine], reports.cards[mine], reports.until[mine]
         one_slot = r_until <= window.t0 + window.step
         if one_slot.any():
             island = r_island[one_slot]  # ascending: the catalogue lists them in position order
-            near = of_candidate & (hold_start < window.t0 + window.step) & (hold_end > window.t0)
+            near = selected[
+                (hold_start[selected] < window.t0 + window.step) & (hold_end[selected] > window.t0)
+            ]
             near_island, near_cards = index[near], hold_cards[near]
             row = np.minimum(np.searchsorted(island, near_island), len(island) - 1)
             on = island[row] == near_island
             touching = np.bincount(row[on], weights=near_cards[on], minlength=len(island))
-            first_only = island[r_cards[one_slot] + touching + need[island] > capacity[island]]
+            need_here = cluster_need[c.island_cluster[island]]
+            first_only = island[r_cards[one_slot] + touching + need_here > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
-        if len(r_island):
-            held = held.copy()
-            np.add.at(held, r_island, r_cards)
-    keep = selected[held[selected_index] + need[selected_index] > capacity[selected_index]]
+    # Only islands whose holds (and reports) together could leave too few cards: per island, the sum
+    # of their cards, over the islands named (a sort of the named islands, never a pass over all).
+    named, inverse = _distinct_inverse(np.concatenate([selected_index, r_island]))
+    held = np.bincount(inverse, weights=np.concatenate([hold_cards[selected], r_cards]), minlength=len(named))
+    tight = held + cluster_need[c.island_cluster[named]] > capacity[named]
+    keep = selected[tight[inverse[: len(selected)]]]
     index = np.concatenate([index[keep], r_island])
     hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
     hold_end = np.concatenate([hold_end[keep], r_until])
     hold_cards = np.concatenate([hold_cards[keep], r_cards])
+    need = cluster_need[c.island_cluster[index]]
     blocked_island, a, b = _short_ranges(c, window, need, index, hold_start, hold_end, hold_cards)
     if len(first_only):
         # The first start of these islands too (a range may repeat one above: harmless), kept in order
@@ -653,19 +786,18 @@ def _blocked_starts(
         blocked_island, a, b = blocked_island[order], a[order], b[order]
     if not len(blocked_island):
         return none
-    # Sorted by island, then a. An island is full when its blocked ranges cover [0, starts): walk the ranges with a running
-    # maximum of their ends (offset per island so one pass serves all islands).
+    # Sorted by island, then a. An island is full when its blocked ranges cover [0, starts): walk the
+    # ranges with a running maximum of their ends (offset per island so one pass serves all islands).
     offset = blocked_island * (window.starts + 1)
     reach = np.maximum.accumulate(b + offset) - offset
     first_of_island = np.concatenate([[True], blocked_island[1:] != blocked_island[:-1]])
     last_of_island = np.concatenate([blocked_island[1:] != blocked_island[:-1], [True]])
     previous_reach = np.concatenate([[0], reach[:-1]])
-    gap = np.where(first_of_island, a > 0, a > previous_reach)
-    has_gap = np.zeros(c.size, dtype=bool)
-    has_gap[blocked_island[gap]] = True
-    has_gap[blocked_island[last_of_island & (reach < window.starts)]] = True
+    gap = np.where(first_of_island, a > 0, a > previous_reach) | (last_of_island & (reach < window.starts))
+    group = np.cumsum(first_of_island) - 1  # each range's island, counted from 0
+    has_gap = np.bincount(group[gap], minlength=int(group[-1]) + 1) > 0
     involved = blocked_island[first_of_island]
-    return BlockedStarts(blocked_island, a, b, involved[~has_gap[involved]], window.starts)
+    return BlockedStarts(blocked_island, a, b, involved[~has_gap], window.starts)
 
 
 def _short_ranges(
@@ -677,9 +809,9 @@ def _short_ranges(
     hold_end: np.ndarray,
     hold_cards: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(island, a, b): the start ranges ``[a, b)`` that the holds (catalogue positions ``index``) make
-    infeasible, sorted by island, then a (the edges are sorted by island and slot, and a grows with
-    slot)."""
+    """(island, a, b): the start ranges ``[a, b)`` that the holds (catalogue positions ``index``, each
+    with the cards its island needs free in ``need``) make infeasible, sorted by island, then a (the
+    edges are sorted by island and slot, and a grows with slot)."""
     if not len(index):
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
@@ -687,13 +819,14 @@ def _short_ranges(
     islands = np.concatenate([index, index])
     slots = np.concatenate([first, last])
     deltas = np.concatenate([hold_cards, -hold_cards])
+    needs = np.concatenate([need, need])
     # One sort key: island, then slot, then releases before takes at the same slot edge.
     order = np.argsort(islands * (2 * _slots + 4) + slots * 2 + (deltas > 0), kind="stable")
-    islands, slots, deltas = islands[order], slots[order], deltas[order]
+    islands, slots, deltas, needs = islands[order], slots[order], deltas[order], needs[order]
     level = np.cumsum(deltas)  # each island's edges sum to zero, so the running sum restarts per island
     next_slot = np.concatenate([slots[1:], [0]])
     same = np.concatenate([islands[1:] == islands[:-1], [False]])
-    short = same & (next_slot > slots) & (level > c.island_capacity[islands] - need[islands])
+    short = same & (next_slot > slots) & (level > c.island_capacity[islands] - needs)
     run = -(-window.duration // window.step)
     a = np.maximum(slots[short] - run + 1, 0)
     b = np.minimum(next_slot[short], window.starts)
@@ -901,6 +1034,20 @@ def _result(
     )
 
 
+def _result_of(
+    counts: np.ndarray, considered: int, placements: list[Placement], window: Window, feasible: int = 0
+) -> MatchResult:
+    """``_result`` from the rejection counts per reason (``counts[_R[name]]``) and the islands considered."""
+    return MatchResult(
+        placements=tuple(placements),
+        rejections={name: int(counts[_R[name]]) for name in REASONS},
+        considered=considered,
+        feasible=feasible,
+        window_start_at=_at(window.t0),
+        window_end_at=_at(window.t0 + max(window.starts - 1, 0) * window.step + window.duration),
+    )
+
+
 @dataclass(frozen=True)
 class StartCosts:
     """The cost of a placement at every start of a job's window: ``costs[k]`` (CNY at the list price,
@@ -945,7 +1092,7 @@ def start_costs(
         # The operators' reported available cards bind the first starts too, as in the matcher.
         considered = np.zeros(c.size, dtype=bool)
         considered[positions] = True
-        reports = binding_reports(c, window, considered)
+        reports = binding_reports(c, window, lambda islands: considered[islands])
         need = np.full(c.size, cards, dtype=np.int64)
         blocked = _blocked_starts(c, holds, window, positions, need, reports)
         if blocked.has_all(positions):

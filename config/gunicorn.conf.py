@@ -37,6 +37,14 @@ def on_starting(server: object) -> None:
     os.makedirs(directory, exist_ok=True)
 
 
+def post_worker_init(worker: object) -> None:
+    # The app is loaded (Django is set up): load the matcher's catalogue and hold book in the background
+    # now, so that a new worker's first quote (at start, and after every max_requests recycle) does not.
+    from broker.catalog import market
+
+    market.warm_in_background()
+
+
 def child_exit(server: object, worker: object) -> None:
     from prometheus_client import multiprocess
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import F, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import F, OuterRef, Prefetch, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -213,19 +215,19 @@ def price_cards_in_force(*, at: datetime | None = None) -> dict[int, PriceCardRo
         "tariff_version_id",
         "tariff_version__tariff__code",
         "sla_availability_percent",
-        "sla_credit_schedule",
+        "schedule_text",
     )
     rows = cards.distinct("cluster_id") if connection.vendor == "postgresql" else cards
+    # The schedules as text, parsed once per distinct schedule: thousands of clusters share a handful,
+    # and decoding each card's JSON was most of this query's CPU (the broker reloads it every few seconds).
+    rows = rows.annotate(schedule_text=Cast("sla_credit_schedule", TextField()))
+    parsed: dict[str | None, tuple[SlaTier, ...]] = {}
     out: dict[int, PriceCardRow] = {}
-    for cluster_id, pk, version, rate, tariff_version_id, code, level, schedule in rows.values_list(*fields):
+    for cluster_id, pk, version, rate, tariff_version_id, code, level, text in rows.values_list(*fields):
         if cluster_id not in out:
-            out[cluster_id] = PriceCardRow(
-                pk,
-                version,
-                rate,
-                tariff_version_id,
-                code,
-                level,
-                sla_schedule_parse(schedule) if schedule else (),
-            )
+            schedule = parsed.get(text)
+            if schedule is None:
+                raw = json.loads(text) if text is not None else None
+                schedule = parsed[text] = sla_schedule_parse(raw) if raw else ()
+            out[cluster_id] = PriceCardRow(pk, version, rate, tariff_version_id, code, level, schedule)
     return out

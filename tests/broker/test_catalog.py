@@ -260,3 +260,35 @@ def test_the_book_in_arrays_matches_a_replay_of_its_changes() -> None:
         keys = book.island[head] * 10**6 + book.start[head]
         assert (np.diff(keys) >= 0).all()
     assert book.sorted_upto > 0
+
+
+def test_a_warmed_market_answers_its_first_quote_without_loading(
+    buyer: Organisation, east_cluster: Cluster, settings, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A new server process warms its market in the background: the first quote then loads nothing, and
+    sees the holds that existed when it warmed."""
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=start)
+    loads = []
+    real = catalog_module._load_catalogue
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: loads.append(1) or real())
+    market = Market()
+    market.warm()
+    assert loads == [1]
+    assert market.holds.loaded
+    catalogue, holds = market.view(start=epoch(start), end=epoch(start + timedelta(hours=1)))
+    assert loads == [1]
+    assert catalogue is market.catalogue
+    assert east_cluster.pk in catalogue.cluster_id.tolist()
+    assert holds[3].tolist() == [3]
+    market.warm()  # loaded already: nothing again
+    assert loads == [1]
+
+
+def test_warming_with_a_zero_ttl_loads_nothing(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: pytest.fail("loaded"))
+    market = Market()
+    market.warm()
+    assert market.catalogue is None

@@ -491,3 +491,152 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
     ] == expected
     assert all(p.islands_available == 1 + len(p.alternatives) for p in result.placements)
     assert result.feasible == sum(len(group) for group in offers.values())
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    capacity=st.lists(st.sampled_from([2, 4, 8, 8, 16]), min_size=30, max_size=30),
+    fabric=st.lists(st.integers(0, 2), min_size=30, max_size=30),
+    status=st.lists(st.sampled_from(["active", "active", "active", "offline"]), min_size=6, max_size=6),
+    chip=st.lists(st.integers(0, 1), min_size=6, max_size=6),
+    hub=st.lists(st.integers(0, 1), min_size=6, max_size=6),
+    priced=st.lists(st.sampled_from([True, True, True, False]), min_size=6, max_size=6),
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 29), st.integers(-3600, 24 * 3600), st.integers(60, 12 * 3600), st.integers(1, 8)
+        ),
+        max_size=30,
+    ),
+    cards=st.one_of(
+        st.integers(1, 9).map(lambda n: (n, None)), st.sampled_from(["2", "5.5"]).map(lambda s: (None, s))
+    ),
+    fabrics=st.sampled_from([(), ("nvlink",), ("nvlink", "roce"), ("hccs", "infiniband")]),
+    accelerators=st.sampled_from([(), ("a800",), ("h800",)]),
+    budget=st.sampled_from([10, 50]),
+    excluded=st.sets(st.integers(1, 6), max_size=2),
+    distinct=st.booleans(),
+)
+def test_rejection_counts_per_cluster_match_a_count_per_island(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    fabric: list[int],
+    status: list[str],
+    chip: list[int],
+    hub: list[int],
+    priced: list[bool],
+    holds: list[tuple[int, int, int, int]],
+    cards: tuple[int | None, str | None],
+    fabrics: tuple[str, ...],
+    accelerators: tuple[str, ...],
+    budget: int,
+    excluded: set[int],
+    distinct: bool,
+) -> None:
+    """An island-gang quote counts its rejections per cluster (islands per fabric, sorted capacities) and
+    looks only at the islands that holds name: every count must be what a pass over every island, each
+    under the first reason it fails, gives; and the placements those of the islands that pass."""
+    from broker.catalog import FABRICS
+
+    m = len(islands_per_cluster)
+    island_cluster = np.repeat(np.arange(m), islands_per_cluster)
+    n = len(island_cluster)
+    factors = [7800, 24700]  # a800, h800: standard-card factor × 10⁴
+    cat = Catalogue(
+        loaded_at=time.monotonic(),
+        island_id=np.arange(1, n + 1) * 3,  # ids are not positions
+        island_cpi=[f"isl-{i}" for i in range(n)],
+        island_cluster=island_cluster,
+        island_capacity=np.array(capacity[:n], dtype=np.int64),
+        island_fabric=np.array(fabric[:n], dtype=np.int64),  # nvlink, hccs, infiniband
+        cluster_id=np.arange(1, m + 1),
+        cluster_cpi=[f"c{i}" for i in range(m)],
+        cluster_operator=np.ones(m, dtype=np.int64),
+        cluster_hub=np.array(hub[:m], dtype=np.int64),
+        cluster_status=status[:m],
+        cluster_active=np.array([s == "active" for s in status[:m]]),
+        cluster_chip=np.array(chip[:m], dtype=np.int64),
+        cluster_price=[
+            PriceCardRow(i + 1, 1, Decimal(10), 1 + i % 2, "t") if priced[i] else None for i in range(m)
+        ],
+        cluster_rate=np.array([10.0 if priced[i] else np.nan for i in range(m)]),
+        cluster_tariff=np.array([1 + i % 2 if priced[i] else 0 for i in range(m)], dtype=np.int64),
+        chip_slugs=["a800", "h800"],
+        chip_tflops=[Decimal(312), Decimal(989)],
+        chip_tflops_f=np.array([312.0, 989.0]),
+        chip_memory_f=np.array([80.0, 80.0]),
+        chip_factor_e4=np.array(factors),
+        hub_codes=["nx", "yrd"],
+        latency_ms=np.array([[5.0, 20.0], [20.0, 5.0]]),
+        latency_dec={(i, j): Decimal("5" if i == j else "20") for i in range(2) for j in range(2)},
+    )
+    whole, standard = cards
+    spec = JobSpec(
+        **{
+            **_spec(cards=1, duration=3 * 3600).__dict__,
+            "cards": whole,
+            "standard_cards": Decimal(standard) if standard else None,
+            "fabrics": fabrics,
+            "accelerators": accelerators,
+            "latency_budget_ms": budget,
+            "exclude_clusters": frozenset(excluded),
+        }
+    )
+    t0 = int(NOW.timestamp())
+    holds = [(h[0] % n, *h[1:]) for h in holds]
+    arrays = (np.array([3 * (h[0] + 1) for h in holds], dtype=np.int64), *_hold_arrays(holds, t0)[1:])
+    result = match(
+        spec=spec,
+        catalogue=cat,
+        holds=arrays,
+        now=NOW,
+        step=STEP,
+        limit=30,
+        tariff_of=TARIFFS.__getitem__,
+        distinct=distinct,
+    )
+    window = window_of(spec, now=NOW, step=STEP)
+    run = -(-spec.duration_seconds // STEP)
+    expected = dict.fromkeys(("offline", "chip", "fabric", "latency", "unpriced", "capacity"), 0)
+    considered, feasible = 0, []
+    for island in range(n):
+        cl = int(island_cluster[island])
+        if cl + 1 in excluded:
+            continue
+        considered += 1
+        need = whole if whole is not None else -(-int(Decimal(standard) * 10**4) // factors[chip[cl]])
+        if status[cl] != "active":
+            reason = "offline"
+        elif accelerators and cat.chip_slugs[chip[cl]] not in accelerators:
+            reason = "chip"
+        elif fabrics and FABRICS[fabric[island]] not in fabrics:
+            reason = "fabric"
+        elif cat.latency_ms[1][hub[cl]] > budget:
+            reason = "latency"
+        elif not priced[cl]:
+            reason = "unpriced"
+        elif capacity[island] < need or not any(
+            all(
+                sum(
+                    c
+                    for i, s, length, c in holds
+                    if i == island
+                    and _slot_floor(t0 + s, window.t0) < window.t0 + (slot + 1) * STEP
+                    and _slot_ceil(t0 + s + length, window.t0) > window.t0 + slot * STEP
+                )
+                <= capacity[island] - need
+                for slot in range(k, k + run)
+            )
+            for k in range(window.starts)
+        ):
+            reason = "capacity"
+        else:
+            feasible.append(island)
+            continue
+        expected[reason] += 1
+    assert {name: result.rejections[name] for name in expected} == expected
+    assert sum(result.rejections.values()) == considered - len(feasible)
+    assert result.considered == considered
+    assert result.feasible == len(feasible)
+    placed = {cpi for p in result.placements for cpi in (*p.island_cpis, *p.alternative_cpis)}
+    assert placed == {cat.island_cpi[i] for i in feasible}
