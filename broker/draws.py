@@ -21,11 +21,11 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from django.db import connections, router
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from broker.models import HOLDING_STATES, Lease, LeaseState
+from broker.models import DrawHold, Lease, LeaseState
+from broker.selectors import draw_pending_for
 from core.models import Organisation
 from core.money import FEN, from_micros, to_micros
 from federation.selectors import accelerator_list, standard_card_current, standard_card_factor
@@ -354,50 +354,28 @@ def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
     ]
 
 
-def _live_lease_draws(
-    *, buyer_id: int, at: datetime, exclude_lease_ids: Sequence[int]
-) -> list[tuple[str, Decimal, datetime, datetime]]:
-    """(draw class, expected draw, start, end) of the buyer's live leases ending after ``at``, by start.
-
-    Every quote asks this, usually of a buyer with no live lease at all, and building the ORM query
-    cost more CPU than running it; on PostgreSQL the statement is fixed text (the values bound), with
-    the ORM elsewhere. Same rows, same order."""
-    alias = router.db_for_read(Lease)
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return list(
-            Lease.objects.filter(buyer_id=buyer_id, state__in=HOLDING_STATES, end_at__gt=at)
-            .exclude(pk__in=list(exclude_lease_ids))
-            .order_by("start_at", "id")
-            .values_list("draw_class", "expected_draw", "start_at", "end_at")
-        )
-    with connection.cursor() as cursor:
-        cursor.execute(_LIVE_LEASE_DRAWS_SQL, [buyer_id, list(HOLDING_STATES), at, list(exclude_lease_ids)])
-        return [tuple(row) for row in cursor.fetchall()]
-
-
-_LIVE_LEASE_DRAWS_SQL = (
-    "SELECT draw_class, expected_draw, start_at, end_at FROM broker_lease "
-    "WHERE buyer_id = %s AND state = ANY(%s) AND end_at > %s AND NOT (id = ANY(%s::bigint[])) "
-    "ORDER BY start_at, id"
-)
-
-
 def buyer_packs_after_leases(
     *, buyer: Organisation, at: datetime | None = None, exclude_lease_ids: Sequence[int] = ()
 ) -> BuyerPacks:
-    """The buyer's usable packs less its live leases' expected draws (a running lease's pro rata to its
-    time still to come), drawn rating's way. Three queries."""
+    """The buyer's usable packs less its live leases' pending draws (each lease's expected draw less what
+    rating has posted for it: broker.selectors.draw_pending_for, one row per draw class), drawn rating's
+    way at ``at``: per class in class order, from the packs expiring first. Two queries (three when a live
+    lease's chip could draw a standard pack), whatever the number of live leases."""
     at = at or timezone.now()
     slots = _buyer_packs(buyer=buyer, at=at)
-    live = _live_lease_draws(buyer_id=buyer.pk, at=at, exclude_lease_ids=exclude_lease_ids)
-    packs = BuyerPacks(slots=slots, factors=chip_factors({row[0] for row in live}))
-    for chip, expected, start_at, end_at in live:
-        total = (end_at - start_at).total_seconds()
-        left = (end_at - max(start_at, at)).total_seconds()
-        share = (expected * Decimal(left) / Decimal(total)).quantize(_MICRO) if total > 0 else expected
-        packs.take(chip=chip, factor=packs.factors.get(chip), draw=share, at=max(start_at, at), commit=True)
+    pending = draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=exclude_lease_ids) if slots else {}
+    packs = BuyerPacks(slots=slots, factors=_factors_if_standard(slots, pending))
+    for chip, amount in pending.items():
+        packs.take(chip=chip, factor=packs.factors.get(chip), draw=amount, at=at, commit=True)
     return packs
+
+
+def _factors_if_standard(slots: list[_Slot], chips: Iterable[str]) -> dict[str, Decimal | None]:
+    """The chips' standard-card factors when a standard pack could pay them (none asked otherwise)."""
+    chips = list(chips)
+    if not chips or not any(slot.class_key == STANDARD_CLASS for slot in slots):
+        return dict.fromkeys(chips)
+    return chip_factors(chips)
 
 
 def lease_draw_plan(*, lease: Lease, at: datetime | None = None) -> DrawPlan:
@@ -415,15 +393,25 @@ def lease_draw_plan(*, lease: Lease, at: datetime | None = None) -> DrawPlan:
     )
 
 
+def _pending_of(lease: Lease) -> Decimal:
+    """The lease's pending draw: its hold's open amount (expected less posted, broker.services.draw_holds)."""
+    try:
+        hold = lease.draw_hold
+    except DrawHold.DoesNotExist:
+        return lease.expected_draw
+    return from_micros(hold.open_micros)
+
+
 def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDraw]:
-    """What the buyer's reserved leases (accepted, not started) are expected to draw from its packs, per
-    pack class in that class's unit, drawn rating's way in the order the leases start; the part no pack
+    """What the buyer's reserved leases (accepted, not started) are expected to draw from its packs — their
+    pending draws, expected less posted, as a quote sets them aside — per pack class in that class's
+    unit, drawn rating's way in the order the leases start (the forecast needs when); the part no pack
     covers is left out (it is arrears, not a draw). The run-out forecast of ``/usage/`` counts these
     (registered with metering in BrokerConfig.ready). Running leases are not counted: their draw is in
     the trailing rate already."""
     reserved = list(
         Lease.objects.filter(buyer=buyer, state=LeaseState.RESERVED, end_at__gt=now)
-        .select_related("price_card")
+        .select_related("draw_hold")
         .order_by("start_at", "id")
     )
     if not reserved:
@@ -436,7 +424,7 @@ def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDr
         factor = packs.factors.get(lease.draw_class)
         at = max(lease.start_at, now)
         taken, _uncovered = packs.take(
-            chip=lease.draw_class, factor=factor, draw=lease.expected_draw, at=at, commit=True
+            chip=lease.draw_class, factor=factor, draw=_pending_of(lease), at=at, commit=True
         )
         for slot, amount, _covers in taken:
             draws.append(

@@ -40,6 +40,7 @@ from broker.models import (
     LeaseTransition,
     Quote,
 )
+from broker.services.draw_holds import draw_hold_place, draw_hold_void
 from broker.services.events import lease_event_enqueue
 from broker.types import Placement
 from core.models import Organisation
@@ -109,6 +110,7 @@ def lease_transition(
         fields.append("ended_at")
         CapacityHold.objects.filter(lease=lease, active=True).update(active=False)
         budget_services.budget_holds_void(lease=lease, at=at)
+        draw_hold_void(lease=lease, at=at)
     if reason:
         lease.reason = reason[:500]
         fields.append("reason")
@@ -369,6 +371,7 @@ def lease_create(
     budget_services.budget_holds_create(
         lease=lease, budgets=budgets, user_id=origin_user_id, token_id=origin_token_id, now=now
     )
+    draw_hold_place(lease=lease, now=now)
     transition = LeaseTransition.objects.create(
         lease=lease,
         operator_id=lease.operator_id,
