@@ -4,8 +4,19 @@ A quote or lease knows its *expected draw*: the chip's card-hours × band multip
 buyer's packs is that amount in the unit of the pack that pays it: the chip's card-hours for a pack of that
 chip, standard card-hours (× the chip's standard-card factor) for a standard pack. Rating draws the usable
 packs earliest expiry first (metering.services.rating), so a plan follows the same order: the buyer's live
-leases (reserved or running, by start) are drawn first, pro rata to their time still to come, then the
-draw asked about. What no pack covers is arrears, billed at the operator's rate (its list price).
+leases' *pending draws* are drawn first, then the draw asked about. What no pack covers is arrears, billed
+at the operator's rate (its list price).
+
+**Pending draws: expected less posted.** A live lease (reserved, running or stopping) holds its expected
+draw less what rating has posted for its usage so far, never below zero (broker.services.draw_holds keeps
+it as a DrawHold and the buyer's sum per chip as DrawPending, in the transactions that accept, rate and end
+leases), so a quote reads one row per chip, not one per live lease. The sum is drawn from the packs valid at
+``at``, chip by chip in chip order, each rating's way (earliest expiry first). That is the closest honest
+rule a kept sum allows, and where it differs from setting each lease aside at its own start: a sum has no
+start, so a reserved lease's draw is set aside from the packs valid now (one expiring before the lease
+starts included), and when two chips compete for the same standard packs the chip first in order takes the
+packs expiring first. The totals per class are the same; only which of two packs of a class a lease is set
+against can differ, which changes a later draw's plan only when a pack expires between now and its start.
 
 The plan is made before usage arrives — the ledger decides at rating time — by the rule rating applies,
 so a page never shows a draw in a unit no pack of the buyer is drawn in. It is also the one affordability

@@ -114,7 +114,7 @@ def lease_transitions(*, lease: Lease) -> QuerySet[LeaseTransition]:
 
 @dataclass(frozen=True)
 class Affordability:
-    """A buyer's balances per class and its live leases' expected draws, as a refusal's ``extra`` reports
+    """A buyer's balances per class and its live leases' pending draws, as a refusal's ``extra`` reports
     them. Whether a draw is paid is decided by broker.draws (rating's order), not here.
 
     ``chip`` maps a chip slug to card-hours of that chip's packs; ``standard`` is standard card-hours.

@@ -31,6 +31,8 @@ from broker.models import (
     BuyerPreference,
     CapacityHold,
     ClusterReliability,
+    DrawHold,
+    DrawPending,
     Job,
     Lease,
     LeaseEventDelivery,
@@ -62,6 +64,8 @@ BROKER_ADMINS = sorted(
 )
 INLINE_ONLY = {CapacityHold}
 READ_ONLY = [
+    DrawHold,
+    DrawPending,
     Job,
     Quote,
     Lease,
