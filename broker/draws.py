@@ -40,8 +40,8 @@ from broker.selectors import draw_pending_for
 from core.models import Organisation
 from core.money import FEN, from_micros, to_micros
 from federation.selectors import accelerator_list, standard_card_current, standard_card_factor
-from metering.models import STANDARD_CLASS, Pack
-from metering.selectors.payments import pack_list_for
+from metering.models import STANDARD_CLASS
+from metering.selectors.payments import pack_balances_usable
 from metering.selectors.usage_dashboard import ReservedDraw
 
 _MICRO = Decimal("0.000001")
@@ -353,15 +353,17 @@ def chip_factors(slugs: Iterable[str]) -> dict[str, Decimal | None]:
 def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
     return [
         _Slot(
-            pack_id=pack.pk,
-            class_key=pack.class_key,
-            starts_at=pack.starts_at,
-            expires_at=pack.expires_at,
-            remaining=from_micros(int(pack.remaining_micros)),  # type: ignore[attr-defined]
-            price_per_card_hour=(pack.price / pack.card_hours).quantize(_MICRO, rounding=ROUND_HALF_EVEN),
+            pack_id=pk,
+            class_key=class_key,
+            starts_at=starts_at,
+            expires_at=expires_at,
+            remaining=from_micros(left),
+            price_per_card_hour=(price / card_hours).quantize(_MICRO, rounding=ROUND_HALF_EVEN),
         )
-        for pack in pack_list_for(buyer=buyer, status=Pack.Status.ACTIVE).filter(expires_at__gt=at)
-        if int(pack.remaining_micros) > 0  # type: ignore[attr-defined]
+        for pk, class_key, starts_at, expires_at, left, price, card_hours in pack_balances_usable(
+            buyer_id=buyer.pk, at=at
+        )
+        if left > 0
     ]
 
 

@@ -132,3 +132,26 @@ def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
     assert draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=[leases[4].pk]) == {
         A800: Decimal("7.500000")
     }
+
+
+def test_the_usable_pack_balances_are_pack_list_for_s_rows(buyer: Organisation) -> None:
+    """The fixed-text statement on PostgreSQL (the ORM elsewhere) returns the buyer's active packs not
+    expired at ``at``, earliest expiry first, with their ledger balances: what pack_list_for returns."""
+    from metering.models import Pack
+    from metering.selectors.payments import pack_balances_usable, pack_list_for
+    from tests.factories import BuyerFactory
+
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=4, price="36.00", validity_days=30, key="a")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=90, key="b")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=7, price="84.00", validity_days=10, key="c")
+    spent = make_paid_pack(buyer=buyer, accelerator=A800, card_hours=1, price="9.00", key="d")
+    Pack.objects.filter(pk=spent.pk).update(status=Pack.Status.EXHAUSTED)
+    make_paid_pack(buyer=BuyerFactory(slug="another"), accelerator=None, card_hours=5, price="60.00", key="e")
+    now = timezone.now()
+    expected = [
+        (p.pk, p.class_key, p.starts_at, p.expires_at, int(p.remaining_micros), p.price, p.card_hours)  # type: ignore[attr-defined]
+        for p in pack_list_for(buyer=buyer, status=Pack.Status.ACTIVE).filter(expires_at__gt=now)
+    ]
+    assert len(expected) == 3
+    assert pack_balances_usable(buyer_id=buyer.pk, at=now) == expected
+    assert pack_balances_usable(buyer_id=buyer.pk, at=now + timedelta(days=20)) == expected[1:]
