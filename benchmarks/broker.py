@@ -207,6 +207,7 @@ def build_market(
     from django.utils import timezone
 
     from broker.services.jobs import JobInput, _body_hash
+    from core.money import to_micros
     from core.services import api_token_create, organisation_create
     from core.types import Actor
     from federation.models import Accelerator, Hub
@@ -227,25 +228,29 @@ def build_market(
         operator_ids[slug], operator_tokens[slug] = organisation.pk, raw
         operator_labels[organisation.pk] = Actor(organisation=organisation, token=token).label
     buyer_ids, buyer_labels = [], {}
+    buyers = []
     for b in range(args.buyers):
         organisation = organisation_create(slug=f"buyer{b:03d}", name=f"Benchmark buyer {b}", is_buyer=True)
         token, _ = api_token_create(organisation=organisation, name="portal")
         buyer_ids.append(organisation.pk)
+        buyers.append(organisation)
         buyer_labels[organisation.pk] = Actor(organisation=organisation, token=token).label
     quoter = organisation_create(slug="quoter", name="Benchmark quoting buyer", is_buyer=True)
     _, quote_token = api_token_create(organisation=quoter, name="quotes")
     product = PackProduct.objects.create(
         code="bench-std", name="standard", card_hours=1_000_000, price=9_000_000
     )
-    order = PackOrder.objects.create(
-        buyer=quoter,
-        product=product,
-        card_hours=1_000_000,
-        amount=Decimal(9_000_000),
-        validity_days=365,
-        idempotency_key="bench",
-    )
-    pack_issue(order=order, paid_at=registered, posted_by="benchmark")
+    # Every buyer has a pack, so the affordability of a buyer with many live leases sets them aside.
+    for buyer in [quoter, *buyers]:
+        order = PackOrder.objects.create(
+            buyer=buyer,
+            product=product,
+            card_hours=1_000_000,
+            amount=Decimal(9_000_000),
+            validity_days=365,
+            idempotency_key=f"bench-{buyer.slug}",
+        )
+        pack_issue(order=order, paid_at=registered, posted_by="benchmark")
 
     islands_per_cluster = max(1, args.islands // args.clusters)
     fleet = build_fleet(
@@ -423,6 +428,27 @@ def build_market(
                 for pk, lease in enumerate(leases, start=1)
             ),
         )  # fmt: skip
+        # Each live lease's pending draw (broker.services.draw_holds): its whole expected draw (no usage is
+        # rated yet), and their sums per buyer and chip.
+        pending: dict[tuple[int, str], int] = defaultdict(int)
+        for lease in leases:
+            pending[(lease.buyer_id, chips[island_cluster[lease.island]])] += to_micros(lease.expected_draw)
+        rows["broker_drawhold"] = _copy(
+            cur,
+            "broker_drawhold",
+            ("lease_id", "buyer_id", "draw_class", "expected_micros", "posted_micros", "created_at", "voided_at"),
+            (
+                (pk, lease.buyer_id, chips[island_cluster[lease.island]], to_micros(lease.expected_draw), 0,
+                 lease.created, None)
+                for pk, lease in enumerate(leases, start=1)
+            ),
+        )  # fmt: skip
+        rows["broker_drawpending"] = _copy(
+            cur,
+            "broker_drawpending",
+            ("buyer_id", "draw_class", "open_micros"),
+            ((buyer_id, chip, micros) for (buyer_id, chip), micros in sorted(pending.items())),
+        )
         rows["broker_capacityhold"] = _copy(
             cur,
             "broker_capacityhold",

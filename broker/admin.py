@@ -67,6 +67,8 @@ from broker.models import (
     BuyerPreference,
     CapacityHold,
     ClusterReliability,
+    DrawHold,
+    DrawPending,
     Job,
     Lease,
     LeaseEventDelivery,
@@ -1437,6 +1439,39 @@ class BuyerPreferenceAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = [BuyerFilter, "home_hub"]
     search_fields = ["buyer__slug", "buyer__name"]
     fields = readonly_fields = ("buyer", "home_hub", "updated_at")
+
+
+@admin.register(DrawPending)
+class DrawPendingAdmin(_ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each buyer's pending draws per chip: the sum of its live leases' open draw holds, what a quote sets
+    aside (broker.services.draw_holds). Read-only: acceptance, rating and the leases' ends keep it."""
+
+    list_display = ["buyer", "draw_class", "open_micros"]
+    list_select_related = ["buyer"]
+    list_filter = [BuyerFilter]
+    search_fields = ["buyer__slug", "buyer__name", "draw_class"]
+    fields = readonly_fields = ("buyer", "draw_class", "open_micros")
+
+
+@admin.register(DrawHold)
+class DrawHoldAdmin(_BigTableMixin, _ReadOnlyAdminMixin, admin.ModelAdmin):
+    """A lease's pending draw: its expected draw and what rating has posted for it (micro chip card-hours
+    × band multiplier); voided when the lease ended. Read-only (broker.services.draw_holds)."""
+
+    ordering = ["-lease_id"]  # the primary key: a hold is its lease's
+    list_display = ["lease_id", "buyer", "draw_class", "expected_micros", "posted_micros", "voided_at"]
+    list_select_related = ["buyer"]
+    list_filter = [BuyerFilter]
+    search_fields = ["buyer__slug", "draw_class"]
+    fields = readonly_fields = (
+        "lease",
+        "buyer",
+        "draw_class",
+        "expected_micros",
+        "posted_micros",
+        "created_at",
+        "voided_at",
+    )
 
 
 @admin.register(ClusterReliability)

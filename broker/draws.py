@@ -4,8 +4,19 @@ A quote or lease knows its *expected draw*: the chip's card-hours × band multip
 buyer's packs is that amount in the unit of the pack that pays it: the chip's card-hours for a pack of that
 chip, standard card-hours (× the chip's standard-card factor) for a standard pack. Rating draws the usable
 packs earliest expiry first (metering.services.rating), so a plan follows the same order: the buyer's live
-leases (reserved or running, by start) are drawn first, pro rata to their time still to come, then the
-draw asked about. What no pack covers is arrears, billed at the operator's rate (its list price).
+leases' *pending draws* are drawn first, then the draw asked about. What no pack covers is arrears, billed
+at the operator's rate (its list price).
+
+**Pending draws: expected less posted.** A live lease (reserved, running or stopping) holds its expected
+draw less what rating has posted for its usage so far, never below zero (broker.services.draw_holds keeps
+it as a DrawHold and the buyer's sum per chip as DrawPending, in the transactions that accept, rate and end
+leases), so a quote reads one row per chip, not one per live lease. The sum is drawn from the packs valid at
+``at``, chip by chip in chip order, each rating's way (earliest expiry first). That is the closest honest
+rule a kept sum allows, and where it differs from setting each lease aside at its own start: a sum has no
+start, so a reserved lease's draw is set aside from the packs valid now (one expiring before the lease
+starts included), and when two chips compete for the same standard packs the chip first in order takes the
+packs expiring first. The totals per class are the same; only which of two packs of a class a lease is set
+against can differ, which changes a later draw's plan only when a pack expires between now and its start.
 
 The plan is made before usage arrives — the ledger decides at rating time — by the rule rating applies,
 so a page never shows a draw in a unit no pack of the buyer is drawn in. It is also the one affordability
@@ -21,16 +32,16 @@ from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
-from django.db import connections, router
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from broker.models import HOLDING_STATES, Lease, LeaseState
+from broker.models import DrawHold, Lease, LeaseState
+from broker.selectors import draw_pending_for
 from core.models import Organisation
 from core.money import FEN, from_micros, to_micros
 from federation.selectors import accelerator_list, standard_card_current, standard_card_factor
-from metering.models import STANDARD_CLASS, Pack
-from metering.selectors.payments import pack_list_for
+from metering.models import STANDARD_CLASS
+from metering.selectors.payments import pack_balances_usable
 from metering.selectors.usage_dashboard import ReservedDraw
 
 _MICRO = Decimal("0.000001")
@@ -342,62 +353,42 @@ def chip_factors(slugs: Iterable[str]) -> dict[str, Decimal | None]:
 def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
     return [
         _Slot(
-            pack_id=pack.pk,
-            class_key=pack.class_key,
-            starts_at=pack.starts_at,
-            expires_at=pack.expires_at,
-            remaining=from_micros(int(pack.remaining_micros)),  # type: ignore[attr-defined]
-            price_per_card_hour=(pack.price / pack.card_hours).quantize(_MICRO, rounding=ROUND_HALF_EVEN),
+            pack_id=pk,
+            class_key=class_key,
+            starts_at=starts_at,
+            expires_at=expires_at,
+            remaining=from_micros(left),
+            price_per_card_hour=(price / card_hours).quantize(_MICRO, rounding=ROUND_HALF_EVEN),
         )
-        for pack in pack_list_for(buyer=buyer, status=Pack.Status.ACTIVE).filter(expires_at__gt=at)
-        if int(pack.remaining_micros) > 0  # type: ignore[attr-defined]
+        for pk, class_key, starts_at, expires_at, left, price, card_hours in pack_balances_usable(
+            buyer_id=buyer.pk, at=at
+        )
+        if left > 0
     ]
-
-
-def _live_lease_draws(
-    *, buyer_id: int, at: datetime, exclude_lease_ids: Sequence[int]
-) -> list[tuple[str, Decimal, datetime, datetime]]:
-    """(draw class, expected draw, start, end) of the buyer's live leases ending after ``at``, by start.
-
-    Every quote asks this, usually of a buyer with no live lease at all, and building the ORM query
-    cost more CPU than running it; on PostgreSQL the statement is fixed text (the values bound), with
-    the ORM elsewhere. Same rows, same order."""
-    alias = router.db_for_read(Lease)
-    connection = connections[alias]
-    if connection.vendor != "postgresql":
-        return list(
-            Lease.objects.filter(buyer_id=buyer_id, state__in=HOLDING_STATES, end_at__gt=at)
-            .exclude(pk__in=list(exclude_lease_ids))
-            .order_by("start_at", "id")
-            .values_list("draw_class", "expected_draw", "start_at", "end_at")
-        )
-    with connection.cursor() as cursor:
-        cursor.execute(_LIVE_LEASE_DRAWS_SQL, [buyer_id, list(HOLDING_STATES), at, list(exclude_lease_ids)])
-        return [tuple(row) for row in cursor.fetchall()]
-
-
-_LIVE_LEASE_DRAWS_SQL = (
-    "SELECT draw_class, expected_draw, start_at, end_at FROM broker_lease "
-    "WHERE buyer_id = %s AND state = ANY(%s) AND end_at > %s AND NOT (id = ANY(%s::bigint[])) "
-    "ORDER BY start_at, id"
-)
 
 
 def buyer_packs_after_leases(
     *, buyer: Organisation, at: datetime | None = None, exclude_lease_ids: Sequence[int] = ()
 ) -> BuyerPacks:
-    """The buyer's usable packs less its live leases' expected draws (a running lease's pro rata to its
-    time still to come), drawn rating's way. Three queries."""
+    """The buyer's usable packs less its live leases' pending draws (each lease's expected draw less what
+    rating has posted for it: broker.selectors.draw_pending_for, one row per draw class), drawn rating's
+    way at ``at``: per class in class order, from the packs expiring first. Two queries (three when a live
+    lease's chip could draw a standard pack), whatever the number of live leases."""
     at = at or timezone.now()
     slots = _buyer_packs(buyer=buyer, at=at)
-    live = _live_lease_draws(buyer_id=buyer.pk, at=at, exclude_lease_ids=exclude_lease_ids)
-    packs = BuyerPacks(slots=slots, factors=chip_factors({row[0] for row in live}))
-    for chip, expected, start_at, end_at in live:
-        total = (end_at - start_at).total_seconds()
-        left = (end_at - max(start_at, at)).total_seconds()
-        share = (expected * Decimal(left) / Decimal(total)).quantize(_MICRO) if total > 0 else expected
-        packs.take(chip=chip, factor=packs.factors.get(chip), draw=share, at=max(start_at, at), commit=True)
+    pending = draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=exclude_lease_ids) if slots else {}
+    packs = BuyerPacks(slots=slots, factors=_factors_if_standard(slots, pending))
+    for chip, amount in pending.items():
+        packs.take(chip=chip, factor=packs.factors.get(chip), draw=amount, at=at, commit=True)
     return packs
+
+
+def _factors_if_standard(slots: list[_Slot], chips: Iterable[str]) -> dict[str, Decimal | None]:
+    """The chips' standard-card factors when a standard pack could pay them (none asked otherwise)."""
+    chips = list(chips)
+    if not chips or not any(slot.class_key == STANDARD_CLASS for slot in slots):
+        return dict.fromkeys(chips)
+    return chip_factors(chips)
 
 
 def lease_draw_plan(*, lease: Lease, at: datetime | None = None) -> DrawPlan:
@@ -415,15 +406,25 @@ def lease_draw_plan(*, lease: Lease, at: datetime | None = None) -> DrawPlan:
     )
 
 
+def _pending_of(lease: Lease) -> Decimal:
+    """The lease's pending draw: its hold's open amount (expected less posted, broker.services.draw_holds)."""
+    try:
+        hold = lease.draw_hold
+    except DrawHold.DoesNotExist:
+        return lease.expected_draw
+    return from_micros(hold.open_micros)
+
+
 def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDraw]:
-    """What the buyer's reserved leases (accepted, not started) are expected to draw from its packs, per
-    pack class in that class's unit, drawn rating's way in the order the leases start; the part no pack
+    """What the buyer's reserved leases (accepted, not started) are expected to draw from its packs — their
+    pending draws, expected less posted, as a quote sets them aside — per pack class in that class's
+    unit, drawn rating's way in the order the leases start (the forecast needs when); the part no pack
     covers is left out (it is arrears, not a draw). The run-out forecast of ``/usage/`` counts these
     (registered with metering in BrokerConfig.ready). Running leases are not counted: their draw is in
     the trailing rate already."""
     reserved = list(
         Lease.objects.filter(buyer=buyer, state=LeaseState.RESERVED, end_at__gt=now)
-        .select_related("price_card")
+        .select_related("draw_hold")
         .order_by("start_at", "id")
     )
     if not reserved:
@@ -436,7 +437,7 @@ def reserved_draws_for(*, buyer: Organisation, now: datetime) -> list[ReservedDr
         factor = packs.factors.get(lease.draw_class)
         at = max(lease.start_at, now)
         taken, _uncovered = packs.take(
-            chip=lease.draw_class, factor=factor, draw=lease.expected_draw, at=at, commit=True
+            chip=lease.draw_class, factor=factor, draw=_pending_of(lease), at=at, commit=True
         )
         for slot, amount, _covers in taken:
             draws.append(

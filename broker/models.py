@@ -242,6 +242,61 @@ class Lease(models.Model):
         return f"lease:{self.pk}"
 
 
+class DrawHold(models.Model):
+    """A live lease's pending draw on its buyer's packs (a pending transfer, like a budget's BudgetHold):
+    ``expected_micros`` is the lease's expected draw (micro chip card-hours × band multiplier, its
+    ``expected_draw``), ``posted_micros`` what rating has posted for the lease's usage so far in the same
+    unit (packs and arrears alike). Its open amount is expected less posted, never below zero; it is voided
+    when the lease reaches a final state (completed, cancelled, interrupted, failed). The buyer's open
+    amounts are kept summed per draw class in DrawPending, in the same transactions (broker.draws)."""
+
+    lease = models.OneToOneField(Lease, on_delete=models.CASCADE, primary_key=True, related_name="draw_hold")
+    buyer = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="+", db_index=False)
+    draw_class = models.CharField(max_length=64, help_text=_("The lease's chip (accelerator slug)."))
+    expected_micros = models.BigIntegerField()
+    posted_micros = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField()
+    voided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(expected_micros__gte=0), name="draw_hold_expected_not_negative"
+            ),
+            models.CheckConstraint(condition=Q(posted_micros__gte=0), name="draw_hold_posted_not_negative"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["buyer", "draw_class"], condition=Q(voided_at__isnull=True), name="draw_hold_open"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"draw hold of lease {self.lease_id}"
+
+    @property
+    def open_micros(self) -> int:
+        return 0 if self.voided_at is not None else max(self.expected_micros - self.posted_micros, 0)
+
+
+class DrawPending(models.Model):
+    """The sum of a buyer's open DrawHold amounts of one draw class: what a quote reads instead of the
+    buyer's live leases (one row per chip the buyer has live leases of, whatever their number)."""
+
+    buyer = models.ForeignKey(Organisation, on_delete=models.CASCADE, related_name="+", db_index=False)
+    draw_class = models.CharField(max_length=64)
+    open_micros = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["buyer", "draw_class"], name="draw_pending_one_per_class"),
+            models.CheckConstraint(condition=Q(open_micros__gte=0), name="draw_pending_not_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.open_micros} µ{self.draw_class} pending for buyer {self.buyer_id}"
+
+
 class CapacityHold(models.Model):
     """Cards of one island held by a lease over ``[start_at, end_at)`` while ``active``."""
 

@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db import connections, router
 from django.db.models import BooleanField, Case, Count, Max, Prefetch, QuerySet, Sum, Value, When
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from broker.errors import JobNotFoundError, LeaseNotFoundError, QuoteNotFoundError
-from broker.models import HOLDING_STATES, BuyerNotice, CapacityHold, Job, Lease, LeaseTransition, Quote
+from broker.models import (
+    HOLDING_STATES,
+    BuyerNotice,
+    CapacityHold,
+    DrawHold,
+    DrawPending,
+    Job,
+    Lease,
+    LeaseTransition,
+    Quote,
+)
 from core.charts import band_sort_key
 from core.models import Organisation
-from core.money import from_micros, lines_total
+from core.money import from_micros, lines_total, to_micros
 from metering.models import RatedSegment, UsageRecord
 from metering.selectors.payments import buyer_balance_summary
+from metering.selectors.spend import usage_chip_draws
 
 STANDARD_CLASS = "std"
 _DRAW_QUANTUM = Decimal("0.000001")
@@ -101,7 +114,7 @@ def lease_transitions(*, lease: Lease) -> QuerySet[LeaseTransition]:
 
 @dataclass(frozen=True)
 class Affordability:
-    """A buyer's balances per class and its live leases' expected draws, as a refusal's ``extra`` reports
+    """A buyer's balances per class and its live leases' pending draws, as a refusal's ``extra`` reports
     them. Whether a draw is paid is decided by broker.draws (rating's order), not here.
 
     ``chip`` maps a chip slug to card-hours of that chip's packs; ``standard`` is standard card-hours.
@@ -115,8 +128,8 @@ class Affordability:
 
 
 def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> Affordability:
-    """The buyer's pack balances less what its reserved and running leases are still expected to draw
-    (a running lease's expected draw pro rata to its time still to come)."""
+    """The buyer's pack balances and what its live leases are still expected to draw: their pending draws,
+    expected less posted (draw_pending_for)."""
     at = at or timezone.now()
     chip: dict[str, Decimal] = {}
     standard = Decimal(0)
@@ -127,19 +140,53 @@ def buyer_affordability(*, buyer: Organisation, at: datetime | None = None) -> A
             chip[balance.accelerator] = (
                 chip.get(balance.accelerator, Decimal(0)) + balance.remaining_card_hours
             )
-    committed: dict[str, Decimal] = {}
+    committed = draw_pending_for(buyer_id=buyer.pk)
     factors: dict[str, Decimal | None] = {}
-    live = Lease.objects.filter(buyer=buyer, state__in=HOLDING_STATES, end_at__gt=at).values_list(
-        "draw_class", "expected_draw", "start_at", "end_at", "job__standard_cards", "cards"
-    )
-    for draw_class, expected, start_at, end_at, _std, _cards in live:
-        total = (end_at - start_at).total_seconds()
-        left = (end_at - max(start_at, at)).total_seconds()
-        share = (expected * Decimal(left) / Decimal(total)).quantize(_DRAW_QUANTUM) if total > 0 else expected
-        committed[draw_class] = committed.get(draw_class, Decimal(0)) + share
     if committed:
         factors.update(_chip_factors(set(committed)))
     return Affordability(chip=chip, standard=standard, committed=committed, factors=factors)
+
+
+def draw_pending_for(*, buyer_id: int, exclude_lease_ids: Sequence[int] = ()) -> dict[str, Decimal]:
+    """What the buyer's live leases are still expected to draw, per draw class (chip card-hours × band
+    multiplier): each live lease's expected draw less what rating has posted for it, never below zero,
+    summed (broker.services.draw_holds keeps the sum as leases are accepted, rated and end). One row per
+    class, whatever the number of leases; without the open holds of ``exclude_lease_ids``."""
+    alias = router.db_for_read(DrawPending)
+    connection = connections[alias]
+    # Fixed text with bound values: every quote asks, and compiling the ORM query cost more than running it.
+    with connection.cursor() as cursor:
+        cursor.execute(_DRAW_PENDING_SQL, [buyer_id])
+        pending = dict(cursor.fetchall())
+    if exclude_lease_ids:
+        for hold in DrawHold.objects.filter(lease_id__in=list(exclude_lease_ids), buyer_id=buyer_id):
+            if hold.draw_class in pending:
+                pending[hold.draw_class] -= hold.open_micros
+    return {draw_class: from_micros(micros) for draw_class, micros in sorted(pending.items()) if micros > 0}
+
+
+def draw_pending_recompute(*, buyer_id: int) -> dict[str, Decimal]:
+    """``draw_pending_for`` from scratch, for proofs and reconciliation (never on a hot path): every live
+    lease's expected draw less what rating has posted for its usage (metering.selectors.spend), never below
+    zero, summed per draw class. The maintained figure must equal it after any sequence of acceptances,
+    usage, rating, ends, cancellations and failovers."""
+    live = list(
+        Lease.objects.filter(buyer_id=buyer_id, state__in=HOLDING_STATES).values_list(
+            "pk", "draw_class", "expected_draw"
+        )
+    )
+    posted = usage_chip_draws(references=[f"lease:{pk}" for pk, _, _ in live])
+    pending: dict[str, int] = {}
+    for pk, draw_class, expected in live:
+        open_micros = max(to_micros(expected) - posted.get(f"lease:{pk}", 0), 0)
+        pending[draw_class] = pending.get(draw_class, 0) + open_micros
+    return {draw_class: from_micros(micros) for draw_class, micros in sorted(pending.items()) if micros > 0}
+
+
+_DRAW_PENDING_SQL = (
+    f"SELECT draw_class, open_micros FROM {DrawPending._meta.db_table} "  # noqa: S608
+    "WHERE buyer_id = %s AND open_micros > 0"
+)
 
 
 def _chip_factors(slugs: set[str]) -> dict[str, Decimal | None]:

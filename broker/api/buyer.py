@@ -480,7 +480,7 @@ class QuoteOutput(serializers.Serializer):
         "for a standard pack), and your effective price; null for a quote made before plans were kept.",
     )
     balance_sufficient = serializers.BooleanField(
-        help_text="Whether your packs, less your live leases' expected draws, cover the expected draw; "
+        help_text="Whether your packs, less your live leases' pending draws (expected less posted so far), cover the expected draw; "
         "accepting when false is 402 insufficient_balance."
     )
     reliability = QuoteReliabilityOutput(

@@ -40,6 +40,7 @@ from broker.models import (
     LeaseTransition,
     Quote,
 )
+from broker.services.draw_holds import draw_hold_place, draw_hold_void
 from broker.services.events import lease_event_enqueue
 from broker.types import Placement
 from core.models import Organisation
@@ -109,6 +110,7 @@ def lease_transition(
         fields.append("ended_at")
         CapacityHold.objects.filter(lease=lease, active=True).update(active=False)
         budget_services.budget_holds_void(lease=lease, at=at)
+        draw_hold_void(lease=lease, at=at)
     if reason:
         lease.reason = reason[:500]
         fields.append("reason")
@@ -269,15 +271,17 @@ def lease_create(
     cluster is no longer active, CapacityTakenError when an island would exceed its cards minus its
     unhealthy cards at any instant, or, before the operator's last heartbeat expires, the cards that
     heartbeat reports available (federation.selectors), InsufficientBalanceError (402) when the buyer's packs less its live
-    leases cannot pay the expected draw, BudgetCapExceededError (409) when a budget's hard cap would be
+    leases' pending draws cannot pay the expected draw, BudgetCapExceededError (409) when a budget's hard cap would be
     crossed (broker.budgets.services.budget_cap_check).
     """
     now = timezone.now()
     Organisation.objects.select_for_update().filter(pk=job.buyer_id).values_list("pk").get()
     if check_balance and settings.CARDHOUR_BROKER_REQUIRE_BALANCE:
         # One rule for the quote's "covered", this check and the refusal's words: the buyer's packs less
-        # its live leases, drawn the way rating draws them (broker.draws: earliest expiry first, each
-        # pack only while it is valid), must pay the whole expected draw.
+        # its live leases' pending draws (expected less posted, read under the buyer row lock, which every
+        # acceptance of the buyer takes before adding its own hold), drawn the way rating draws them
+        # (broker.draws: earliest expiry first, each pack only while it is valid), must pay the whole
+        # expected draw.
         plan = buyer_packs_after_leases(buyer=job.buyer, at=now).plan(
             chip=draw_class,
             factor=standard_card_factor,
@@ -369,6 +373,7 @@ def lease_create(
     budget_services.budget_holds_create(
         lease=lease, budgets=budgets, user_id=origin_user_id, token_id=origin_token_id, now=now
     )
+    draw_hold_place(lease=lease, now=now)
     transition = LeaseTransition.objects.create(
         lease=lease,
         operator_id=lease.operator_id,

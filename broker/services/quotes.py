@@ -161,7 +161,7 @@ def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]
 def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = None) -> QuoteSet:
     """Quote a job: store its best placements (``limit``, default 10, at most 100) as quotes that expire
     after ``CARDHOUR_QUOTE_TTL_SECONDS`` and hold nothing. Each quote says whether the buyer's packs,
-    less its live leases' expected draws, cover the quote's expected draw. Raises JobClosedError for a
+    less its live leases' pending draws (expected less posted), cover the quote's expected draw. Raises JobClosedError for a
     job that is completed, failed or cancelled."""
     if job.state in (Job.State.COMPLETED, Job.State.FAILED, Job.State.CANCELLED):
         raise JobClosedError(

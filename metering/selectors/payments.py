@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from django.db import connections, router
 from django.db.models import Count, Min, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -18,9 +19,10 @@ from django.utils.translation import gettext as _
 
 from core.models import Organisation
 from core.money import from_micros
+from federation.models import Accelerator
 from metering.errors import PackOrderNotFoundError, UnknownPackProductError
 from metering.integrations import stripe as gateway
-from metering.models import Pack, PackOrder, PackProduct, pack_class_key
+from metering.models import LedgerAccount, Pack, PackOrder, PackProduct, pack_class_key
 
 
 def pack_product_list(*, include_inactive: bool = False) -> QuerySet[PackProduct]:
@@ -80,6 +82,43 @@ def pack_list_for(*, buyer: Organisation, status: str | None = None) -> QuerySet
         .annotate(remaining_micros=Coalesce("account__balance", Value(0)))
         .order_by("expires_at", "id")
     )
+
+
+def pack_balances_usable(
+    *, buyer_id: int, at: datetime
+) -> list[tuple[int, str, datetime, datetime, int, Decimal, int]]:
+    """The buyer's active packs not expired at ``at``, in the order consumption draws them (earliest
+    expiry first): ``(pack id, class key, starts_at, expires_at, micro-card-hours left, price, card_hours)``.
+
+    ``pack_list_for``'s rows, narrowed to what a draw plan reads: every quote asks, and building the ORM
+    query (two joins, an annotation, whole rows) cost more CPU than running it; on PostgreSQL the statement
+    is fixed text with the values bound, the ORM elsewhere. Same rows, same order."""
+    connection = connections[router.db_for_read(Pack)]
+    if connection.vendor != "postgresql":
+        return [
+            (pk, pack_class_key(slug), starts_at, expires_at, int(left), price, card_hours)
+            for pk, slug, starts_at, expires_at, left, price, card_hours in Pack.objects.filter(
+                buyer_id=buyer_id, status=Pack.Status.ACTIVE, expires_at__gt=at
+            )
+            .annotate(left=Coalesce("account__balance", Value(0)))
+            .order_by("expires_at", "id")
+            .values_list("pk", "accelerator__slug", "starts_at", "expires_at", "left", "price", "card_hours")
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(_PACK_BALANCES_SQL, [buyer_id, Pack.Status.ACTIVE.value, at])
+        return [
+            (pk, pack_class_key(slug), starts_at, expires_at, int(left), price, card_hours)
+            for pk, slug, starts_at, expires_at, left, price, card_hours in cursor.fetchall()
+        ]
+
+
+_PACK_BALANCES_SQL = (
+    "SELECT p.id, a.slug, p.starts_at, p.expires_at, COALESCE(l.balance, 0), p.price, p.card_hours "  # noqa: S608
+    f"FROM {Pack._meta.db_table} p "
+    f"LEFT JOIN {Accelerator._meta.db_table} a ON a.id = p.accelerator_id "
+    f"LEFT JOIN {LedgerAccount._meta.db_table} l ON l.pack_id = p.id "
+    "WHERE p.buyer_id = %s AND p.status = %s AND p.expires_at > %s ORDER BY p.expires_at, p.id"
+)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from datetime import datetime
 
 from django.db.models import BooleanField, Case, QuerySet, Sum, Value, When
 
-from metering.models import RatedSegment
+from core.money import MICROS, round_div, scaled_int
+from metering.models import RatedSegment, UsageRecord
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,28 @@ def buyer_spend_rows(
         )
         for row in rows
     ]
+
+
+def usage_record_references(*, record_ids: list[int]) -> dict[int, str]:
+    """Each usage record's reference (what produced it, e.g. ``lease:42``), by record id: one query."""
+    return dict(UsageRecord.objects.filter(pk__in=record_ids).values_list("pk", "reference"))
+
+
+def usage_chip_draws(*, references: Iterable[str]) -> dict[str, int]:
+    """What rating has posted for the usage of each reference, in micro chip card-hours × band multiplier
+    (whichever pack or arrears paid it), each record converted once as rating does
+    (metering.services.rating: ``rated_draws_listener_register``). A from-scratch figure, for proofs and
+    reconciliation, not for a hot path."""
+    per_record: dict[tuple[str, int], int] = {}
+    rows = (
+        RatedSegment.objects.filter(usage_record__reference__in=list(references))
+        .values_list("usage_record__reference", "usage_record_id", "card_seconds", "multiplier")
+        .order_by()
+    )
+    for reference, record_id, card_seconds, multiplier in rows:
+        key = (reference, record_id)
+        per_record[key] = per_record.get(key, 0) + card_seconds * scaled_int(multiplier, 4)
+    totals: dict[str, int] = {}
+    for (reference, _record_id), card_seconds_e4 in per_record.items():
+        totals[reference] = totals.get(reference, 0) + round_div(card_seconds_e4 * MICROS, 3600 * 10**4)
+    return totals

@@ -146,6 +146,18 @@ class _StandardCards:
 # A hook for the crash-recovery test: called once per record priced; raising aborts the batch.
 _before_record: Callable[[int], None] | None = None
 
+RatedDrawsListener = Callable[..., None]
+_rated_draws_listeners: list[RatedDrawsListener] = []
+
+
+def rated_draws_listener_register(listener: RatedDrawsListener) -> None:
+    """Register ``listener(posted=)`` (once; the broker does, when it loads), called inside each batch's
+    transaction with what each rated record drew: ``{usage record id: micro chip card-hours × band
+    multiplier}``, whichever pack or arrears paid it, converted once per record. The broker shrinks its
+    leases' pending draws with it (broker.services.draw_holds); metering never imports the broker."""
+    if listener not in _rated_draws_listeners:
+        _rated_draws_listeners.append(listener)
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -247,6 +259,7 @@ def _rate_batch(
     tariffs: dict[int, CompiledTariff] = {}
     factor_spans: dict[int, tuple[int | None, int, int]] = {}
     rdiv = round_div
+    record_draws: dict[int, int] = {}
     for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
         if hook is not None:
             hook(record_id)
@@ -265,8 +278,10 @@ def _rate_batch(
             factor_span = factor_spans[cluster_id] = standard.factor_span(chip_tflops, start_at)
         record_factor_e4, _since, factor_until = factor_span
         seq = 0
+        record_e4 = 0
         for slice_start, slice_end, band_index in tariff.slices(start_at, end_at):
             m_e4 = multipliers_e4[band_index]
+            record_e4 += cards * (slice_end - slice_start) * m_e4
             band = bands[band_index]
             multiplier = multipliers.get(m_e4)
             if multiplier is None:
@@ -381,6 +396,7 @@ def _rate_batch(
                 sums[_COMMISSION] -= commission
                 previous = shortfalls.get((buyer_id_, chip_slug), (record_id, 0))
                 shortfalls[(buyer_id_, chip_slug)] = (previous[0], previous[1] + draw)
+        record_draws[record_id] = rdiv(record_e4 * MICROS, _SECONDS_E4)
 
     for buyer_packs in packs.values():
         for pack in buyer_packs:
@@ -398,6 +414,8 @@ def _rate_batch(
         posted_at=now,
     )
     _insert_segments(rows, transfer_id=transfer.pk)
+    for listener in _rated_draws_listeners:
+        listener(posted=record_draws)
 
     emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
     if emptied:

@@ -31,6 +31,8 @@ from broker.models import (
     BuyerPreference,
     CapacityHold,
     ClusterReliability,
+    DrawHold,
+    DrawPending,
     Job,
     Lease,
     LeaseEventDelivery,
@@ -62,6 +64,8 @@ BROKER_ADMINS = sorted(
 )
 INLINE_ONLY = {CapacityHold}
 READ_ONLY = [
+    DrawHold,
+    DrawPending,
     Job,
     Quote,
     Lease,
@@ -216,6 +220,14 @@ def test_changelist_queries_do_not_grow_with_rows(
         for name in ["r-1", "r-2", "r-3", "r-4"]:
             make_cluster(operator=world.east.operator, hub="yrd", name=name, islands=[("isl-01", 8)])
         cluster_reliability_refresh()
+    if model is DrawPending:  # one row per buyer and chip with live leases
+        for i, slug in enumerate(["beta", "gamma", "delta", "epsilon", "zeta"]):
+            make_lease(
+                job=make_job(buyer=BuyerFactory(slug=slug, name=slug)),
+                cluster=world.east,
+                cards=1,
+                start_at=timezone.now().replace(microsecond=0) + timedelta(days=5, hours=3 * i),
+            )
     if model is BuyerPreference:
         for slug in ["beta", "gamma", "delta", "epsilon", "zeta"]:
             buyer_home_hub_set(buyer=BuyerFactory(slug=slug, name=slug), hub_code="nx", actor=SYSTEM)

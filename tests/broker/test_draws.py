@@ -99,11 +99,13 @@ def test_live_leases_are_set_aside_first_and_a_lease_sees_the_others(
     assert first.pk < second.pk
 
 
-def test_the_live_lease_draws_are_the_orm_query_s_rows(buyer: Organisation, east_cluster: Cluster) -> None:
-    """The fixed-text statement on PostgreSQL (and the ORM elsewhere) returns the buyer's holding leases
-    that end after ``at``, by start then id, without the excluded ones: what the ORM query returned."""
-    from broker.draws import _live_lease_draws
-    from broker.models import HOLDING_STATES, Lease
+def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    """The fixed-text statement (draw_pending_for) returns each class's open holds: the live leases'
+    expected draws (nothing rated yet), a cancelled one and another buyer's left out, and without the
+    excluded lease's hold when asked (a lease's own plan sets the others aside)."""
+    from broker.selectors import draw_pending_for, draw_pending_recompute
     from broker.services.leases import lease_lock, lease_transition
     from core.types import Actor
     from tests.factories import BuyerFactory
@@ -117,18 +119,39 @@ def test_the_live_lease_draws_are_the_orm_query_s_rows(buyer: Organisation, east
             start_at=now + timedelta(hours=hours),
             expected_draw=f"{hours}.125000",
         )
-        for hours in (3, -2, 1, 1, 5)
+        for hours in (3, 2, 1, 1, 5)
     ]
     lease_transition(lease=lease_lock(lease_id=leases[4].pk), to_state="cancelled", actor=Actor.system("t"))
     other = BuyerFactory(slug="someone-else")
     make_lease(job=make_job(buyer=other), cluster=east_cluster, cards=1, start_at=now + timedelta(hours=2))
-    for exclude in ([], [leases[2].pk]):
-        expected = list(
-            Lease.objects.filter(buyer=buyer, state__in=HOLDING_STATES, end_at__gt=now)
-            .exclude(pk__in=exclude)
-            .order_by("start_at", "id")
-            .values_list("draw_class", "expected_draw", "start_at", "end_at")
-        )
-        got = _live_lease_draws(buyer_id=buyer.pk, at=now, exclude_lease_ids=exclude)
-        assert got == expected
-        assert len(got) == (4 if not exclude else 3) - (1 if leases[1].end_at <= now else 0)
+    assert draw_pending_for(buyer_id=buyer.pk) == {A800: Decimal("7.500000")}
+    assert draw_pending_for(buyer_id=buyer.pk) == draw_pending_recompute(buyer_id=buyer.pk)
+    assert draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=[leases[1].pk]) == {
+        A800: Decimal("5.375000")
+    }
+    assert draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=[leases[4].pk]) == {
+        A800: Decimal("7.500000")
+    }
+
+
+def test_the_usable_pack_balances_are_pack_list_for_s_rows(buyer: Organisation) -> None:
+    """The fixed-text statement on PostgreSQL (the ORM elsewhere) returns the buyer's active packs not
+    expired at ``at``, earliest expiry first, with their ledger balances: what pack_list_for returns."""
+    from metering.models import Pack
+    from metering.selectors.payments import pack_balances_usable, pack_list_for
+    from tests.factories import BuyerFactory
+
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=4, price="36.00", validity_days=30, key="a")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=90, key="b")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=7, price="84.00", validity_days=10, key="c")
+    spent = make_paid_pack(buyer=buyer, accelerator=A800, card_hours=1, price="9.00", key="d")
+    Pack.objects.filter(pk=spent.pk).update(status=Pack.Status.EXHAUSTED)
+    make_paid_pack(buyer=BuyerFactory(slug="another"), accelerator=None, card_hours=5, price="60.00", key="e")
+    now = timezone.now()
+    expected = [
+        (p.pk, p.class_key, p.starts_at, p.expires_at, int(p.remaining_micros), p.price, p.card_hours)  # type: ignore[attr-defined]
+        for p in pack_list_for(buyer=buyer, status=Pack.Status.ACTIVE).filter(expires_at__gt=now)
+    ]
+    assert len(expected) == 3
+    assert pack_balances_usable(buyer_id=buyer.pk, at=now) == expected
+    assert pack_balances_usable(buyer_id=buyer.pk, at=now + timedelta(days=20)) == expected[1:]
