@@ -8,7 +8,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 
 import pytest
 from django.db import connection
@@ -87,10 +87,12 @@ def test_a_hard_cap_refuses_an_acceptance_with_the_numbers_and_writes_nothing(
     assert str(cost) in body["message"] and "Acme monthly" in body["message"]
     assert Lease.objects.count() == BudgetHold.objects.count() == LeaseOrigin.objects.count() == 0
 
-    # Room for one lease: it is accepted, and its expected cost is held against the cap.
+    # Room for one lease: it is accepted, and its expected cost is held against the cap. (A cap is in fen:
+    # half as much again as the cost, rounded down, still fits one lease and not two.)
+    one_lease = (cost * 3 / 2).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
     budget_update(
         budget=budget,
-        data=BudgetInput(name="Acme monthly", scope="organisation", hard_cap=cost * 3 / 2),
+        data=BudgetInput(name="Acme monthly", scope="organisation", hard_cap=one_lease),
         actor=_owner(funded_buyer),
     )
     response = client.post(f"/api/v1/quotes/{first['id']}/accept")
@@ -101,7 +103,7 @@ def test_a_hard_cap_refuses_an_acceptance_with_the_numbers_and_writes_nothing(
     origin = LeaseOrigin.objects.get(lease=lease)
     assert origin.token_id == ApiToken.objects.get(organisation=funded_buyer).pk and origin.user_id is None
     (status,) = budget_selectors.budget_status_list_for(buyer=funded_buyer)
-    assert (status.spent, status.held, status.remaining) == (Decimal("0.00"), cost, cost * 3 / 2 - cost)
+    assert (status.spent, status.held, status.remaining) == (Decimal("0.00"), cost, one_lease - cost)
 
     # A second lease of about the same cost no longer fits: the first one's hold counts.
     second_job = submit(client)
