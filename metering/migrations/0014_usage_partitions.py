@@ -108,7 +108,7 @@ def _partition(apps, schema_editor):
             indexes = cursor.fetchall()
             cursor.execute(f"ALTER TABLE {table} RENAME TO {old}")
             cursor.execute(
-                f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
+                f"CREATE TABLE {table} (LIKE {old} INCLUDING CONSTRAINTS)"
                 f" PARTITION BY RANGE ({column})"
             )
             for month in _months(first.date(), last):

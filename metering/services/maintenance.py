@@ -571,11 +571,22 @@ def _pending_mismatches() -> QuerySet[Any, Any]:
 
 
 def _card_seconds_mismatches() -> QuerySet[Any, Any]:
-    """Rated records whose segments' card-seconds differ from cards × (end − start), in SQL."""
+    """Rated records whose segments' card-seconds differ from cards × (end − start), in SQL.
+
+    The segments' sum is a correlated subquery on (record, record start), not a join grouped by the record:
+    on PostgreSQL the record's primary key is (id, start_at) (partitioned), so grouping by ``id`` alone
+    would not cover its other columns, and the start prunes the segments to the record's month."""
+    seconds = (
+        RatedSegment.objects.filter(usage_record_id=OuterRef("pk"), record_start_at=OuterRef("start_at"))
+        .order_by()
+        .values("usage_record_id")
+        .annotate(total=Sum("card_seconds"))
+        .values("total")
+    )
     return (
         UsageRecord.objects.rated()
         .annotate(
-            segment_seconds=_sum("segments__card_seconds"),
+            segment_seconds=Coalesce(Subquery(seconds), Value(0), output_field=BigIntegerField()),
             expected=Cast("cards", BigIntegerField()) * (_EpochSeconds("end_at") - _EpochSeconds("start_at")),
         )
         .filter(segment_seconds__gt=0)
