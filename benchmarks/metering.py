@@ -693,9 +693,16 @@ def measure_set(
 ) -> dict[str, Any] | None:
     """Ingest and rate one more record set of the run's shape (keys under ``key_prefix``): rates and CPU
     per record, measured like the main run's. None on a wrong answer."""
+    from django.db import connection
+
     from metering.services.usage import usage_record_create_batch
 
     batches = list(generate(args, rng, operators, buyers, key_prefix=key_prefix))
+    # Fresh statistics before each measured step, on both sides alike.
+    tables = ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "metering_ratedsegment")
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"VACUUM ANALYZE {table}")
     created = 0
     with CpuSampler(database=database.name) as ingest_cpu, Timer() as ingest:
         for operator, batch in batches:
@@ -704,6 +711,9 @@ def measure_set(
             if result.created != len(batch):
                 print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
                 return None
+    with connection.cursor() as cursor:
+        for table in tables[:3]:
+            cursor.execute(f"VACUUM ANALYZE {table}")
     env = {**os.environ, **django_environment(database_url=database.url, conn_max_age=600)}
     worker = subprocess.run(
         [
@@ -767,8 +777,10 @@ def loaded_run(
         cursor.execute("SELECT count(*) FROM metering_usagerecord")
         present = cursor.fetchone()[0]
         cursor.execute(
-            "SELECT pg_size_pretty(pg_total_relation_size('metering_usagerecord')),"
-            " pg_size_pretty(pg_total_relation_size('metering_ratedsegment')),"
+            "SELECT (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits"
+            "        WHERE inhparent = 'metering_usagerecord'::regclass),"
+            " (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits"
+            "        WHERE inhparent = 'metering_ratedsegment'::regclass),"
             " pg_size_pretty(pg_total_relation_size('metering_usagekey'))"
         )
         sizes = cursor.fetchone()
