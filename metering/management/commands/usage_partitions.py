@@ -50,5 +50,5 @@ class Command(BaseCommand):
                 f"Created: {', '.join(created)}" if created else "Every month is there already."
             )
         for partition in partitions.usage_partitions_list():
-            month = f"{partition.month:%Y-%m}" if partition.month else "default"
-            self.stdout.write(f"{partition.name:<40} {month:>8} ~{partition.rows_estimate:,} rows")
+            label = f"{partition.month:%Y-%m}" if partition.month else "default"
+            self.stdout.write(f"{partition.name:<40} {label:>8} ~{partition.rows_estimate:,} rows")
