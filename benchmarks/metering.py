@@ -29,6 +29,15 @@ What it does, in order:
 8. Checks: every record rated once, Σ of every ledger unit zero, segments' card-seconds = records', and
    the reconciliation task (metering.services.maintenance.ledger_reconcile) finds no breach.
 
+9. With ``--preload-rows N`` (issue 14 item 4, partitioned history): after all of the above (the *empty*
+   measurement), N usage records with their keys and one segment each are written straight into past months
+   (``INSERT … SELECT generate_series`` into tables attached as monthly partitions, indexes built once),
+   then a second record set of the same shape is ingested and rated the same way (the *loaded*
+   measurement). Prints both, CPU per record first, and PASS when the loaded ingest and rating rates and
+   CPU per record are within 20 % of the empty ones. The ledger reconciliation runs on the empty
+   measurement only (preloaded rows have no ledger behind them); the loaded one checks nothing is left
+   unrated, every unit sums to zero and the measured records' card-seconds equal their segments'.
+
 Targets (the metering issue): ingest ≥ 20,000 records/s, rating ≥ 50,000 records/s and ≤ 40 µs of CPU per
 record (worker + PostgreSQL), worker peak RSS < 1 GiB. Prints PASS/MISS for each. Exits non-zero only on errors (wrong answers, missing rows), never on a miss.
 """
@@ -45,6 +54,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
@@ -96,6 +106,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=2,
         help="rating worker processes, each rating one part of the buyers (rating.Shard), as the minute's "
         "rating fans out over CARDHOUR_RATING_SHARDS; 1: one worker rates everything",
+    )
+    parser.add_argument(
+        "--preload-rows",
+        type=int,
+        default=0,
+        help="then write this many records (+ keys, + a segment each) into past months and measure again",
+    )
+    parser.add_argument(
+        "--preload-months", type=int, default=6, help="spread the preloaded rows over this many past months"
     )
     parser.add_argument("--rate", metavar="DATABASE_URL", help=argparse.SUPPRESS)  # the worker process
     parser.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)  # the worker's part
@@ -201,7 +220,11 @@ def _accelerator(slug: str) -> Any:
 
 
 def generate(
-    args: argparse.Namespace, rng: random.Random, operators: list[tuple[Any, list[Any]]], buyers: list[Any]
+    args: argparse.Namespace,
+    rng: random.Random,
+    operators: list[tuple[Any, list[Any]]],
+    buyers: list[Any],
+    key_prefix: str = "",
 ) -> Iterator[tuple[Any, list[Any]]]:
     """Yield (operator, batch of UsageRecordInput), batches of at most 10,000 of one operator."""
     from django.utils import timezone
@@ -232,7 +255,7 @@ def generate(
                 break
             start = first + timedelta(seconds=step * interval)
             record = UsageRecordInput(
-                idempotency_key=f"{buyer.slug}-{step}",
+                idempotency_key=f"{key_prefix}{buyer.slug}-{step}",
                 cluster=cluster.cpi,
                 buyer=buyer.slug,
                 cards=cards,
@@ -521,6 +544,271 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         f"checks: unrated {unrated}, Σ per unit {units}, card-seconds segments = records: "
         f"{segment_seconds == record_seconds}, reconciliation breaches "
         f"{[b.code for b in reconciled.breaches]} → {'OK' if ok else 'ERROR'}"
+    )
+    if not ok or not args.preload_rows:
+        return 0 if ok else 1
+    empty = {
+        "ingest_rate": ingest_rate,
+        "ingest_us": ingest_us,
+        "rating_rate": rating_rate,
+        "rating_us": rating_us,
+        "records": created,
+        "record_seconds": record_seconds,
+    }
+    return loaded_run(args, database, rng, operators, buyers, empty)
+
+
+# --- With history present (--preload-rows) --------------------------------------------------------------
+
+
+def preload(*, rows: int, months: int) -> tuple[float, list[str]]:
+    """Write ``rows`` usage records, their keys and one rated segment each into the ``months`` months that
+    end before the late window (so nothing measured touches them), as fast as PostgreSQL allows: each month
+    filled as a plain table with ``INSERT … SELECT generate_series``, constrained to its bounds, then
+    attached as the month's partition (its indexes built once, by sorting); the key table's primary key
+    dropped and rebuilt around its insert. Returns (seconds, the months' partitions)."""
+    from django.conf import settings
+    from django.db import connection
+    from django.utils import timezone
+
+    from core.models import Organisation
+    from federation.models import Cluster
+    from metering.models import PriceCard
+    from metering.services.partitions import next_month, partition_bounds, partition_month_of, partition_name
+
+    clusters = list(Cluster.objects.order_by("pk").values_list("pk", "operator_id"))
+    cards = dict(PriceCard.objects.filter(version=1).values_list("cluster_id", "pk"))
+    buyers = list(Organisation.objects.filter(is_buyer=True).order_by("pk").values_list("pk", flat=True))
+    last = partition_month_of(timezone.now() - timedelta(days=settings.CARDHOUR_LATE_USAGE_DAYS + 31))
+    first = last
+    for _ in range(months - 1):
+        first = (first.replace(day=1) - timedelta(days=1)).replace(day=1)
+    month_list = []
+    month = first
+    while month <= last:
+        month_list.append(month)
+        month = next_month(month)
+    per_month = -(-rows // len(month_list))
+    names: list[str] = []
+    with Timer() as timer, connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '512MB'")
+        cursor.execute(
+            "SELECT nextval('metering_usagerecord_id_seq'), nextval('metering_ratedsegment_id_seq')"
+        )
+        record_base, segment_base = cursor.fetchone()
+        cursor.execute("SELECT setval('metering_usagerecord_id_seq', %s)", [record_base + rows + 1])
+        cursor.execute("SELECT setval('metering_ratedsegment_id_seq', %s)", [segment_base + rows + 1])
+        cluster_ids = [c for c, _ in clusters]
+        operator_ids = [o for _, o in clusters]
+        card_ids = [cards[c] for c in cluster_ids]
+        done = 0
+        for index, month in enumerate(month_list):
+            count = min(per_month, rows - done)
+            if count <= 0:
+                break
+            low, high = partition_bounds(month)
+            minutes = int((high - low).total_seconds()) // 60 - 1
+            for table, column in (
+                ("metering_usagerecord", "start_at"),
+                ("metering_ratedsegment", "record_start_at"),
+            ):
+                name = partition_name(table, month)
+                cursor.execute(f"DROP TABLE IF EXISTS {name}")
+                cursor.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+                cursor.execute(
+                    f"ALTER TABLE {name} ADD CONSTRAINT {name}_bounds CHECK"
+                    f" ({column} >= '{low.isoformat()}' AND {column} < '{high.isoformat()}')"
+                )
+                names.append(name)
+            records = partition_name("metering_usagerecord", month)
+            segments = partition_name("metering_ratedsegment", month)
+            params = {
+                "n": count,
+                "first_id": record_base + done,
+                "first_segment": segment_base + done,
+                "low": low,
+                "minutes": minutes,
+                "clusters": cluster_ids,
+                "operators": operator_ids,
+                "cards": card_ids,
+                "buyers": buyers,
+                "nc": len(cluster_ids),
+                "nb": len(buyers),
+                "month": index,
+            }
+            cursor.execute(
+                f"""
+                INSERT INTO {records} (id, operator_id, cluster_id, buyer_id, cards, start_at, end_at,
+                    price_card_id, idempotency_key, reference, body_hash, received_at)
+                SELECT %(first_id)s + g, (%(operators)s::bigint[])[1 + g %% %(nc)s],
+                       (%(clusters)s::bigint[])[1 + g %% %(nc)s], (%(buyers)s::bigint[])[1 + g %% %(nb)s], 8,
+                       %(low)s::timestamptz + ((g %% %(minutes)s) * interval '1 minute'),
+                       %(low)s::timestamptz + ((g %% %(minutes)s + 1) * interval '1 minute'),
+                       (%(cards)s::bigint[])[1 + g %% %(nc)s], 'pre-' || %(month)s || '-' || g, 'lease:preload',
+                       md5(g::text) || md5((-g)::text), %(low)s::timestamptz
+                  FROM generate_series(0, %(n)s - 1) AS g
+                """,  # the table names are ours
+                params,
+            )
+            cursor.execute(
+                f"""
+                INSERT INTO {segments} (id, usage_record_id, buyer_id, operator_id, seq, start_at, end_at,
+                    record_start_at, band, multiplier, card_seconds, pack_id, pack_class, standard_factor,
+                    pack_draw, gross, commission, buyer_value, transfer_id)
+                SELECT %(first_segment)s + u.id - %(first_id)s, u.id, u.buyer_id, u.operator_id, 0, u.start_at,
+                       u.end_at, u.start_at, 'flat', 1, 480, NULL, 'preload', NULL, 133333, 1333333, 133333,
+                       1333333, 0
+                  FROM {records} u
+                """,
+                params,
+            )
+            done += count
+        cursor.execute("ALTER TABLE metering_usagekey DROP CONSTRAINT usage_key_unique")
+        for month in month_list:
+            records = partition_name("metering_usagerecord", month)
+            cursor.execute(
+                f"INSERT INTO metering_usagekey (usage_record_id, operator_id, idempotency_key, start_at)"
+                f" SELECT id, operator_id, idempotency_key, start_at FROM {records}"
+            )
+        cursor.execute(
+            "ALTER TABLE metering_usagekey ADD CONSTRAINT usage_key_unique PRIMARY KEY (operator_id, idempotency_key)"
+        )
+        for month in month_list:
+            low, high = partition_bounds(month)
+            for table in ("metering_usagerecord", "metering_ratedsegment"):
+                cursor.execute(
+                    f"ALTER TABLE {table} ATTACH PARTITION {partition_name(table, month)}"
+                    f" FOR VALUES FROM ('{low.isoformat()}') TO ('{high.isoformat()}')"
+                )
+        for table in ("metering_usagerecord", "metering_ratedsegment", "metering_usagekey"):
+            cursor.execute(f"VACUUM ANALYZE {table}")
+    return timer.seconds, names
+
+
+def measure_set(
+    args: argparse.Namespace,
+    database: BenchDatabase,
+    rng: random.Random,
+    operators: list[tuple[Any, list[Any]]],
+    buyers: list[Any],
+    key_prefix: str,
+) -> dict[str, Any] | None:
+    """Ingest and rate one more record set of the run's shape (keys under ``key_prefix``): rates and CPU
+    per record, measured like the main run's. None on a wrong answer."""
+    from django.db import connection
+
+    from metering.services.usage import usage_record_create_batch
+
+    batches = list(generate(args, rng, operators, buyers, key_prefix=key_prefix))
+    # Fresh statistics before each measured step, on both sides alike.
+    tables = ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "metering_ratedsegment")
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+    created = 0
+    with CpuSampler(database=database.name) as ingest_cpu, Timer() as ingest:
+        for operator, batch in batches:
+            result = usage_record_create_batch(operator=operator, records=batch)
+            created += result.created
+            if result.created != len(batch):
+                print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
+                return None
+    with connection.cursor() as cursor:
+        for table in tables[:3]:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+    rated = rate_in_workers(args, database)
+    if rated is None:
+        return None
+    if rated["records"] != created:
+        print(f"ERROR: {created:,} records ingested, {rated['records']:,} rated")
+        return None
+    return {
+        "ingest_rate": created / ingest.seconds,
+        "ingest_us": (ingest_cpu.own_seconds + ingest_cpu.seconds("postgres")) / created * 1e6,
+        "rating_rate": rated["records"] / rated["seconds"],
+        "rating_us": (rated["worker_cpu"] + rated["postgres_cpu"]) / created * 1e6,
+        "records": created,
+        "record_seconds": sum(
+            r.cards * int((r.end_at - r.start_at).total_seconds()) for _, batch in batches for r in batch
+        ),
+        "loadavg": Path("/proc/loadavg").read_text().split()[0],
+    }
+
+
+def loaded_run(
+    args: argparse.Namespace,
+    database: BenchDatabase,
+    rng: random.Random,
+    operators: list[tuple[Any, list[Any]]],
+    buyers: list[Any],
+    first: dict[str, float],
+) -> int:
+    """The main run warmed everything up (and its first record set ran the starved buyers dry); now one
+    record set on the empty history, the preload, and one record set of the same shape on the loaded one."""
+    from django.conf import settings
+    from django.db import connection
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    from metering.models import LedgerEntry, RatedSegment, UsagePending
+
+    empty = measure_set(args, database, rng, operators, buyers, key_prefix="empty-")
+    if empty is None:
+        return 1
+    print(f"\npreloading {args.preload_rows:,} records (+ keys, + a segment each) into past months …")
+    seconds, _names = preload(rows=args.preload_rows, months=args.preload_months)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM metering_usagerecord")
+        present = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits"
+            "        WHERE inhparent = 'metering_usagerecord'::regclass),"
+            " (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits"
+            "        WHERE inhparent = 'metering_ratedsegment'::regclass),"
+            " pg_size_pretty(pg_total_relation_size('metering_usagekey'))"
+        )
+        sizes = cursor.fetchone()
+    print(
+        f"preloaded in {seconds:.0f} s: {present:,} usage records present; records {sizes[0]}, "
+        f"segments {sizes[1]}, key table {sizes[2]} (one month's partition of each holds the measured rows)"
+    )
+    loaded = measure_set(args, database, rng, operators, buyers, key_prefix="loaded-")
+    if loaded is None:
+        return 1
+
+    window_start = timezone.now() - timedelta(days=settings.CARDHOUR_LATE_USAGE_DAYS)
+    units = {row["unit"]: row["t"] for row in LedgerEntry.objects.values("unit").annotate(t=Sum("amount"))}
+    record_seconds = int(first["record_seconds"] + empty["record_seconds"] + loaded["record_seconds"])
+    # Every measured set starts within the last 30 days; the preload ends before the late window.
+    segment_seconds = RatedSegment.objects.filter(
+        record_start_at__gte=window_start - timedelta(days=1)
+    ).aggregate(s=Sum("card_seconds"))["s"]
+    unrated = UsagePending.objects.count()
+    ok = unrated == 0 and all(v == 0 for v in units.values()) and segment_seconds == record_seconds
+
+    rows = []
+    for label, key in (
+        ("ingest CPU µs/record (process + PostgreSQL)", "ingest_us"),
+        ("rating CPU µs/record (worker + PostgreSQL)", "rating_us"),
+        ("ingest records/s (wall)", "ingest_rate"),
+        ("rating records/s (wall)", "rating_rate"),
+    ):
+        fmt = "{:,.1f}" if key.endswith("_us") else "{:,.0f}"
+        ratio = loaded[key] / empty[key]
+        rows.append(
+            [label, fmt.format(empty[key]), fmt.format(loaded[key]), f"{ratio:.2f}×", "within 20 %",
+             _verdict(0.8 <= ratio <= 1.2)]
+        )  # fmt: skip
+    print_table(
+        f"Empty history vs {present - first['records'] - empty['records']:,} preloaded rows "
+        f"({loaded['records']:,} records ingested and rated on each side; load average "
+        f"{empty['loadavg']} / {loaded['loadavg']})",
+        ["figure", "empty", "loaded", "loaded / empty", "target", ""],
+        rows,
+    )
+    print(
+        f"checks (all measured sets): unrated {unrated}, Σ per unit {units}, card-seconds segments = records: "
+        f"{segment_seconds == record_seconds} → {'OK' if ok else 'ERROR'}"
     )
     return 0 if ok else 1
 

@@ -154,3 +154,10 @@ class SlaCreditDisputeDecidedError(ConflictError):
 
 class SlaCreditNotFoundError(NotFoundError):
     code = "sla_credit_not_found"
+
+
+class PartitionNotRetainableError(ConflictError):
+    """A month of usage history that cannot be detached yet (inside the late window, pending rating, or
+    not on issued statements), or is not a partition at all."""
+
+    code = "partition_not_retainable"

@@ -19,7 +19,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import OperationalError
 
-from metering.services import billing, maintenance, rating
+from metering.services import billing, maintenance, partitions, rating
 
 
 @shared_task(
@@ -109,3 +109,15 @@ def billing_close_period(period_start: str) -> str:
     """Close one month given as ``YYYY-MM-01`` (for staff re-running or catching up a close)."""
     run = billing.billing_close_period(period_start=date.fromisoformat(period_start))
     return run.period_start.isoformat()
+
+
+@shared_task(
+    name="metering.usage_partitions_ensure",
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def usage_partitions_ensure() -> int:
+    """Create the coming months' usage and segment partitions (daily; PostgreSQL only, a no-op elsewhere).
+    Idempotent: a month that exists is left alone. Returns how many partitions were created."""
+    return len(partitions.usage_partitions_ensure())

@@ -57,7 +57,8 @@ from core.net import UnsafeEndpointError, post_pinned
 from core.types import Actor
 from federation.models import Cluster
 from metering.errors import UsageBatchTooLargeError
-from metering.models import BuyerExhaustion, PriceCard, UsageRecord
+from metering.models import BuyerExhaustion, PriceCard
+from metering.selectors.usage_keys import usage_references_by_key
 from metering.services.usage import USAGE_MAX_CLOCK_SKEW, usage_record_create_batch
 from metering.types import UsageBatchResult, UsageRecordInput
 
@@ -633,11 +634,7 @@ def _replays(
     if not candidates:
         return set()
     keys = {records[i].idempotency_key for i in candidates}
-    stored = dict(
-        UsageRecord.objects.filter(operator=operator, idempotency_key__in=keys).values_list(
-            "idempotency_key", "reference"
-        )
-    )
+    stored = usage_references_by_key(operator_id=operator.pk, keys=keys)
     return {i for i in candidates if stored.get(records[i].idempotency_key) == f"lease:{records[i].lease_id}"}
 
 

@@ -43,6 +43,7 @@ from django.db.models import QuerySet
 
 from broker.models import Lease, LeaseState
 from metering.models import UsageRecord
+from metering.selectors.usage_keys import usage_keys_stored
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -286,11 +287,7 @@ def _stored_intervals(
 
 
 def _stored_keys(*, operator_id: int, keys: list[str]) -> set[str]:
-    return set(
-        UsageRecord.objects.filter(operator_id=operator_id, idempotency_key__in=keys).values_list(
-            "idempotency_key", flat=True
-        )
-    )
+    return usage_keys_stored(operator_id=operator_id, keys=keys)
 
 
 def _chain_overruns(

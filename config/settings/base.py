@@ -296,6 +296,9 @@ CARDHOUR_PLATFORM_COMMISSION = Decimal(env("CARDHOUR_PLATFORM_COMMISSION", defau
 # Usage reported this long after its end is still accepted; statements are in this zone's months.
 CARDHOUR_LATE_USAGE_DAYS = env.int("CARDHOUR_LATE_USAGE_DAYS", default=35)
 CARDHOUR_BILLING_TIME_ZONE = env("CARDHOUR_BILLING_TIME_ZONE", default="Asia/Shanghai")
+# PostgreSQL: usage records and rated segments are partitioned by month (of the billing zone); the daily beat
+# creates this many months ahead of the current one (metering.services.partitions).
+CARDHOUR_USAGE_PARTITIONS_AHEAD = env.int("CARDHOUR_USAGE_PARTITIONS_AHEAD", default=3)
 # SLA credits (issue 16 item 3): maintenance excludes lost time only when announced at least this long before
 # it starts (and before the lease was accepted); a lease is assessed this long after it ends, so the agent's
 # last usage is in and rated (the beat runs every 10 minutes: a credit note within the hour).

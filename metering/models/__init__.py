@@ -41,7 +41,7 @@ from metering.models.tariffs import (
     TariffVersion,
     TariffWindow,
 )
-from metering.models.usage import BuyerExhaustion, RatedSegment, UsagePending, UsageRecord
+from metering.models.usage import BuyerExhaustion, RatedSegment, UsageKey, UsagePending, UsageRecord
 
 __all__ = [
     "ALL_MONTHS",
@@ -78,6 +78,7 @@ __all__ = [
     "TariffVersion",
     "TariffWindow",
     "TransferKind",
+    "UsageKey",
     "UsagePending",
     "UsageRecord",
     "card_hour_unit",

@@ -31,8 +31,15 @@ class UsageRecordQuerySet(models.QuerySet["UsageRecord"]):
 
 class UsageRecord(models.Model):
     """N cards of a cluster used by a buyer over ``[start_at, end_at)`` (whole seconds), priced with a
-    locked price card. ``(operator, idempotency_key)`` is unique in the database; ``body_hash`` tells a
-    replay of the same body from a conflicting one.
+    locked price card. ``(operator, idempotency_key)`` is unique in the database through UsageKey (below);
+    ``body_hash`` tells a replay of the same body from a conflicting one.
+
+    On PostgreSQL the table is partitioned by month of ``start_at`` (metering.services.partitions,
+    migration 0014): the physical primary key is ``(id, start_at)`` (a partitioned table's unique keys
+    must hold the partition column), ``id`` alone stays Django's pk and comes from one sequence, so it is
+    unique all the same. Nothing holds a database foreign key to this table (none can point at a
+    partitioned table without the partition column): the pending queue, the key table, segments and
+    exhaustion flags are checked by the reconciliation task instead.
 
     The row is written once and never updated: a record waits for rating as a narrow UsagePending row
     (inserted by the same statement), and rating deletes that row and writes the record's segments. So
@@ -64,7 +71,6 @@ class UsageRecord(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["operator", "idempotency_key"], name="usage_record_unique_key"),
             models.CheckConstraint(condition=Q(end_at__gt=F("start_at")), name="usage_record_window"),
             models.CheckConstraint(condition=Q(cards__gt=0), name="usage_record_cards_positive"),
         ]
@@ -97,12 +103,18 @@ class UsagePending(models.Model):
     rating reads, so rating never reads or updates the usage table; rating deletes the row in the
     transaction that posts the record's segments and ledger transfer (a crash rolls the delete back).
     The copied columns carry no foreign keys (the record's have them); the reconciliation task checks they
-    equal the record's (``pending_record_mismatch``). Usage is partitioned by month later; this queue stays
-    one small, hot, unpartitioned table keyed by the record id.
+    equal the record's (``pending_record_mismatch``). Usage is partitioned by month on PostgreSQL; this queue
+    stays one small, hot, unpartitioned table keyed by the record id.
     """
 
+    # No database foreign key: usage records are partitioned (see UsageRecord); the reconciliation task
+    # checks every queue row's record exists and matches (``pending_record_mismatch``).
     usage_record = models.OneToOneField(
-        UsageRecord, on_delete=models.CASCADE, primary_key=True, related_name="rating_pending"
+        UsageRecord,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="rating_pending",
+        db_constraint=False,
     )
     operator_id = models.BigIntegerField()
     cluster_id = models.BigIntegerField()
@@ -119,6 +131,44 @@ class UsagePending(models.Model):
 
     def __str__(self) -> str:
         return f"usage {self.usage_record_id} pending rating"
+
+
+class UsageKey(models.Model):
+    """An operator's idempotency key and the usage record it names: the one place the key is unique.
+
+    Usage records are partitioned by month of their start (PostgreSQL), and a unique index on a
+    partitioned table must hold the partition column, so ``(operator, key, start_at)`` is all the usage
+    table could enforce — a re-sent record with a changed start would then be stored twice instead of
+    answering ``conflict``. This narrow, unpartitioned table holds the key once, whatever the month: the
+    ingest's ``INSERT … ON CONFLICT`` arbitrates on it, and ``start_at`` says which partition holds the
+    record (a read of the record prunes to one partition).
+
+    On PostgreSQL the physical primary key is ``(operator_id, idempotency_key)`` (the only index, so each
+    record costs one index entry here); ``usage_record`` is Django's pk but has no index there: nothing
+    looks a key up by record but the reconciliation's set-based check. When an old month is detached
+    (retention) its keys are deleted with it: usage that old is past the late window and refused anyway.
+    """
+
+    usage_record = models.OneToOneField(
+        UsageRecord,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="key",
+        db_constraint=False,
+    )
+    operator = models.ForeignKey(
+        Organisation, on_delete=models.PROTECT, related_name="+", db_index=False, db_constraint=False
+    )
+    idempotency_key = models.CharField(max_length=200)
+    start_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["operator", "idempotency_key"], name="usage_key_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"usage key {self.operator_id}:{self.idempotency_key} -> {self.usage_record_id}"
 
 
 class RatedSegment(models.Model):
@@ -151,6 +201,10 @@ class RatedSegment(models.Model):
     seq = models.PositiveSmallIntegerField()
     start_at = models.DateTimeField()
     end_at = models.DateTimeField()
+    # The record's start: the partition column on PostgreSQL (segments by month of their record's start,
+    # like the records), so a record and all its segments share one month — detached together, found
+    # together — even when a segment starts after the month the record started in.
+    record_start_at = models.DateTimeField()
     band = models.CharField(max_length=16, choices=Band.choices)
     multiplier = models.DecimalField(max_digits=8, decimal_places=4)
     card_seconds = models.BigIntegerField()
@@ -196,7 +250,11 @@ class RatedSegment(models.Model):
     class Meta:
         ordering = ["usage_record_id", "seq"]
         constraints = [
-            models.UniqueConstraint(fields=["usage_record", "seq"], name="rated_segment_unique_seq"),
+            # With record_start_at because it is the partition column on PostgreSQL (a unique key must
+            # hold it); it is the record's own start, so this is exactly "(usage_record, seq) unique".
+            models.UniqueConstraint(
+                fields=["usage_record", "seq", "record_start_at"], name="rated_segment_unique_seq"
+            ),
             models.CheckConstraint(condition=Q(end_at__gt=F("start_at")), name="rated_segment_window"),
             models.CheckConstraint(condition=Q(card_seconds__gt=0), name="rated_segment_card_seconds"),
         ]
@@ -213,7 +271,10 @@ class BuyerExhaustion(models.Model):
     pack_class = models.CharField(max_length=80, help_text=_("The class of the usage: a chip slug."))
     raised_at = models.DateTimeField()
     cleared_at = models.DateTimeField(null=True, blank=True)
-    usage_record = models.ForeignKey(UsageRecord, on_delete=models.PROTECT, null=True, blank=True)
+    # No database foreign key (usage records are partitioned); reconciliation checks the record exists.
+    usage_record = models.ForeignKey(
+        UsageRecord, on_delete=models.PROTECT, null=True, blank=True, db_constraint=False
+    )
     shortfall = models.BigIntegerField(default=0, help_text=_("Micro-card-hours used with no pack."))
 
     class Meta:

@@ -192,20 +192,27 @@ def _unstated_refunds(*, end_at: datetime) -> QuerySet[PackRefund]:
     )
 
 
-def _segments_of(*, records: QuerySet[UsageRecord]) -> QuerySet[RatedSegment]:
-    """Segments of the given usage records. Segments are indexed only by (usage_record, seq) — rating
-    writes millions of them — so a statement reaches its segments through its organisation's records
-    (indexed by buyer / operator and start), never by a scan of the segment table. A record starts no
-    later than any of its segments, so ``record.start_at < end`` loses nothing."""
-    return RatedSegment.objects.filter(usage_record_id__in=Subquery(records.values("pk")))
+def _segments_of(*, records: QuerySet[UsageRecord], end_at: datetime) -> QuerySet[RatedSegment]:
+    """Segments of the given usage records (which start before ``end_at``). Segments are indexed only by
+    (usage_record, seq, record_start_at) — rating writes millions of them — so a statement reaches its
+    segments through its organisation's records (indexed by buyer / operator and start), never by a scan
+    of the segment table. A record starts no later than any of its segments, so ``record.start_at < end``
+    loses nothing; ``record_start_at < end`` says the same on the segments' partition column, so
+    PostgreSQL skips every month after the period."""
+    return RatedSegment.objects.filter(
+        usage_record_id__in=Subquery(records.values("pk")), record_start_at__lt=end_at
+    )
 
 
+# ``record_start_at <= start_at``: the partition bound is implied and lets PostgreSQL skip later months.
 def _uninvoiced_segments(*, end_at: datetime) -> QuerySet[RatedSegment]:
-    return RatedSegment.objects.filter(invoice__isnull=True, start_at__lt=end_at)
+    return RatedSegment.objects.filter(invoice__isnull=True, start_at__lt=end_at, record_start_at__lt=end_at)
 
 
 def _unsettled_segments(*, end_at: datetime) -> QuerySet[RatedSegment]:
-    return RatedSegment.objects.filter(settlement__isnull=True, start_at__lt=end_at)
+    return RatedSegment.objects.filter(
+        settlement__isnull=True, start_at__lt=end_at, record_start_at__lt=end_at
+    )
 
 
 def _distinct(values: Iterable[int | None]) -> set[int]:
@@ -219,7 +226,7 @@ def billing_buyers_to_invoice(*, period_start: date) -> list[int]:
     ids = _distinct(
         _uninvoiced_segments(end_at=end_at)
         .order_by()
-        .values_list("usage_record__buyer_id", flat=True)
+        .values_list("buyer_id", flat=True)  # the segment's own copy: no join to the records
         .distinct()
     )
     ids |= _distinct(_unstated_orders(end_at=end_at).order_by().values_list("buyer_id", flat=True).distinct())
@@ -256,7 +263,7 @@ def billing_operators_to_settle(*, period_start: date) -> list[int]:
     ids = _distinct(
         _unsettled_segments(end_at=end_at)
         .order_by()
-        .values_list("usage_record__operator_id", flat=True)
+        .values_list("operator_id", flat=True)  # the segment's own copy: no join to the records
         .distinct()
     )
     ids |= _distinct(
@@ -409,7 +416,7 @@ def _invoice_lines(
 
     # Usage: the UPDATE re-checks ``invoice IS NULL`` on each row it changes, so a segment another
     # transaction attached first is skipped, never attached twice.
-    scope = _segments_of(records=UsageRecord.objects.filter(buyer=buyer, start_at__lt=end_at))
+    scope = _segments_of(records=UsageRecord.objects.filter(buyer=buyer, start_at__lt=end_at), end_at=end_at)
     if attach:
         scope.filter(invoice__isnull=True, start_at__lt=end_at).update(invoice=invoice)
         covered = scope.filter(invoice=invoice)
@@ -765,7 +772,9 @@ def settlement_issue(
     except IntegrityError:
         return Settlement.objects.get(operator=operator, period_start=period_start), False
 
-    scope = _segments_of(records=UsageRecord.objects.filter(operator=operator, start_at__lt=end_at))
+    scope = _segments_of(
+        records=UsageRecord.objects.filter(operator=operator, start_at__lt=end_at), end_at=end_at
+    )
     scope.filter(settlement__isnull=True, start_at__lt=end_at).update(settlement=settlement)
     groups = _segment_groups(scope.filter(settlement=settlement), start_at=start_at, by_pack_class=False)
     # Arrears and pack usage are the same to an operator: merge the groups that differ only by that.

@@ -39,6 +39,7 @@ from django.utils import timezone
 from core.money import MICROS, to_micros
 from metering.models import (
     AccountKind,
+    BuyerExhaustion,
     LedgerAccount,
     LedgerEntry,
     LedgerTransfer,
@@ -48,6 +49,7 @@ from metering.models import (
     RatedSegment,
     ReconciliationRun,
     TransferKind,
+    UsageKey,
     UsagePending,
     UsageRecord,
 )
@@ -482,6 +484,27 @@ def _check_usage_transfers() -> list[Breach]:
             "segments (it would be rated twice).",
             _pending_mismatches(),
         ),
+        # What the usage table's unique key and the foreign keys to it guarded before it was partitioned:
+        # every record has its key row (same operator, key and start — the start locates the partition),
+        # every key row and exhaustion flag points at an existing record.
+        _breach(
+            "usage_key_missing",
+            "A usage record has no idempotency-key row, or one with another operator, key or start.",
+            _unkeyed_records(),
+        ),
+        _breach(
+            "usage_key_dangling",
+            "An idempotency-key row points at no usage record (or at one with another start).",
+            _dangling_keys(),
+        ),
+        _breach(
+            "exhaustion_dangling_record",
+            "An exhaustion flag points at no usage record.",
+            BuyerExhaustion.objects.filter(usage_record_id__isnull=False)
+            .filter(~Exists(UsageRecord.objects.filter(pk=OuterRef("usage_record_id"))))
+            .values("id", "usage_record_id")
+            .order_by("id"),
+        ),
         _breach(
             "record_card_seconds_mismatch",
             "A rated record's segments do not add up to its cards × seconds.",
@@ -493,7 +516,10 @@ def _check_usage_transfers() -> list[Breach]:
 
 def _dangling_segments() -> QuerySet[Any, Any]:
     record = UsageRecord.objects.filter(
-        pk=OuterRef("usage_record_id"), buyer_id=OuterRef("buyer_id"), operator_id=OuterRef("operator_id")
+        pk=OuterRef("usage_record_id"),
+        start_at=OuterRef("record_start_at"),  # the record's partition, and its start copied right
+        buyer_id=OuterRef("buyer_id"),
+        operator_id=OuterRef("operator_id"),
     )
     return (
         RatedSegment.objects.filter(
@@ -507,6 +533,21 @@ def _dangling_segments() -> QuerySet[Any, Any]:
         .values("id", "usage_record_id", "transfer_id", "pack_id")
         .order_by("id")
     )
+
+
+def _unkeyed_records() -> QuerySet[Any, Any]:
+    keyed = UsageKey.objects.filter(
+        usage_record_id=OuterRef("pk"),
+        operator_id=OuterRef("operator_id"),
+        idempotency_key=OuterRef("idempotency_key"),
+        start_at=OuterRef("start_at"),
+    )
+    return UsageRecord.objects.filter(~Exists(keyed)).values("id").order_by("id")
+
+
+def _dangling_keys() -> QuerySet[Any, Any]:
+    record = UsageRecord.objects.filter(pk=OuterRef("usage_record_id"), start_at=OuterRef("start_at"))
+    return UsageKey.objects.filter(~Exists(record)).values("usage_record_id").order_by("usage_record_id")
 
 
 def _pending_mismatches() -> QuerySet[Any, Any]:
@@ -530,11 +571,22 @@ def _pending_mismatches() -> QuerySet[Any, Any]:
 
 
 def _card_seconds_mismatches() -> QuerySet[Any, Any]:
-    """Rated records whose segments' card-seconds differ from cards × (end − start), in SQL."""
+    """Rated records whose segments' card-seconds differ from cards × (end − start), in SQL.
+
+    The segments' sum is a correlated subquery on (record, record start), not a join grouped by the record:
+    on PostgreSQL the record's primary key is (id, start_at) (partitioned), so grouping by ``id`` alone
+    would not cover its other columns, and the start prunes the segments to the record's month."""
+    seconds = (
+        RatedSegment.objects.filter(usage_record_id=OuterRef("pk"), record_start_at=OuterRef("start_at"))
+        .order_by()
+        .values("usage_record_id")
+        .annotate(total=Sum("card_seconds"))
+        .values("total")
+    )
     return (
         UsageRecord.objects.rated()
         .annotate(
-            segment_seconds=_sum("segments__card_seconds"),
+            segment_seconds=Coalesce(Subquery(seconds), Value(0), output_field=BigIntegerField()),
             expected=Cast("cards", BigIntegerField()) * (_EpochSeconds("end_at") - _EpochSeconds("start_at")),
         )
         .filter(segment_seconds__gt=0)

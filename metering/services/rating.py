@@ -12,7 +12,8 @@ One batch (default 20,000 records, CARDHOUR_RATING_BATCH_SIZE) is one transactio
    packs, the one that expires first first; a slice that empties a pack continues on the next as a second
    row; what no pack covers is *arrears*, and the buyer is flagged at once;
 3. post one balanced transfer for the batch (per account sums of the rows) and COPY the rated segments
-   that explain it row by row (each carries its record's buyer and operator).
+   that explain it row by row (each carries its record's buyer, operator and start: the start is the
+   segments' partition column on PostgreSQL, so a record's segments share its month).
 
 A crash anywhere rolls the whole batch back — the queue rows come back with it — so a rerun produces the
 same ledger; a record already rated has no queue row and is never claimed again (and the unique
@@ -71,6 +72,7 @@ _SEGMENT_COLUMNS = (
     "seq",
     "start_at",
     "end_at",
+    "record_start_at",
     "band",
     "multiplier",
     "card_seconds",
@@ -346,6 +348,7 @@ def _rate_batch(
                         seq,
                         slice_start,
                         slice_end,
+                        start_at,
                         band,
                         multiplier,
                         covered,
@@ -376,6 +379,7 @@ def _rate_batch(
                         seq,
                         slice_start,
                         slice_end,
+                        start_at,
                         band,
                         multiplier,
                         left,
@@ -571,7 +575,7 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
                 **dict(
                     zip(
                         _SEGMENT_COLUMNS,
-                        [*row[:4], _at(row[4]), _at(row[5]), *row[6:], transfer_id],
+                        [*row[:4], _at(row[4]), _at(row[5]), _at(row[6]), *row[7:], transfer_id],
                         strict=True,
                     )
                 )
@@ -598,6 +602,7 @@ def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
         seq,
         start,
         end,
+        record_start,
         band,
         multiplier,
         card_seconds,
@@ -615,6 +620,9 @@ def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
         end_text = instants.get(end)
         if end_text is None:
             end_text = instants[end] = _iso(end, days)
+        record_start_text = instants.get(record_start)
+        if record_start_text is None:
+            record_start_text = instants[record_start] = _iso(record_start, days)
         band_text = texts.get(band)
         if band_text is None:
             band_text = texts[band] = _copy_escape(band)
@@ -622,7 +630,8 @@ def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
         if class_text is None:
             class_text = texts[pack_class] = _copy_escape(pack_class)
         lines.append(
-            f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{band_text}\t"
+            f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{record_start_text}\t"
+            f"{band_text}\t"
             f"{multiplier}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t{class_text}\t"
             f"{_NULL if standard_factor is None else standard_factor}\t{draw}\t{gross}\t{commission}\t"
             f"{value}\t{transfer_id}\n"

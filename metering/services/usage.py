@@ -7,13 +7,17 @@ Rules, in order:
    not older than the late window, not in the future, a known cluster of *this* operator, a known buyer, a
    price card version of that cluster). One bad record rejects the batch with ``usage_batch_invalid`` and
    every fault listed by index: nothing is written.
-2. ``(operator, idempotency_key)`` is unique in the database. A key seen before with the same body (same
-   ``body_hash``) answers ``duplicate`` with the original record; with a different body, ``conflict`` and
-   nothing is written for that record. The same key twice inside one batch follows the same rule.
-3. The insert is set-based: on PostgreSQL a COPY into a staging table and one ``INSERT … SELECT … ON
-   CONFLICT DO NOTHING RETURNING`` per batch, so a concurrent writer of the same key can never produce a
-   second row and the loser learns which record won; elsewhere ``bulk_create(ignore_conflicts=True)`` and a
-   read-back.
+2. ``(operator, idempotency_key)`` is unique in the database — in the narrow key table UsageKey, not in the
+   usage table, which is partitioned by month on PostgreSQL (a unique index there would hold the month and
+   let the same key in through another month). A key seen before with the same body (same ``body_hash``)
+   answers ``duplicate`` with the original record, whatever month it is in; with a different body,
+   ``conflict`` and nothing is written for that record. The same key twice inside one batch follows the
+   same rule.
+3. The insert is set-based: on PostgreSQL a COPY into a staging table and one statement per batch that
+   inserts the keys ``ON CONFLICT DO NOTHING`` and, for the keys it won, the records and their pending
+   rows, so a concurrent writer of the same key can never produce a second record and the loser learns
+   which record won; elsewhere (SQLite: one writer at a time) the records, then their keys with
+   ``ignore_conflicts`` and a read-back, removing a record whose key a concurrent batch took first.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from django.utils.translation import gettext as _
 from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
-from metering.models import PriceCard, UsagePending, UsageRecord
+from metering.models import PriceCard, UsageKey, UsagePending, UsageRecord
 from metering.types import UsageBatchResult, UsageRecordError, UsageRecordInput, UsageRecordOutcome
 
 # An agent's clock may run a little ahead; usage ending further in the future than this is refused.
@@ -359,17 +363,24 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
                         r.hash,
                     )
                 )
-        # The records and their pending-rating queue rows (metering.models.UsagePending) in one statement:
-        # a record is never stored without the row that gets it rated.
+        # The keys, then — for the keys this statement won — the records and their pending-rating queue
+        # rows (metering.models.UsagePending), in one statement: a record is never stored without its key
+        # and the row that gets it rated. The record's id is drawn with its key (the key table arbitrates
+        # on (operator_id, idempotency_key); the stage holds each key once).
         cursor.execute(
             """
-            WITH inserted AS (
-                INSERT INTO metering_usagerecord (operator_id, cluster_id, buyer_id, cards, start_at, end_at,
-                    price_card_id, idempotency_key, reference, body_hash, received_at)
-                SELECT %s, cluster_id, buyer_id, cards, start_at, end_at, price_card_id, idempotency_key,
-                       reference, body_hash, %s
+            WITH keyed AS (
+                INSERT INTO metering_usagekey (usage_record_id, operator_id, idempotency_key, start_at)
+                SELECT nextval('metering_usagerecord_id_seq'), %s, idempotency_key, start_at
                   FROM metering_usage_stage
                 ON CONFLICT (operator_id, idempotency_key) DO NOTHING
+                RETURNING usage_record_id, idempotency_key
+            ), inserted AS (
+                INSERT INTO metering_usagerecord (id, operator_id, cluster_id, buyer_id, cards, start_at,
+                    end_at, price_card_id, idempotency_key, reference, body_hash, received_at)
+                SELECT k.usage_record_id, %s, s.cluster_id, s.buyer_id, s.cards, s.start_at, s.end_at,
+                       s.price_card_id, s.idempotency_key, s.reference, s.body_hash, %s
+                  FROM keyed k JOIN metering_usage_stage s ON s.idempotency_key = k.idempotency_key
                 RETURNING id, operator_id, cluster_id, buyer_id, price_card_id, cards, start_at, end_at,
                           idempotency_key
             ), queued AS (
@@ -380,13 +391,13 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
             )
             SELECT idempotency_key, id FROM inserted
             """,
-            [operator_id, received_at],
+            [operator_id, operator_id, received_at],
         )
         return dict(cursor.fetchall())
 
 
 def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: datetime) -> dict[str, int]:
-    UsageRecord.objects.bulk_create(
+    records = UsageRecord.objects.bulk_create(
         [
             UsageRecord(
                 operator_id=operator_id,
@@ -404,13 +415,34 @@ def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: da
             for r in rows
         ],
         batch_size=2000,
+    )
+    mine = {record.idempotency_key: record.pk for record in records}
+    UsageKey.objects.bulk_create(
+        [
+            UsageKey(
+                usage_record_id=record.pk,
+                operator_id=operator_id,
+                idempotency_key=record.idempotency_key,
+                start_at=record.start_at,
+            )
+            for record in records
+        ],
+        batch_size=2000,
         ignore_conflicts=True,
     )
     wanted = {r.key: r for r in rows}
-    inserted = UsageRecord.objects.filter(
-        operator_id=operator_id, idempotency_key__in=wanted, received_at=received_at
-    ).values_list("idempotency_key", "id", "body_hash")
-    ids = {key: pk for key, pk, body_hash in inserted if wanted[key].hash == body_hash}
+    ids: dict[str, int] = {}
+    for offset in range(0, len(rows), 5000):
+        chunk = [r.key for r in rows[offset : offset + 5000]]
+        for key, pk in UsageKey.objects.filter(
+            operator_id=operator_id, idempotency_key__in=chunk
+        ).values_list("idempotency_key", "usage_record_id"):
+            if mine[key] == pk:
+                ids[key] = pk
+    # A key a concurrent batch stored first: its record is the other one; ours goes.
+    lost = [pk for key, pk in mine.items() if key not in ids]
+    if lost:
+        UsageRecord.objects.filter(pk__in=lost).delete()
     # Each new record's pending-rating queue row (metering.models.UsagePending), in this transaction.
     UsagePending.objects.bulk_create(
         [
@@ -432,20 +464,23 @@ def _insert_generic(*, operator_id: int, rows: list[_Validated], received_at: da
 
 
 def _existing(*, operator_id: int, keys: list[str]) -> dict[str, tuple[int, str]]:
+    """{key: (record id, body hash)} of the operator's stored keys among ``keys``: the key table, then each
+    record in the one partition its key's ``start_at`` names."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT idempotency_key, id, body_hash FROM metering_usagerecord"
-                " WHERE operator_id = %s AND idempotency_key = ANY(%s::text[])",
+                "SELECT k.idempotency_key, u.id, u.body_hash FROM metering_usagekey k"
+                " JOIN metering_usagerecord u ON u.id = k.usage_record_id AND u.start_at = k.start_at"
+                " WHERE k.operator_id = %s AND k.idempotency_key = ANY(%s::text[])",
                 [operator_id, keys],
             )
             return {key: (pk, body_hash) for key, pk, body_hash in cursor.fetchall()}
     found: dict[str, tuple[int, str]] = {}
     for offset in range(0, len(keys), 5000):
         chunk = keys[offset : offset + 5000]
-        for key, pk, body_hash in UsageRecord.objects.filter(
+        for key, pk, body_hash in UsageKey.objects.filter(
             operator_id=operator_id, idempotency_key__in=chunk
-        ).values_list("idempotency_key", "id", "body_hash"):
+        ).values_list("idempotency_key", "usage_record_id", "usage_record__body_hash"):
             found[key] = (pk, body_hash)
     return found
 

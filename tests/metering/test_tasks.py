@@ -55,6 +55,7 @@ def test_tasks_retry_only_transient_errors() -> None:
         tasks.ledger_reconcile,
         tasks.billing_close_previous_month,
         tasks.billing_close_period,
+        tasks.usage_partitions_ensure,
     ):
         assert tuple(task.autoretry_for) == (OperationalError,), task.name
         assert task.name.startswith("metering.")
@@ -75,6 +76,7 @@ def test_beat_schedules_exist_after_migrate() -> None:
         "metering.packs_expire_due": ("10", "0", "*"),
         "metering.ledger_reconcile": ("0", "3", "*"),
         "metering.billing_close_previous_month": ("30", "0", "1"),
+        "metering.usage_partitions_ensure": ("0", "2", "*"),
     }
     for name, (minute, hour, day_of_month) in expected.items():
         crontab = by_task[name].crontab
