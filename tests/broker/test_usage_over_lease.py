@@ -379,3 +379,13 @@ def test_records_apart_in_time_are_passed_without_the_sweep_and_nothing_else_is(
     assert not _fits_apart([_new(0, 0, 10, 1), _new(1, 9, 20, 1)], capacity=4)
     assert not _fits_apart([_new(0, 0, 30, 1), _new(1, 10, 20, 1), _new(2, 40, 50, 1)], capacity=4)
     assert not _fits_apart([_new(0, 0, 10, 5), _new(1, 10, 20, 1)], capacity=4)
+
+
+@pytest.mark.postgres
+def test_lease_pages_keep_room_for_the_frontier_update() -> None:
+    """broker 0010: the usage report's frontier update stays on the lease's page (a HOT update, no index
+    touched) only if lease pages are not filled to the brim."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Lease._meta.db_table])
+        (options,) = cursor.fetchone()
+    assert "fillfactor=80" in (options or [])
