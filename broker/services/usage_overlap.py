@@ -15,7 +15,8 @@ Cost. The usage path is the platform's hot path, so the common case costs no que
 accepted records all end at or before its ``last_usage_end_at`` (the *frontier*, kept by the usage report
 under the same lock), so new records of a lease (a chain of one) that all start at or after its frontier
 cannot overlap anything already stored: a single such record cannot exceed its cards on its own
-(``cards_over_lease`` already refused that), and several are swept against each other in memory (the keys
+(``cards_over_lease`` already refused that), and several that lie apart in time (consecutive minutes, the
+usual report) cannot either; only overlapping ones are swept against each other in memory (the keys
 already stored are asked for only when that sweep finds an overrun, since a reused key is never written and
 must not count). Only the rest — a record that starts before the frontier (a late or repeated report), or a
 chain of several leases — reads the stored records of the chain that overlap the span of the chain's new
@@ -173,6 +174,23 @@ def _overruns_of(
                 )
             )
     return found
+
+
+def _fits_apart(group: Sequence[NewRecord], *, capacity: int) -> bool:
+    """True when no two of ``group``'s records overlap in time and none holds more than ``capacity`` cards:
+    then at no instant is more than one record counted, so the group cannot overrun. An agent reporting a
+    lease minute after minute sends exactly this, so the common batch skips the endpoint sweep (whose
+    events, sort and stretch bookkeeping cost ~10× more per lease); anything else is swept as before."""
+    reach = None
+    for record in sorted(group, key=_start_of):
+        if record.cards > capacity or (reach is not None and record.start_us < reach):
+            return False
+        reach = record.end_us if reach is None else max(reach, record.end_us)
+    return True
+
+
+def _start_of(record: NewRecord) -> int:
+    return record.start_us
 
 
 def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
@@ -378,7 +396,8 @@ def usage_overruns(
     over = [
         root
         for root in in_order
-        if _chain_overruns(chain=roots[root], group=by_chain[root], stored=(), stored_keys=set())
+        if not _fits_apart(by_chain[root], capacity=roots[root].cards)
+        and _chain_overruns(chain=roots[root], group=by_chain[root], stored=(), stored_keys=set())
     ]
     if over:
         # Only now ask which keys are stored already (a conflict under a reused key is never written, so

@@ -111,6 +111,45 @@ def _price_card_index(cluster_ids: set[int]) -> dict[int, list[tuple[int, dateti
     return index
 
 
+def _lookups_postgresql(
+    *, operator_id: int, cpis: set[str], slugs: set[str]
+) -> tuple[dict[str, tuple[int, int]], dict[str, int], dict[int, list[tuple[int, datetime, int]]]]:
+    """The clusters named (cpi → (id, operator id)), the buyers named (slug → id) and the price cards of
+    the operator's named clusters (as _price_card_index) in one statement. The ORM's three IN queries cost
+    ~15 ms of compiling and quoting for a batch naming a hundred buyers and thirty clusters — as a batch's
+    leases spread over more of them, so it grew with the leases on the platform; this costs ~1 ms."""
+    clusters: dict[str, tuple[int, int]] = {}
+    buyers: dict[str, int] = {}
+    cards: list[tuple[int, int, datetime, int]] = []
+    cluster_table, card_table = Cluster._meta.db_table, PriceCard._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT 0, cpi, id, operator_id, NULL::integer, NULL::timestamptz
+              FROM {cluster_table} WHERE cpi = ANY(%s::text[])
+            UNION ALL
+            SELECT 1, slug, id, NULL, NULL, NULL
+              FROM {Organisation._meta.db_table} WHERE slug = ANY(%s::text[]) AND is_buyer
+            UNION ALL
+            SELECT 2, NULL, card.id, card.cluster_id, card.version, card.effective_from
+              FROM {card_table} AS card JOIN {cluster_table} AS cluster ON cluster.id = card.cluster_id
+             WHERE cluster.cpi = ANY(%s::text[]) AND cluster.operator_id = %s
+            """,  # noqa: S608  # the table names are the models', the values are parameters
+            [sorted(cpis), sorted(slugs), sorted(cpis), operator_id],
+        )
+        for kind, name, pk, owner, version, effective_from in cursor.fetchall():
+            if kind == 0:
+                clusters[name] = (pk, owner)
+            elif kind == 1:
+                buyers[name] = pk
+            else:
+                cards.append((owner, version, effective_from, pk))
+    index: dict[int, list[tuple[int, datetime, int]]] = {}
+    for cluster_id, version, effective_from, pk in sorted(cards, key=lambda c: (c[0], c[1])):
+        index.setdefault(cluster_id, []).append((version, effective_from, pk))
+    return clusters, buyers, index
+
+
 def _validate(
     *, operator: Organisation, records: Sequence[UsageRecordInput], now: datetime
 ) -> list[_Validated]:
@@ -122,15 +161,18 @@ def _validate(
         )
 
     cpis = {record.cluster for record in records}
-    clusters = {
-        cpi: (pk, operator_id)
-        for cpi, pk, operator_id in Cluster.objects.filter(cpi__in=cpis).values_list(
-            "cpi", "id", "operator_id"
-        )
-    }
     slugs = {record.buyer for record in records}
-    buyers = dict(Organisation.objects.filter(slug__in=slugs, is_buyer=True).values_list("slug", "id"))
-    price_cards = _price_card_index({pk for pk, owner in clusters.values() if owner == operator.pk})
+    if connection.vendor == "postgresql" and all(type(v) is str for v in (*cpis, *slugs)):
+        clusters, buyers, price_cards = _lookups_postgresql(operator_id=operator.pk, cpis=cpis, slugs=slugs)
+    else:
+        clusters = {
+            cpi: (pk, operator_id)
+            for cpi, pk, operator_id in Cluster.objects.filter(cpi__in=cpis).values_list(
+                "cpi", "id", "operator_id"
+            )
+        }
+        buyers = dict(Organisation.objects.filter(slug__in=slugs, is_buyer=True).values_list("slug", "id"))
+        price_cards = _price_card_index({pk for pk, owner in clusters.values() if owner == operator.pk})
     oldest_end = now - timedelta(days=settings.CARDHOUR_LATE_USAGE_DAYS)
     newest_end = now + USAGE_MAX_CLOCK_SKEW
 

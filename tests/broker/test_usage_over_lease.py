@@ -20,7 +20,7 @@ from broker.errors import LeaseUsageOverLeaseError
 from broker.models import Lease
 from broker.services import dispatch
 from broker.services.dispatch import LeaseUsageInput
-from broker.services.usage_overlap import over_capacity
+from broker.services.usage_overlap import NewRecord, _fits_apart, over_capacity
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster
@@ -366,3 +366,26 @@ def test_an_in_order_batch_does_not_count_a_reused_key_it_will_not_write(
         )
     )
     assert [e["idempotency_key"] for e in errors] == ["c", "d"]
+
+
+def _new(index: int, start: int, end: int, cards: int) -> NewRecord:
+    return NewRecord(index, f"k{index}", 1, cards, start, end)
+
+
+def test_records_apart_in_time_are_passed_without_the_sweep_and_nothing_else_is() -> None:
+    # In any order; back-to-back intervals are half-open, so they do not overlap.
+    assert _fits_apart([_new(0, 20, 30, 4), _new(1, 0, 10, 4), _new(2, 10, 20, 4)], capacity=4)
+    # Overlapping records, or one holding more than the capacity, go to the sweep.
+    assert not _fits_apart([_new(0, 0, 10, 1), _new(1, 9, 20, 1)], capacity=4)
+    assert not _fits_apart([_new(0, 0, 30, 1), _new(1, 10, 20, 1), _new(2, 40, 50, 1)], capacity=4)
+    assert not _fits_apart([_new(0, 0, 10, 5), _new(1, 10, 20, 1)], capacity=4)
+
+
+@pytest.mark.postgres
+def test_lease_pages_keep_room_for_the_frontier_update() -> None:
+    """broker 0010: the usage report's frontier update stays on the lease's page (a HOT update, no index
+    touched) only if lease pages are not filled to the brim."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Lease._meta.db_table])
+        (options,) = cursor.fetchone()
+    assert "fillfactor=80" in (options or [])
