@@ -27,6 +27,6 @@ def reset_fillfactor(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("broker", "0009_budgets")]
+    dependencies = [("broker", "0010_draw_holds")]
 
     operations = [migrations.RunPython(set_fillfactor, reset_fillfactor)]
