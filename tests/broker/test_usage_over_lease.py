@@ -383,7 +383,7 @@ def test_records_apart_in_time_are_passed_without_the_sweep_and_nothing_else_is(
 
 @pytest.mark.postgres
 def test_lease_pages_keep_room_for_the_frontier_update() -> None:
-    """broker 0010: the usage report's frontier update stays on the lease's page (a HOT update, no index
+    """broker 0011: the usage report's frontier update stays on the lease's page (a HOT update, no index
     touched) only if lease pages are not filled to the brim."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [Lease._meta.db_table])
