@@ -343,3 +343,39 @@ def test_hub_and_chip_read_together_equal_the_orm_rows(db):
     assert hub_and_chip_get(hub_code="zz", accelerator_name="nvidia-h20")[0] is None
     assert hub_and_chip_get(hub_code="nx", accelerator_name="nvidia-h20\x00") == (orm_hub, None)
     assert hub_and_chip_get(hub_code="nx", accelerator_name="") == (orm_hub, None)
+
+
+def test_registration_tables_carry_no_redundant_index(db):
+    """Every index is one more insert per registered row (federation migration 0007): no single-column
+    index where a composite one leads with the column, and no LIKE ("_like") index on an identifier."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = {
+            table: connection.introspection.get_constraints(cursor, table)
+            for table in (
+                "federation_cluster",
+                "federation_island",
+                "federation_issuedidentifier",
+                "federation_clusterstatuschange",
+            )
+        }
+    indexed = {
+        (table, tuple(info["columns"]))
+        for table, found in constraints.items()
+        for info in found.values()
+        if info["index"] or info["unique"]
+    }
+    for single, composite in [
+        (("federation_cluster", ("operator_id",)), ("federation_cluster", ("operator_id", "hub_id"))),
+        (("federation_cluster", ("hub_id",)), ("federation_cluster", ("hub_id", "accelerator_id", "status"))),
+        (("federation_island", ("cluster_id",)), ("federation_island", ("cluster_id", "name"))),
+        (
+            ("federation_clusterstatuschange", ("cluster_id",)),
+            ("federation_clusterstatuschange", ("cluster_id", "changed_at")),
+        ),
+    ]:
+        assert composite in indexed
+        assert single not in indexed
+    like = [name for found in constraints.values() for name in found if name.endswith("_like")]
+    assert like == []
