@@ -250,7 +250,7 @@ def cluster_register_idempotent(
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
     endpoint_url_check(endpoint_url)
-    hub, accelerator = hub_and_chip_get(hub_code=identifier.hub, accelerator_name=accelerator_slug)
+    hub, accelerator = hub_and_chip_get(hub_code=identifier.hub or "", accelerator_name=accelerator_slug)
     if hub is None:
         raise UnknownHubError(
             _("Unknown hub %(hub)r.") % {"hub": identifier.hub}, extra={"hub": identifier.hub}
