@@ -176,10 +176,14 @@ class Cluster(models.Model):
         OPERATOR = "operator", _("Set by the operator")
         STAFF = "staff", _("Set by staff")
 
-    operator = models.ForeignKey(Organisation, on_delete=models.PROTECT, related_name="clusters")
+    # No single-column indexes on operator and hub: cluster_operator_hub and cluster_hub_chip_status lead
+    # with them, and every index is one more insert per registration.
+    operator = models.ForeignKey(
+        Organisation, on_delete=models.PROTECT, related_name="clusters", db_index=False
+    )
     cpi = models.CharField("CPI", max_length=140, unique=True)
     name = models.CharField(max_length=32)
-    hub = models.ForeignKey(Hub, on_delete=models.PROTECT, related_name="clusters")
+    hub = models.ForeignKey(Hub, on_delete=models.PROTECT, related_name="clusters", db_index=False)
     site = models.CharField(max_length=100)
     accelerator = models.ForeignKey(Accelerator, on_delete=models.PROTECT, related_name="clusters")
     endpoint_url = models.URLField(max_length=500, blank=True)
@@ -219,7 +223,8 @@ class Cluster(models.Model):
 class Island(models.Model):
     """A high-bandwidth domain inside a cluster (one NVLink/HCCS/IB/RoCE domain)."""
 
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="islands")
+    # island_unique_name (cluster, name) serves every lookup by cluster; no index of its own.
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="islands", db_index=False)
     cpi = models.CharField("CPI", max_length=140, unique=True)
     name = models.CharField(max_length=32)
     cards = models.PositiveIntegerField()
@@ -264,7 +269,10 @@ class IssuedIdentifier(models.Model):
 class ClusterStatusChange(models.Model):
     """Append-only history of a cluster's status: who, when, why."""
 
-    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="status_changes")
+    # status_change_cluster_time (cluster, -changed_at) serves every lookup by cluster.
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.CASCADE, related_name="status_changes", db_index=False
+    )
     from_status = models.CharField(max_length=12, choices=ClusterStatus.choices, blank=True)
     to_status = models.CharField(max_length=12, choices=ClusterStatus.choices)
     changed_at = models.DateTimeField()

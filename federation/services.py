@@ -46,7 +46,7 @@ from federation.models import (
     Island,
     IssuedIdentifier,
 )
-from federation.selectors import accelerator_resolve
+from federation.selectors import accelerator_resolve, hub_and_chip_get
 from federation.types import HeartbeatResult, IslandReport, IslandSpec, LatencyMeasurement
 
 # A heartbeat stamped further ahead than this is a broken agent clock, not a beat from the future.
@@ -250,12 +250,13 @@ def cluster_register_idempotent(
     identifier = _parse_cluster_identifier(cpi=cpi, operator=operator)
     _validate_island_specs(islands)
     endpoint_url_check(endpoint_url)
-    hub = Hub.objects.filter(code=identifier.hub).first()
+    hub, accelerator = hub_and_chip_get(hub_code=identifier.hub or "", accelerator_name=accelerator_slug)
     if hub is None:
         raise UnknownHubError(
             _("Unknown hub %(hub)r.") % {"hub": identifier.hub}, extra={"hub": identifier.hub}
         )
-    accelerator = accelerator_resolve(name=accelerator_slug)
+    if accelerator is None:  # an alias, or unknown: the catalog's own rules
+        accelerator = accelerator_resolve(name=accelerator_slug)
     island_cpis = [str(identifier.child(spec.name)) for spec in islands]
     if connection.vendor == "postgresql":
         return _register_postgres(

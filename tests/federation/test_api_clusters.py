@@ -321,3 +321,61 @@ def test_a_new_cluster_comes_back_with_its_islands_loaded_and_still_queryable(op
     assert cluster.islands.count() == 2
     assert [i.cards for i in cluster.islands.filter(name="isl-02")] == [8]
     assert {i.pk for i in cluster.islands.all()} == set(Island.objects.values_list("pk", flat=True))
+
+
+def test_hub_and_chip_read_together_equal_the_orm_rows(db):
+    """Registration reads its hub and chip in one raw statement; the rows it builds are the ORM's, field for
+    field (decimals, the aliases JSON), and anything that is not an exact slug is left to accelerator_resolve."""
+    from federation.models import Accelerator, Hub
+    from federation.selectors import hub_and_chip_get
+
+    hub, chip = hub_and_chip_get(hub_code="nx", accelerator_name=" NVIDIA-A800-SXM4-80GB ")
+
+    assert hub is not None and chip is not None
+    orm_hub = Hub.objects.get(code="nx")
+    orm_chip = Accelerator.objects.get(slug="nvidia-a800-sxm4-80gb")
+    for model, built, stored in ((Hub, hub, orm_hub), (Accelerator, chip, orm_chip)):
+        for field in model._meta.concrete_fields:
+            assert getattr(built, field.attname) == getattr(stored, field.attname), field.name
+        assert not built._state.adding
+    assert isinstance(chip.aliases, list) and chip.aliases == orm_chip.aliases
+    assert hub_and_chip_get(hub_code="nx", accelerator_name="A800-SXM4-80GB") == (orm_hub, None)  # an alias
+    assert hub_and_chip_get(hub_code="zz", accelerator_name="nvidia-h20")[0] is None
+    assert hub_and_chip_get(hub_code="nx", accelerator_name="nvidia-h20\x00") == (orm_hub, None)
+    assert hub_and_chip_get(hub_code="nx", accelerator_name="") == (orm_hub, None)
+
+
+def test_registration_tables_carry_no_redundant_index(db):
+    """Every index is one more insert per registered row (federation migration 0007): no single-column
+    index where a composite one leads with the column, and no LIKE ("_like") index on an identifier."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = {
+            table: connection.introspection.get_constraints(cursor, table)
+            for table in (
+                "federation_cluster",
+                "federation_island",
+                "federation_issuedidentifier",
+                "federation_clusterstatuschange",
+            )
+        }
+    indexed = {
+        (table, tuple(info["columns"]))
+        for table, found in constraints.items()
+        for info in found.values()
+        if info["index"] or info["unique"]
+    }
+    for single, composite in [
+        (("federation_cluster", ("operator_id",)), ("federation_cluster", ("operator_id", "hub_id"))),
+        (("federation_cluster", ("hub_id",)), ("federation_cluster", ("hub_id", "accelerator_id", "status"))),
+        (("federation_island", ("cluster_id",)), ("federation_island", ("cluster_id", "name"))),
+        (
+            ("federation_clusterstatuschange", ("cluster_id",)),
+            ("federation_clusterstatuschange", ("cluster_id", "changed_at")),
+        ),
+    ]:
+        assert composite in indexed
+        assert single not in indexed
+    like = [name for found in constraints.values() for name in found if name.endswith("_like")]
+    assert like == []
