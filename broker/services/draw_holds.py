@@ -86,7 +86,7 @@ def draw_hold_void(*, lease: Lease, at: datetime) -> None:
         )
 
 
-def draws_posted(*, posted: Mapping[int, int]) -> None:
+def draws_posted(*, posted: Mapping[int, int], starts: tuple[datetime, datetime] | None = None) -> None:
     """Rating's listener: ``posted`` maps each usage record rated in the batch to what it drew, in micro
     chip card-hours × band multiplier. Records reported against a lease (reference ``lease:<id>``) add to
     its hold's posted amount; its buyer's pending sum drops by what that took off the hold's open amount
@@ -95,7 +95,8 @@ def draws_posted(*, posted: Mapping[int, int]) -> None:
     if not posted:
         return
     by_lease: dict[int, int] = defaultdict(int)
-    for record_id, reference in usage_record_references(record_ids=list(posted)).items():
+    references = usage_record_references(record_ids=list(posted), starts=starts, prefix=_LEASE_PREFIX)
+    for record_id, reference in references.items():
         lease_id = lease_id_of_reference(reference)
         if lease_id is not None and posted[record_id]:
             by_lease[lease_id] += posted[record_id]

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import BooleanField, Case, QuerySet, Sum, Value, When
 
 from core.money import MICROS, round_div, scaled_int
@@ -72,9 +73,33 @@ def buyer_spend_rows(
     ]
 
 
-def usage_record_references(*, record_ids: list[int]) -> dict[int, str]:
-    """Each usage record's reference (what produced it, e.g. ``lease:42``), by record id: one query."""
-    return dict(UsageRecord.objects.filter(pk__in=record_ids).values_list("pk", "reference"))
+def usage_record_references(
+    *, record_ids: list[int], starts: tuple[datetime, datetime] | None = None, prefix: str = ""
+) -> dict[int, str]:
+    """The reference (what produced it, e.g. ``lease:42``) of each usage record that has one starting with
+    ``prefix``, by record id: one query. ``starts`` (the earliest and latest start of the records) lets
+    PostgreSQL read only the months that hold them (the table is partitioned by start)."""
+    if not record_ids:
+        return {}
+    if connection.vendor == "postgresql":
+        # One array parameter, not one placeholder per id: a rating batch asks for up to 20,000 records,
+        # and a query of 20,000 placeholders cost more to compose than to run.
+        sql = "SELECT id, reference FROM metering_usagerecord WHERE id = ANY(%s::bigint[]) AND reference LIKE %s"
+        params: list[object] = ["{" + ",".join(map(str, record_ids)) + "}", _like_prefix(prefix)]
+        if starts is not None:
+            sql += " AND start_at BETWEEN %s AND %s"
+            params += [starts[0], starts[1]]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return dict(cursor.fetchall())
+    records = UsageRecord.objects.filter(pk__in=record_ids, reference__startswith=prefix)
+    if starts is not None:
+        records = records.filter(start_at__range=starts)
+    return dict(records.values_list("pk", "reference"))
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def usage_chip_draws(*, references: Iterable[str]) -> dict[str, int]:

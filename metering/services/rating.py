@@ -153,9 +153,10 @@ _rated_draws_listeners: list[RatedDrawsListener] = []
 
 
 def rated_draws_listener_register(listener: RatedDrawsListener) -> None:
-    """Register ``listener(posted=)`` (once; the broker does, when it loads), called inside each batch's
-    transaction with what each rated record drew: ``{usage record id: micro chip card-hours × band
-    multiplier}``, whichever pack or arrears paid it, converted once per record. The broker shrinks its
+    """Register ``listener(posted=, starts=)`` (once; the broker does, when it loads), called inside each
+    batch's transaction with what each rated record drew: ``{usage record id: micro chip card-hours × band
+    multiplier}``, whichever pack or arrears paid it, converted once per record, and the earliest and
+    latest start of those records (so a lookup reads only their months' partitions). The broker shrinks its
     leases' pending draws with it (broker.services.draw_holds); metering never imports the broker."""
     if listener not in _rated_draws_listeners:
         _rated_draws_listeners.append(listener)
@@ -418,8 +419,11 @@ def _rate_batch(
         posted_at=now,
     )
     _insert_segments(rows, transfer_id=transfer.pk)
-    for listener in _rated_draws_listeners:
-        listener(posted=record_draws)
+    if _rated_draws_listeners:
+        # A second either side: the claim's epoch seconds are rounded from the stored instants.
+        starts = (_at(min(r[5] for r in records) - 1), _at(max(r[5] for r in records) + 1))
+        for listener in _rated_draws_listeners:
+            listener(posted=record_draws, starts=starts)
 
     emptied = [p.pack_id for ps in packs.values() for p in ps if p.drawn and p.balance == 0]
     if emptied:
