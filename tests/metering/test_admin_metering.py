@@ -54,6 +54,7 @@ from metering.models import (
     TariffBand,
     TariffVersion,
     TariffWindow,
+    UsageKey,
     UsagePending,
     UsageRecord,
 )
@@ -81,7 +82,9 @@ METERING_ADMINS = sorted(
 INLINE_ONLY = {TariffBand, TariffWindow, InvoiceLine, SettlementLine}
 # Rating's work queue, shown as the usage records' "Rated" column and filter (a record is rated when it has
 # left the queue), not as a page of its own.
-NO_ADMIN = {UsagePending}
+# The idempotency-key table (partitioning keeps the key unique here, not on the usage table) holds nothing the
+# usage record's page does not show: its key, operator and start.
+NO_ADMIN = {UsagePending, UsageKey}
 LEDGER = [LedgerAccount, LedgerTransfer, LedgerEntry]
 BIG_TABLES = [UsageRecord, RatedSegment, LedgerEntry, LedgerTransfer]
 
