@@ -85,7 +85,7 @@ def usage_record_references(
         # One array parameter, not one placeholder per id: a rating batch asks for up to 20,000 records,
         # and a query of 20,000 placeholders cost more to compose than to run.
         sql = "SELECT id, reference FROM metering_usagerecord WHERE id = ANY(%s::bigint[]) AND reference LIKE %s"
-        params: list[object] = ["{" + ",".join(map(str, record_ids)) + "}", _like_prefix(prefix)]
+        params: list[str | datetime] = ["{" + ",".join(map(str, record_ids)) + "}", _like_prefix(prefix)]
         if starts is not None:
             sql += " AND start_at BETWEEN %s AND %s"
             params += [starts[0], starts[1]]
