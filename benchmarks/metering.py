@@ -16,8 +16,8 @@ What it does, in order:
 4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` in batches of
    10,000 — validation, dedup against the unique (operator, key) index, set-based insert — in this process.
 5. Replay: one batch sent again must answer ``duplicate`` for every record (timed too).
-6. Rating: ``--rating-workers`` separate worker processes (default 2, as the minute's rating fans out over
-   ``CARDHOUR_RATING_SHARDS``; ``python -m benchmarks.metering --rate DATABASE_URL --shard K``) each run
+6. Rating: ``--rating-workers`` separate worker processes (default 1; more as the minute's rating fans out
+   over ``CARDHOUR_RATING_SHARDS``; ``python -m benchmarks.metering --rate DATABASE_URL --shard K``) each run
    ``metering.services.rating.usage_rate_pending`` on their part of the buyers (``rating.Shard``) until
    nothing is left, at the same time; the rating's wall time runs from the first one's start to the last
    one's end, and the peak RSS is the largest worker's. CPU is measured beside wall time: each worker
@@ -103,7 +103,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--rating-workers",
         type=int,
-        default=2,
+        default=1,
         help="rating worker processes, each rating one part of the buyers (rating.Shard), as the minute's "
         "rating fans out over CARDHOUR_RATING_SHARDS; 1: one worker rates everything",
     )

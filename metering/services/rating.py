@@ -171,7 +171,12 @@ class Shard:
     each other's batch, so a second worker would add nothing; split by buyer, they lock disjoint packs
     and meet only on the few shared ledger accounts (commission, spread, issuance, operators' earnings),
     which ``ledger.transfer_post`` locks late in the batch, after its records are priced. A buyer's
-    records therefore stay in one worker's hands, rated in id order as one worker rates them."""
+    records therefore stay in one worker's hands, rated in id order as one worker rates them.
+
+    Measured on 2 cores (benchmarks.metering --rating-workers 2), two parts were no faster than one and
+    cost more CPU per record: the shared accounts stay locked from the transfer to the commit, across the
+    segments' COPY, and each part's claim skips the other's rows. So ``CARDHOUR_RATING_SHARDS`` is 1 by
+    default; parts are for workers with cores to spare."""
 
     index: int
     of: int
