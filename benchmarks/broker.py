@@ -28,7 +28,8 @@ What it does, in order:
    from varied origin hubs. The first quote of each server (it loads the island catalogue and the hold
    book) is timed apart; then ``--warmup`` quotes, then ``--quotes`` ``POST /api/v1/jobs/<id>/quotes``
    from ``--concurrency`` closed-loop clients: p50 / p99 / p99.9 / max, quotes per second, CPU per quote,
-   and the servers' peak RSS (VmHWM).
+   and the servers' peak RSS (VmHWM); then ``--healthz`` ``GET /healthz`` from the same clients on the same
+   server, the same-run baseline (latency and server CPU per request).
 3. **Breakdown.** ``broker.services.quotes.placements_find`` (the matcher alone) and ``quote_create`` (the
    matcher, the buyer's affordability and storing the quotes) for the same jobs in this process (same TTL),
    so the HTTP figure can be split into matcher, service and HTTP/DRF. Also one client alone over HTTP,
@@ -869,6 +870,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--single-quotes", type=int, default=500, help="quotes from one client (unloaded latency)"
     )
     parser.add_argument("--matcher-calls", type=int, default=2_000, help="in-process placements_find calls")
+    parser.add_argument(
+        "--healthz", type=int, default=3_000, help="GET /healthz requests of the same-server baseline"
+    )
     parser.add_argument("--records", type=int, default=200_000, help="usage records over REST")
     parser.add_argument("--usage-concurrency", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="web server processes")
@@ -1029,6 +1033,15 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     wall += result.wall_s
                     rounds += 1
             print(f"quotes: {len(latencies):,} in {wall:.1f} s ({rounds} round(s))", flush=True)
+            # The same-run baseline: GET /healthz (no authentication, no SQL) from the same clients.
+            with CpuSampler(server_pids=server_pids, database=database.name) as healthz_cpu:
+                healthz = run_closed_loop(
+                    requests=[HttpRequest("GET", "/healthz", {})] * args.healthz,
+                    host=servers.host,
+                    ports=servers.ports,
+                    concurrency=args.concurrency,
+                )
+            errors += healthz.errors[:20]
 
         if args.only != "quotes":
             # Usage over REST against the running leases.
@@ -1130,6 +1143,8 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         quote_net_s = max(quote_cpu.seconds("server") / len(latencies) - reload_per_quote_s, 0.0)
         p50, p99, p999 = (percentile(ordered, p) for p in (50, 99, 99.9))
         rate = len(latencies) / wall
+        quote_server_ms = quote_cpu.seconds("server") / len(latencies) * 1000
+        healthz_server_ms = healthz_cpu.seconds("server") / max(len(healthz.latency_s), 1) * 1000
         windows = windowed_rates(done_at)
         islands = len(market.island_cards)
         print_table(
@@ -1173,6 +1188,13 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     + f"; {(cold_cpu.seconds('server') + cold_cpu.seconds('postgres')) * 1000:,.0f} ms",
                 ],
                 ["jobs submitted (POST /jobs)", f"{args.jobs} in {jobs_timer.seconds:.1f} s"],
+                [
+                    f"baseline: GET /healthz × {len(healthz.latency_s):,}, same server and clients: p50 / p99 ms; "
+                    "server CPU ms per request",
+                    f"{ms(percentile(sorted(healthz.latency_s), 50))} / "
+                    f"{ms(percentile(sorted(healthz.latency_s), 99))}; {healthz_server_ms:.2f} "
+                    f"(a quote costs {quote_server_ms / max(healthz_server_ms, 1e-9):.0f}× a /healthz)",
+                ],
             ],
         )
         m = sorted(matcher)
