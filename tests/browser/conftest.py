@@ -11,7 +11,7 @@ localstripe, a real Celery worker, and a platform clock a test can move forward.
 * localstripe and its webhook receiver are the payment tests' fixtures (tests/metering/localstripe.py);
   ``stripe_to_live_server`` has localstripe deliver webhooks to the live server, as Stripe would.
 * ``celery_worker`` is a real worker thread consuming the configured broker, the integration tests' way
-  (tests/integration/test_celery_worker.py: FinishedTasks, worker logging kept quiet).
+  (tests/celery_watch.py: ``task_watcher``, worker logging kept quiet).
 * ``platform_clock`` moves ``django.utils.timezone.now`` (the platform's clock: every service reads it)
   forward in this process — the live server and the worker thread included — as the replay benchmark's
   simulated clock does for its servers (benchmarks/replay.py).
@@ -32,11 +32,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.integration.test_celery_worker import (  # noqa: F401  # fixtures
-    FinishedTasks,
-    finished_tasks,
-    quiet_worker_logging,
-)
+from tests.celery_watch import TaskWatcher, task_watcher  # noqa: F401  # fixture
 from tests.metering.localstripe import (  # noqa: F401  # fixtures
     DISABLED_EVENTS,
     LIVE_SERVER_WEBHOOK_ID,
@@ -277,7 +273,7 @@ def stripe_to_live_server(
 
 @dataclass
 class Worker:
-    finished: FinishedTasks
+    finished: TaskWatcher
 
     def run(self, task: Any, *args: Any, **kwargs: Any) -> None:
         """Send ``task`` through the broker and wait until the worker has run it."""
@@ -291,7 +287,7 @@ class Worker:
 
 
 @pytest.fixture
-def celery_worker(finished_tasks: FinishedTasks, quiet_worker_logging: None) -> Iterator[Worker]:  # noqa: F811
+def celery_worker(task_watcher: TaskWatcher) -> Iterator[Worker]:  # noqa: F811
     from celery.contrib.testing.worker import start_worker
     from django.conf import settings
 
@@ -299,7 +295,7 @@ def celery_worker(finished_tasks: FinishedTasks, quiet_worker_logging: None) -> 
 
     assert settings.CELERY_TASK_ALWAYS_EAGER is False
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
-        yield Worker(finished=finished_tasks)
+        yield Worker(finished=task_watcher)
 
 
 # --- The platform clock ------------------------------------------------------------------------------------

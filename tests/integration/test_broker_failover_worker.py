@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
 from django.conf import settings
-from django.db import connections
 from django.utils import timezone
 
 from broker import tasks
@@ -29,6 +25,7 @@ from federation.models import Cluster, ClusterStatus
 from federation.services import clusters_mark_missed_heartbeats
 from metering.models import PriceCard
 from tests.broker.factories import make_job, make_lease
+from tests.celery_watch import TaskWatcher, worker_pool
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
 from tests.metering.factories import make_paid_pack, make_price_card
 
@@ -38,40 +35,6 @@ A800 = "nvidia-a800-sxm4-80gb"
 BEAT_INTERVAL_SECONDS = 5.0  # broker/migrations/0002_broker_schedules.py
 FAILOVER_BUDGET_SECONDS = 10.0
 TASK_TIMEOUT_SECONDS = 30
-
-
-class FinishedRuns:
-    """When the worker finished each task (from its task_postrun signal: results are disabled)."""
-
-    def __init__(self) -> None:
-        self.finished_at: dict[str, float] = {}
-        self._events: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def _event(self, task_id: str) -> threading.Event:
-        with self._lock:
-            return self._events.setdefault(task_id, threading.Event())
-
-    def on_postrun(self, task_id: str | None = None, **kwargs: Any) -> None:
-        self.finished_at[str(task_id)] = time.monotonic()
-        connections.close_all()  # the worker thread's connections, so the test's flush does not wait
-        self._event(str(task_id)).set()
-
-    def wait(self, task_id: str, timeout: float) -> bool:
-        return self._event(task_id).wait(timeout)
-
-
-@pytest.fixture
-def worker_runs() -> Iterator[FinishedRuns]:
-    watcher = FinishedRuns()
-    task_postrun.connect(watcher.on_postrun, weak=False)
-    previous = celery_app.conf.worker_hijack_root_logger
-    celery_app.conf.worker_hijack_root_logger = False
-    try:
-        yield watcher
-    finally:
-        celery_app.conf.worker_hijack_root_logger = previous
-        task_postrun.disconnect(watcher.on_postrun)
 
 
 class Beat:
@@ -110,16 +73,8 @@ def nth_sent(beat: Beat, n: int) -> str:
     return beat.sent[n]
 
 
-def _pool() -> str:
-    """One task at a time either way. On RabbitMQ (py-amqp) the solo pool, hosted in this test's thread,
-    took a message only when the next one arrived (each run 5 s late; a real worker process does not), so
-    there the worker runs its single task in a pool thread; elsewhere the solo pool (SQLite's in-memory
-    database is shared with the worker's own thread only)."""
-    return "threads" if str(celery_app.conf.broker_url).startswith(("amqp", "pyamqp")) else "solo"
-
-
 def test_a_worker_re_places_a_lease_within_10_s_of_its_cluster_going_offline(
-    worker_runs: FinishedRuns,
+    task_watcher: TaskWatcher,
 ) -> None:
     assert settings.CELERY_TASK_ALWAYS_EAGER is False
     from metering.services.tariffs import tariff_presets_install
@@ -158,13 +113,15 @@ def test_a_worker_re_places_a_lease_within_10_s_of_its_cluster_going_offline(
     Cluster.objects.update(last_heartbeat_at=now, last_heartbeat_sent_at=now)
 
     beat = Beat()
-    with start_worker(celery_app, pool=_pool(), concurrency=1, perform_ping_check=False, shutdown_timeout=30):
+    with start_worker(
+        celery_app, pool=worker_pool(), concurrency=1, perform_ping_check=False, shutdown_timeout=30
+    ):
         beat.start()
         try:
             # Worst phase: the cluster goes offline just after a failover run found nothing to do, so the
             # next run is a whole beat interval away. The test reads the database only between runs (after
             # a run's task_postrun): SQLite's shared in-memory database locks whole tables.
-            assert worker_runs.wait(first_sent(beat), TASK_TIMEOUT_SECONDS), "the worker never ran the task"
+            assert task_watcher.wait(first_sent(beat), TASK_TIMEOUT_SECONDS), "the worker never ran the task"
             assert not Lease.objects.filter(replaces=lease).exists()
             long_ago = timezone.now() - timedelta(hours=1)
             Cluster.objects.filter(pk=east.pk).update(
@@ -176,14 +133,14 @@ def test_a_worker_re_places_a_lease_within_10_s_of_its_cluster_going_offline(
             replacement, delay, run = None, float("inf"), 1
             while replacement is None and time.monotonic() - marked_at < FAILOVER_BUDGET_SECONDS + 5:
                 task_id = nth_sent(beat, run)
-                assert worker_runs.wait(task_id, TASK_TIMEOUT_SECONDS), f"run {run} never finished"
+                assert task_watcher.wait(task_id, TASK_TIMEOUT_SECONDS), f"run {run} never finished"
                 replacement = Lease.objects.filter(replaces=lease).first()
-                delay = worker_runs.finished_at[task_id] - marked_at
+                delay = task_watcher.get(task_id).finished_at - marked_at
                 run += 1
         finally:
             beat.stop()
             for task_id in beat.sent:  # let the last run finish before the worker stops and the DB flushes
-                worker_runs.wait(task_id, TASK_TIMEOUT_SECONDS)
+                task_watcher.wait(task_id, TASK_TIMEOUT_SECONDS)
 
     print(
         f"\nfailover delay: {delay:.2f} s from the cluster being marked offline to the run that committed "

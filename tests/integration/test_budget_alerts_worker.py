@@ -4,17 +4,12 @@ worker, through the configured broker (memory:// locally, Redis in CI)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
 from django.core import mail
-from django.db import connections
 from django.utils import timezone
 
 from broker import tasks
@@ -27,6 +22,7 @@ from core.types import Actor
 from metering.services.rating import usage_rate_pending
 from metering.services.usage import usage_record_create_batch
 from metering.types import UsageRecordInput
+from tests.celery_watch import TaskWatcher
 from tests.factories import BuyerFactory, MembershipFactory, OperatorFactory, UserFactory, make_cluster
 from tests.metering.factories import make_price_card
 
@@ -35,33 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 TASK_TIMEOUT_SECONDS = 30
 
 
-class _Finished:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.delivered = threading.Event()
-
-    def on_postrun(self, sender: Any = None, **kwargs: Any) -> None:
-        connections.close_all()  # the worker thread's connections, so the test's flush does not wait
-        name = getattr(sender, "name", "")
-        self.names.append(name)
-        if name == "broker.budget_alerts_deliver":
-            self.delivered.set()
-
-
-@pytest.fixture
-def finished() -> Iterator[_Finished]:
-    watcher = _Finished()
-    task_postrun.connect(watcher.on_postrun, weak=False)
-    previous = celery_app.conf.worker_hijack_root_logger
-    celery_app.conf.worker_hijack_root_logger = False
-    try:
-        yield watcher
-    finally:
-        task_postrun.disconnect(watcher.on_postrun)
-        celery_app.conf.worker_hijack_root_logger = previous
-
-
-def test_the_worker_raises_an_alert_and_delivers_it_after_commit(finished: _Finished) -> None:
+def test_the_worker_raises_an_alert_and_delivers_it_after_commit(task_watcher: TaskWatcher) -> None:
     from metering.services.tariffs import tariff_presets_install
 
     assert celery_app.conf.task_always_eager is False
@@ -92,9 +62,11 @@ def test_the_worker_raises_an_alert_and_delivers_it_after_commit(finished: _Fini
 
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         tasks.leases_stop_over_cap.delay()
-        assert finished.delivered.wait(TASK_TIMEOUT_SECONDS), f"tasks finished: {finished.names}"
+        assert task_watcher.wait_named("broker.budget_alerts_deliver", 1, TASK_TIMEOUT_SECONDS), (
+            f"tasks finished: {task_watcher.names()}"
+        )
 
-    assert finished.names[:2] == ["broker.leases_stop_over_cap", "broker.budget_alerts_deliver"]
+    assert task_watcher.names()[:2] == ["broker.leases_stop_over_cap", "broker.budget_alerts_deliver"]
     alert = BudgetAlert.objects.get(budget=budget)
     assert (alert.percent, alert.spent) == (1, spent)
     assert (alert.email_status, alert.webhook_status) == (DeliveryStatus.DELIVERED, DeliveryStatus.SKIPPED)

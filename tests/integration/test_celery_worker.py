@@ -8,21 +8,17 @@ commits what the monitor decided.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
 from django.conf import settings
-from django.db import connections
 from django.utils import timezone
 
 from config.celery_app import app as celery_app
 from federation import tasks
 from federation.models import Cluster, ClusterStatus, ClusterStatusChange
+from tests.celery_watch import TaskWatcher
 from tests.factories import OperatorFactory, make_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -30,51 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 TASK_TIMEOUT_SECONDS = 30
 
 
-class FinishedTasks:
-    """Which tasks the worker has finished. Results are disabled (the platform runs without a result
-    backend), so the test learns that a task ran from the worker's task_postrun signal."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
-
-    def _event(self, task_id: str) -> threading.Event:
-        with self._lock:
-            return self._events.setdefault(task_id, threading.Event())
-
-    def on_postrun(self, task_id: str | None = None, **kwargs: Any) -> None:
-        # Runs in the worker thread: close its connections so the test's flush does not wait on them.
-        connections.close_all()
-        self._event(str(task_id)).set()
-
-    def wait(self, task_id: str, timeout: float) -> bool:
-        return self._event(task_id).wait(timeout)
-
-
-@pytest.fixture
-def finished_tasks() -> Iterator[FinishedTasks]:
-    watcher = FinishedTasks()
-    task_postrun.connect(watcher.on_postrun, weak=False)
-    try:
-        yield watcher
-    finally:
-        task_postrun.disconnect(watcher.on_postrun)
-
-
-@pytest.fixture
-def quiet_worker_logging() -> Iterator[None]:
-    """An embedded worker would otherwise take over the root logger for the rest of the test session."""
-    previous = celery_app.conf.worker_hijack_root_logger
-    celery_app.conf.worker_hijack_root_logger = False
-    try:
-        yield
-    finally:
-        celery_app.conf.worker_hijack_root_logger = previous
-
-
-def test_worker_takes_a_silent_cluster_offline(
-    finished_tasks: FinishedTasks, quiet_worker_logging: None
-) -> None:
+def test_worker_takes_a_silent_cluster_offline(task_watcher: TaskWatcher) -> None:
     # The point is a real round trip through the broker, never an eager call in-process.
     assert settings.CELERY_TASK_ALWAYS_EAGER is False
     assert celery_app.conf.task_always_eager is False
@@ -89,7 +41,7 @@ def test_worker_takes_a_silent_cluster_offline(
     # No ping check: it needs a result backend, and the platform runs without one (tasks ignore results).
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         result = tasks.clusters_mark_missed_heartbeats.delay()
-        assert finished_tasks.wait(result.id, TASK_TIMEOUT_SECONDS), (
+        assert task_watcher.wait(result.id, TASK_TIMEOUT_SECONDS), (
             f"the worker did not run the task within {TASK_TIMEOUT_SECONDS} s "
             f"(broker {celery_app.conf.broker_url.split('@')[-1]})"
         )

@@ -9,7 +9,6 @@ benchmarks/enforcement.py measures it on the production stack.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,8 +16,6 @@ from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
-from django.db import connections
 from django.utils import timezone
 
 from broker.models import BuyerNotice, Lease, LeaseState
@@ -28,8 +25,8 @@ from core.services import api_token_create
 from core.types import Actor
 from metering.models import BuyerExhaustion, PriceCard, UsagePending
 from tests.broker.factories import make_job, make_lease
+from tests.celery_watch import TaskWatcher, worker_pool
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
-from tests.integration.test_broker_failover_worker import _pool
 from tests.metering.factories import make_paid_pack, make_price_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -39,45 +36,19 @@ TASK = "broker.usage_rate_on_arrival"
 TASK_TIMEOUT_SECONDS = 30
 
 
-class ArrivalRuns:
-    """When the worker finished each run of the arrival task (task_postrun: results are disabled)."""
-
-    def __init__(self) -> None:
-        self.finished_at: list[float] = []
-        self.results: list[Any] = []
-        self._done = threading.Condition()
-
-    def on_postrun(self, sender: Any = None, retval: Any = None, **kwargs: Any) -> None:
-        if getattr(sender, "name", None) != TASK:
-            return
-        connections.close_all()  # the worker thread's connections, so the test's flush does not wait
-        with self._done:
-            self.finished_at.append(time.monotonic())
-            self.results.append(retval)
-            self._done.notify_all()
-
-    def wait_for(self, count: int, timeout: float) -> bool:
-        with self._done:
-            return self._done.wait_for(lambda: len(self.finished_at) >= count, timeout)
-
-
 @pytest.fixture
-def arrival_runs(settings: Any) -> Iterator[ArrivalRuns]:
+def rating_on_arrival(settings: Any) -> Iterator[None]:
     settings.CARDHOUR_RATING_ON_ARRIVAL = True
     enforcement.usage_rating_request_clear()
-    watcher = ArrivalRuns()
-    task_postrun.connect(watcher.on_postrun, weak=False)
-    previous = celery_app.conf.worker_hijack_root_logger
-    celery_app.conf.worker_hijack_root_logger = False
     try:
-        yield watcher
+        yield
     finally:
-        celery_app.conf.worker_hijack_root_logger = previous
-        task_postrun.disconnect(watcher.on_postrun)
         enforcement.usage_rating_request_clear()
 
 
-def test_a_worker_stops_the_lease_of_a_buyer_whose_packs_a_report_empties(arrival_runs: ArrivalRuns) -> None:
+def test_a_worker_stops_the_lease_of_a_buyer_whose_packs_a_report_empties(
+    rating_on_arrival: None, task_watcher: TaskWatcher
+) -> None:
     assert celery_app.conf.task_always_eager is False
     from rest_framework.test import APIClient
 
@@ -118,18 +89,20 @@ def test_a_worker_stops_the_lease_of_a_buyer_whose_packs_a_report_empties(arriva
         ]
     }
     celery_app.control.purge()  # nothing left over from another test's broker
-    with start_worker(celery_app, pool=_pool(), concurrency=1, perform_ping_check=False, shutdown_timeout=30):
+    with start_worker(
+        celery_app, pool=worker_pool(), concurrency=1, perform_ping_check=False, shutdown_timeout=30
+    ):
         response = agent.post("/api/v1/operator/usage", body, format="json")
         answered_at = time.monotonic()
         assert response.status_code == 201, response.content
         # The report committed (no transaction around a request here) and queued the run on the broker.
-        assert arrival_runs.wait_for(1, TASK_TIMEOUT_SECONDS), "the worker never ran the arrival task"
+        assert task_watcher.wait_named(TASK, 1, TASK_TIMEOUT_SECONDS), "the worker never ran the arrival task"
 
     print(
-        f"\nenforcement on arrival: {arrival_runs.finished_at[0] - answered_at:.3f} s from the report's 201 to "
+        f"\nenforcement on arrival: {task_watcher.named(TASK)[0].finished_at - answered_at:.3f} s from the report's 201 to "
         "the end of the worker's run that asked the lease to stop"
     )
-    assert arrival_runs.results == [1]
+    assert [run.retval for run in task_watcher.named(TASK)] == [1]
     lease.refresh_from_db()
     assert lease.state == LeaseState.STOP_REQUESTED
     assert lease.reason == f"packs exhausted: no {A800} or standard card-hours left"

@@ -4,15 +4,10 @@ own part; between them every record is rated once and the ledger reconciles."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
-from django.db import connections
 from django.utils import timezone
 
 from config.celery_app import app as celery_app
@@ -21,41 +16,19 @@ from metering.models import RatedSegment, UsageRecord
 from metering.services.maintenance import ledger_reconcile
 from metering.services.usage import usage_record_create_batch
 from metering.types import UsageRecordInput
+from tests.celery_watch import TaskWatcher
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
 from tests.metering.factories import make_paid_pack, make_price_card
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
+TASK = "metering.usage_rate_pending"
 TASK_TIMEOUT_SECONDS = 30
 
 
-class _Finished:
-    def __init__(self) -> None:
-        self.runs: list[tuple[dict[str, Any], Any]] = []
-        self.both = threading.Event()
-
-    def on_postrun(self, sender: Any = None, kwargs: Any = None, retval: Any = None, **_: Any) -> None:
-        connections.close_all()  # the worker thread's connections, so the test's flush does not wait
-        if getattr(sender, "name", "") == "metering.usage_rate_pending":
-            self.runs.append((dict(kwargs or {}), retval))
-            if len(self.runs) == 2:
-                self.both.set()
-
-
-@pytest.fixture
-def finished() -> Iterator[_Finished]:
-    watcher = _Finished()
-    task_postrun.connect(watcher.on_postrun, weak=False)
-    previous = celery_app.conf.worker_hijack_root_logger
-    celery_app.conf.worker_hijack_root_logger = False
-    try:
-        yield watcher
-    finally:
-        task_postrun.disconnect(watcher.on_postrun)
-        celery_app.conf.worker_hijack_root_logger = previous
-
-
-def test_the_minutes_rating_fans_out_over_two_parts_and_rates_everything_once(finished: _Finished) -> None:
+def test_the_minutes_rating_fans_out_over_two_parts_and_rates_everything_once(
+    task_watcher: TaskWatcher,
+) -> None:
     from metering.services.tariffs import tariff_presets_install
 
     assert celery_app.conf.task_always_eager is False
@@ -95,9 +68,9 @@ def test_the_minutes_rating_fans_out_over_two_parts_and_rates_everything_once(fi
 
     with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         tasks.usage_rate_pending.delay(shards=2)
-        assert finished.both.wait(TASK_TIMEOUT_SECONDS), f"runs: {finished.runs}"
+        assert task_watcher.wait_named(TASK, 2, TASK_TIMEOUT_SECONDS), f"finished: {task_watcher.names()}"
 
-    by_shard = {kwargs.get("shard"): retval for kwargs, retval in finished.runs}
+    by_shard = {run.kwargs.get("shard"): run.retval for run in task_watcher.named(TASK)}
     assert set(by_shard) == {None, 1}  # the beat's task (part 0 itself) and the part it queued
     assert by_shard[1] == 5 * sum(1 for b in buyers if b.pk % 2 == 1)
     assert by_shard[None] == 20 - by_shard[1]
