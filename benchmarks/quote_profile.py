@@ -66,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.requests):
         quote(i)
     cpu, wall = time.process_time() - started_cpu, time.perf_counter() - started
-    print(f"unprofiled: {args.requests} quotes, {cpu / args.requests * 1e3:.2f} ms CPU per quote (this process)")
+    print(
+        f"unprofiled: {args.requests} quotes, {cpu / args.requests * 1e3:.2f} ms CPU per quote (this process)"
+    )
     print(f"            {wall / args.requests * 1e3:.2f} ms wall per quote")
 
     # CPU time, not wall: the machine is shared, and waiting for PostgreSQL is not this process's cost.

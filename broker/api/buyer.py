@@ -21,8 +21,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker import selectors
-from broker.draws import lease_draw_plan
 from broker.api.quote_render import quote_set_render
+from broker.draws import lease_draw_plan
 from broker.models import HOLDING_STATES, BuyerNotice, Gang, Job, Lease, LeaseState, Preference, Quote
 from broker.services import jobs as job_services
 from broker.services import leases as lease_services

@@ -327,10 +327,7 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     """A field's value as JSON that PostgreSQL's input function of the column's type reads as the value
     Django would bind: JSON documents as themselves (JSONField dumps them with json too), numbers and
     times as text, prepared by the field (a naive time is made aware with Django's warning)."""
-    if kind == "auto":
-        value = field.pre_save(quote, True)
-    else:
-        value = getattr(quote, field.attname)
+    value = field.pre_save(quote, True) if kind == "auto" else getattr(quote, field.attname)
     if value is None or kind == "JSONField":
         return value
     value = field.get_prep_value(value)
@@ -343,9 +340,7 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
 
 def _quotes_insert_recordset(quotes: list[Quote], alias: str) -> None:
     sql, kinds = _recordset_insert_sql()
-    rows = [
-        {field.column: _recordset_value(quote, field, kind) for field, kind in kinds} for quote in quotes
-    ]
+    rows = [{field.column: _recordset_value(quote, field, kind) for field, kind in kinds} for quote in quotes]
     with connections[alias].cursor() as cursor:
         cursor.execute(sql, [json.dumps(rows, separators=(",", ":"))])
         ids = [pk for (pk,) in cursor.fetchall()]
