@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from functools import cache
 
 from django.conf import settings
@@ -323,6 +324,20 @@ def _recordset_insert_sql() -> tuple[str, tuple[tuple[Field, str], ...]]:
     return sql, tuple(kinds)
 
 
+_AS_IS: dict[str, type] = {
+    "ForeignKey": int,
+    "IntegerField": int,
+    "PositiveIntegerField": int,
+    "PositiveSmallIntegerField": int,
+    "SmallIntegerField": int,
+    "BigIntegerField": int,
+    "CharField": str,
+    "BooleanField": bool,
+    "DecimalField": Decimal,
+    "DateTimeField": datetime,
+}
+
+
 def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     """A field's value as JSON that PostgreSQL's input function of the column's type reads as the value
     Django would bind: JSON documents as themselves (JSONField dumps them with json too), numbers and
@@ -330,7 +345,11 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     value = field.pre_save(quote, True) if kind == "auto" else getattr(quote, field.attname)
     if value is None or kind == "JSONField":
         return value
-    value = field.get_prep_value(value)
+    # What get_prep_value returns unchanged (an int for an integer field, an aware datetime, a Decimal):
+    # as is, without the field's call; anything else (a string of digits, a naive time) through it.
+    exact = _AS_IS.get(kind)
+    if exact is None or type(value) is not exact or (kind == "DateTimeField" and value.tzinfo is None):
+        value = field.get_prep_value(value)
     if kind == "DateTimeField":
         return value.isoformat()
     if kind == "DecimalField":
