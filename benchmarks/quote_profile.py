@@ -29,10 +29,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="the production settings and environment the benchmark's servers run with (else the test settings)",
+    )
     parser.add_argument("--catalog-ttl", type=float, default=3600.0, help="long: no reload while profiled")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    django_setup(database_url=args.database_url, conn_max_age=600, migrate=False)
+    if args.production:
+        import os
+        import tempfile
+
+        from benchmarks.prodserver import production_env
+
+        os.environ.update(production_env(database_url=args.database_url, port=0))
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cardhour-metrics-"))
+        os.environ["DATABASE_CONN_MAX_AGE"] = "600"
+        import django
+
+        django.setup()
+    else:
+        django_setup(database_url=args.database_url, conn_max_age=600, migrate=False)
     from django.conf import settings
     from django.test import Client
 
