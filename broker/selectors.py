@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import connections, router
 from django.db.models import BooleanField, Case, Count, Max, Prefetch, QuerySet, Sum, Value, When
-from django.db.models.query import get_related_populators
+from django.db.models.query import get_related_populators  # type: ignore[attr-defined]
 from django.utils import timezone
 from django.utils.translation import gettext as _
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import cache
+from typing import Any
 
 from django.conf import settings
 from django.db import connections, router, transaction
@@ -342,13 +343,13 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     """A field's value as JSON that PostgreSQL's input function of the column's type reads as the value
     Django would bind: JSON documents as themselves (JSONField dumps them with json too), numbers and
     times as text, prepared by the field (a naive time is made aware with Django's warning)."""
-    value = field.pre_save(quote, True) if kind == "auto" else getattr(quote, field.attname)
+    value: Any = field.pre_save(quote, True) if kind == "auto" else getattr(quote, field.attname)
     if value is None or kind == "JSONField":
         return value
     # What get_prep_value returns unchanged (an int for an integer field, an aware datetime, a Decimal):
     # as is, without the field's call; anything else (a string of digits, a naive time) through it.
     exact = _AS_IS.get(kind)
-    if exact is None or type(value) is not exact or (kind == "DateTimeField" and value.tzinfo is None):
+    if exact is None or value.__class__ is not exact or (kind == "DateTimeField" and timezone.is_naive(value)):
         value = field.get_prep_value(value)
     if kind == "DateTimeField":
         return value.isoformat()
