@@ -349,7 +349,11 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     # What get_prep_value returns unchanged (an int for an integer field, an aware datetime, a Decimal):
     # as is, without the field's call; anything else (a string of digits, a naive time) through it.
     exact = _AS_IS.get(kind)
-    if exact is None or value.__class__ is not exact or (kind == "DateTimeField" and timezone.is_naive(value)):
+    if (
+        exact is None
+        or value.__class__ is not exact
+        or (kind == "DateTimeField" and timezone.is_naive(value))
+    ):
         value = field.get_prep_value(value)
     if kind == "DateTimeField":
         return value.isoformat()
