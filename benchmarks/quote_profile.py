@@ -90,9 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(f"            {wall / args.requests * 1e3:.2f} ms wall per quote")
 
-    # CPU time, not wall: the machine is shared, and waiting for PostgreSQL is not this process's cost.
     if args.no_profile:
         return 0
+    # CPU time, not wall: the machine is shared, and waiting for PostgreSQL is not this process's cost.
     profiler = cProfile.Profile(time.process_time)
     profiler.enable()
     for i in range(args.requests):
