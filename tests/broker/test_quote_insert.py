@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 
 from broker.models import Quote
 from broker.services.quotes import _quotes_insert, quote_create
 from core.models import Organisation
 from federation.models import Cluster
-from tests.broker.factories import make_job
+from tests.broker.factories import make_job, make_lease
 
 FIELDS = [field.attname for field in Quote._meta.concrete_fields if not field.primary_key]
 
@@ -59,3 +60,43 @@ def test_many_quotes_are_stored_in_batches_the_backend_accepts(
     assert len({quote.pk for quote in many}) == 160
     ranks = dict(Quote.objects.filter(pk__in=[q.pk for q in many]).values_list("pk", "rank"))
     assert all(ranks[quote.pk] == quote.rank for quote in many)
+
+
+def test_awkward_values_are_stored_as_bulk_create_stores_them(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    """Quotes, backslashes, percent signs and non-ASCII text in the JSON, values with more places than
+    their column, a replaced lease, another time zone, an empty list: each row equal to bulk_create's,
+    ids in the order of the quotes."""
+    from zoneinfo import ZoneInfo
+
+    quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=4)
+    lease = make_lease(job=make_job(buyer=buyer), cluster=east_cluster)
+    ours, theirs = _copies(quote_set.quotes, 3), _copies(quote_set.quotes, 3)
+    for index, (one, other) in enumerate(zip(ours, theirs, strict=True)):
+        for quote in (one, other):
+            quote.rank = 100 - index
+            quote.breakdown = {
+                **quote.breakdown,
+                "note": 'a "quoted" \\ back-slashed 100% %s %(x)s 峰谷 \u2028 line',
+                "nested": [{"deep": [None, True, 1.5, "x"]}],
+            }
+            quote.alternatives = []
+            quote.cost = Decimal("12.345") + index  # two places in the column: PostgreSQL rounds
+            quote.latency_ms = Decimal("3.14159")
+            quote.expected_draw = Decimal("0.0000004")
+            quote.replaces_id = lease.pk if index % 2 else None
+            quote.start_at = quote.start_at.astimezone(ZoneInfo("America/New_York"))
+            quote.draw_class = "芯片-x"
+    _quotes_insert(ours)
+    Quote.objects.bulk_create(theirs)
+    assert [quote.rank for quote in ours] == [100 - i for i in range(len(ours))]
+    rows = {row.pop("id"): row for row in Quote.objects.values("id", *FIELDS)}
+    for one, other in zip(ours, theirs, strict=True):
+        assert rows[one.pk] == rows[other.pk]
+        assert rows[one.pk]["rank"] == one.rank  # the id returned is this quote's row
+
+
+def test_no_quotes_store_nothing(buyer: Organisation) -> None:
+    _quotes_insert([])
+    assert not Quote.objects.exists()

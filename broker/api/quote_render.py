@@ -1,0 +1,251 @@
+"""The quote answer (``POST /jobs/<id>/quotes``) rendered by hand: what ``QuoteSetOutput`` gives, at a
+fraction of the cost.
+
+DRF's serializers walk every declared field of every nested serializer for each quote (about 80 field
+objects per quote, each with its ``get_attribute`` and ``to_representation``): a third of a quote request's
+CPU outside the matcher. The serializers in broker.api.buyer stay the declaration of the answer (the
+OpenAPI schema is generated from them); this module writes the same JSON directly: the same keys in the
+same order, each value converted the way its serializer field converts it (``DecimalField`` quantises in a
+copy of the thread's decimal context with ``max_digits`` as its precision and formats with ``:f``;
+``DateTimeField`` converts an aware time to the current time zone, gives ISO 8601 with ``Z`` for UTC and
+passes a string through; a missing nullable value is null). tests/broker/api/test_quote_render.py renders
+varied quote sets both ways and asserts that the results are equal, so a field added to one and not the
+other fails there.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Context, Decimal, getcontext
+from typing import Any
+
+from django.utils import timezone
+from rest_framework.fields import BooleanField
+
+from broker.models import Quote
+from broker.services.quotes import QuoteSet
+
+_TRUE = BooleanField.TRUE_VALUES
+_FALSE = BooleanField.FALSE_VALUES
+# DecimalField's quantum: 10 ** -decimal_places (only its exponent matters to ``quantize``).
+_Q2, _Q3, _Q4, _Q6 = Decimal("1e-2"), Decimal("1e-3"), Decimal("1e-4"), Decimal("1e-6")
+_REJECTIONS = (
+    "offline",
+    "chip",
+    "memory",
+    "fabric",
+    "latency",
+    "unpriced",
+    "reliability",
+    "price",
+    "capacity",
+    "window",
+)
+_RELAXATION_KINDS = {
+    kind: kind
+    for kind in (
+        "cluster",
+        "latency",
+        "chip",
+        "memory",
+        "fabric",
+        "reliability",
+        "price",
+        "window",
+        "gang",
+        "cards",
+    )
+}
+_DRAW_UNITS = {"standard_card_hours": "standard_card_hours", "chip_card_hours": "chip_card_hours"}
+
+
+class _Render:
+    """One answer's conversions: the thread's decimal context and time zone read once per answer."""
+
+    __slots__ = ("c6", "c8", "c12", "c14", "c16", "c20", "zone")
+
+    def __init__(self) -> None:
+        base = getcontext()
+        self.c6, self.c8, self.c12, self.c14, self.c16, self.c20 = (
+            _context(base, 6),
+            _context(base, 8),
+            _context(base, 12),
+            _context(base, 14),
+            _context(base, 16),
+            _context(base, 20),
+        )
+        self.zone = timezone.get_current_timezone()
+
+    def time(self, value: datetime | str | None) -> str | None:
+        if not value:
+            return None
+        if isinstance(value, str):
+            return value
+        if timezone.is_aware(value):
+            text = value.astimezone(self.zone).isoformat()
+        else:
+            text = timezone.make_aware(value, self.zone).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+    def quote(self, quote: Quote) -> dict[str, Any]:
+        extra = quote.breakdown
+        c16, c20 = self.c16, self.c20
+        plan = extra.get("draw_plan")
+        reliability = extra.get("reliability")
+        earliest_cost = extra.get("earliest_feasible_cost", quote.cost + quote.saving)
+        return {
+            "id": _int(quote.pk),
+            "rank": _int(quote.rank),
+            "cluster": _str(extra["cluster"]),
+            "hub": _str(extra["hub"]),
+            "accelerator": _str(extra["accelerator"]),
+            "islands": [_allocation(item) for item in extra["islands"]],
+            "islands_available": 1 + len(quote.alternatives or ()),
+            "alternatives": [_allocation(item) for item in extra.get("alternatives", [])],
+            "cards": _int(quote.cards),
+            "start_at": self.time(quote.start_at),
+            "end_at": self.time(quote.end_at),
+            "cost": _dec(quote.cost, _Q2, c16),
+            "currency": "CNY",
+            "bands": [
+                {
+                    "band": _str(band["band"]),
+                    "multiplier": _dec(band["multiplier"], _Q4, self.c8),
+                    "card_seconds": _int(band["card_seconds"]),
+                    "card_hours": _dec(band["card_hours"], _Q6, c20),
+                    "cost": _dec(band["cost"], _Q2, c16),
+                }
+                for band in extra["bands"]
+            ],
+            "latency_ms": _dec(quote.latency_ms, _Q3, self.c8),
+            "price_card": {
+                "version": _int(extra["price_card_version"]),
+                "rate_per_card_hour": _dec(extra["rate_per_card_hour"], _Q4, self.c12),
+                "tariff": _str(extra["tariff"]),
+            },
+            "earliest_feasible_start_at": self.time(extra.get("earliest_feasible_start_at")),
+            "earliest_feasible_cost": _dec(earliest_cost, _Q2, c16),
+            "saving": _dec(quote.saving, _Q2, c16),
+            "expected_draw": _dec(quote.expected_draw, _Q6, c20),
+            "draw_class": _str(quote.draw_class),
+            "standard_card_factor": _dec(extra["standard_card_factor"], _Q4, self.c8),
+            "expected_standard_draw": _dec(extra["expected_standard_draw"], _Q6, c20),
+            "draw_plan": None if plan is None else self.draw_plan(plan),
+            "balance_sufficient": _bool(quote.balance_sufficient),
+            "reliability": None
+            if reliability is None
+            else {
+                "percent": _dec(reliability.get("percent"), _Q3, self.c6),
+                "prior": _bool(reliability["prior"]),
+                "interruptions_per_1000_card_hours": _dec(
+                    reliability.get("interruptions_per_1000_card_hours"), _Q3, self.c14
+                ),
+            },
+            "expected_credit": _dec(extra.get("expected_credit"), _Q2, c16),
+            "adjusted_cost": _dec(extra.get("adjusted_cost"), _Q2, c16),
+            "expires_at": self.time(quote.expires_at),
+        }
+
+    def draw_plan(self, plan: dict[str, Any]) -> dict[str, Any]:
+        c16, c20 = self.c16, self.c20
+        return {
+            "chip": _str(plan["chip"]),
+            "expected_draw_chip_card_hours": _dec(plan["expected_draw_chip_card_hours"], _Q6, c20),
+            "standard_card_factor": _dec(plan.get("standard_card_factor"), _Q4, self.c8),
+            "paid_by": [
+                {
+                    "pack_class": _str(part["pack_class"]),
+                    "unit": _choice(part["unit"], _DRAW_UNITS),
+                    "card_hours": _dec(part["card_hours"], _Q6, c20),
+                    "chip_card_hours": _dec(part["chip_card_hours"], _Q6, c20),
+                    "standard_card_factor": _dec(part.get("standard_card_factor"), _Q4, self.c8),
+                    "price_per_card_hour": _dec(part["price_per_card_hour"], _Q6, c16),
+                    "value": _dec(part["value"], _Q2, c16),
+                }
+                for part in plan["paid_by"]
+            ],
+            "uncovered_chip_card_hours": _dec(plan["uncovered_chip_card_hours"], _Q6, c20),
+            "arrears_value": _dec(plan["arrears_value"], _Q2, c16),
+            "value": _dec(plan["value"], _Q2, c16),
+            "effective_price_per_card_hour": _dec(plan["effective_price_per_card_hour"], _Q2, c16),
+            "operator_rate_per_card_hour": _dec(plan["operator_rate_per_card_hour"], _Q6, c16),
+        }
+
+
+def quote_set_render(quote_set: QuoteSet) -> dict[str, Any]:
+    """The answer to a quote request, as ``QuoteSetOutput`` renders it (JSON-ready: str, int, bool, None,
+    lists and dicts)."""
+    render = _Render()
+    result = quote_set.result
+    rejections = result.rejections
+    return {
+        "job": _int(quote_set.job.pk),
+        "quotes": [render.quote(quote) for quote in quote_set.quotes],
+        "rejections": {reason: _int(rejections[reason]) for reason in _REJECTIONS},
+        "considered": _int(result.considered),
+        "feasible": _int(result.feasible),
+        "window": {
+            "start_at": render.time(result.window_start_at),
+            "end_at": render.time(result.window_end_at),
+        },
+        "expires_at": render.time(quote_set.expires_at),
+        "relaxations": [
+            {
+                "kind": _choice(relaxation.kind, _RELAXATION_KINDS),
+                "changes": _json_dict(relaxation.changes),
+                "cluster": _str(relaxation.cluster_cpi),
+                "accelerator": _str(relaxation.accelerator),
+                "start_at": render.time(relaxation.start_at),
+                "cost": _dec(relaxation.cost, _Q2, render.c16),
+            }
+            for relaxation in quote_set.relaxations
+        ],
+    }
+
+
+def _context(base: Context, precision: int) -> Context:
+    context = base.copy()
+    context.prec = precision
+    return context
+
+
+def _dec(value: Any, quantum: Decimal, context: Context) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, Decimal):
+        value = Decimal(str(value).strip())
+    return f"{value.quantize(quantum, context=context):f}"
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _bool(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return bool(value)
+
+
+def _choice(value: Any, choices: dict[str, str]) -> Any:
+    if value in ("", None):
+        return value
+    return choices.get(str(value), value)
+
+
+def _allocation(item: Any) -> dict[str, Any]:
+    return {"cpi": _str(item["cpi"]), "cards": _int(item["cards"])}
+
+
+def _json_dict(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {str(key): item for key, item in value.items()}
