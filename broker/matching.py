@@ -757,20 +757,22 @@ def _blocked(
             need_here = cluster_need[c.island_cluster[island]]
             first_only = island[r_cards[one_slot] + touching + need_here > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
-    index = selected_index
-    starts, ends, cards = hold_start[selected], hold_end[selected], hold_cards[selected]
+    # The rows to look at: ``index`` (catalogue positions) and ``cards`` of each, ``rows`` its row in
+    # ``starts`` and ``ends``, gathered only for the rows that turn out to matter.
+    index, cards, rows, starts, ends = selected_index, hold_cards[selected], selected, hold_start, hold_end
     if len(r_island):
         index = np.concatenate([index, r_island])
-        starts = np.concatenate([starts, np.full(len(r_island), window.t0, dtype=np.int64)])
-        ends = np.concatenate([ends, r_until])
         cards = np.concatenate([cards, r_cards])
+        starts = np.concatenate([hold_start[selected], np.full(len(r_island), window.t0, dtype=np.int64)])
+        ends = np.concatenate([hold_end[selected], r_until])
+        rows = np.arange(len(index))
     if not len(index) and not len(first_only):
         return none
     # Group the rows by island. The hold book hands them over in island order but for the holds added
     # since its last sort, so this is usually a check, not a sort.
     if len(index) > 1 and not bool((index[1:] >= index[:-1]).all()):
         order = np.argsort(index, kind="stable")
-        index, starts, ends, cards = index[order], starts[order], ends[order], cards[order]
+        index, cards, rows = index[order], cards[order], rows[order]
     new = np.ones(len(index), dtype=bool)
     new[1:] = index[1:] != index[:-1]
     head = np.flatnonzero(new)
@@ -785,13 +787,20 @@ def _blocked(
         alone &= ~_within(np.sort(r_island), named)
     if len(first_only):
         alone &= ~_within(first_only, named)
-    group = np.cumsum(new) - 1
-    one = alone[group]
-    several = (tight & ~alone)[group]
-    one_island, one_a, one_b = _one_hold_ranges(window, index[one], starts[one], ends[one])
-    need = cluster_need[c.island_cluster[index[several]]]
+    one = np.flatnonzero(alone)  # islands (in ``named``) with one row: its row is the island's first
+    one_island, one_a, one_b = _one_hold_ranges(
+        window, named[one], starts[rows[head[one]]], ends[rows[head[one]]]
+    )
+    several = np.repeat(tight & ~alone, count)
+    several_rows = rows[several]
     blocked_island, a, b = _short_ranges(
-        c, window, need, index[several], starts[several], ends[several], cards[several]
+        c,
+        window,
+        cluster_need[c.island_cluster[index[several]]],
+        index[several],
+        starts[several_rows],
+        ends[several_rows],
+        cards[several],
     )
     if len(first_only):
         # The first start of these islands too (a range may repeat one above: harmless), kept in order
