@@ -672,3 +672,46 @@ def test_one_hold_ranges_are_the_edge_sweeps(
     swept = _short_ranges(cat, window, np.full(n, cards), index, starts, ends, held)
     direct = _one_hold_ranges(window, index[tight], starts[tight], ends[tight])
     assert [x.tolist() for x in direct] == [x.tolist() for x in swept]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    capacity=st.lists(st.sampled_from([0, 2, 4, 8, 8, 16]), min_size=30, max_size=30),
+    fabric=st.lists(st.integers(0, 4), min_size=30, max_size=30),
+    asks=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 20), min_size=6, max_size=6),  # need per cluster
+            st.sampled_from([None, (0,), (1, 3), (0, 2, 4)]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_islands_below_is_a_count_per_island(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    fabric: list[int],
+    asks: list[tuple[list[int], tuple[int, ...] | None]],
+) -> None:
+    """The catalogue's per-cluster counts of islands with fewer cards than a need (kept per need once
+    asked) are a count over the islands, whatever needs were asked before."""
+    cat = clustered_catalogue(islands_per_cluster, capacity, [10] * 6)
+    cat.island_fabric = np.array(fabric[: cat.size], dtype=np.int64)
+    m = len(islands_per_cluster)
+    for needs, fabrics in asks:
+        clusters = np.arange(m, dtype=np.int64)[::-1]
+        need = np.array(needs[:m], dtype=np.int64)[::-1]
+        allowed = None if fabrics is None else np.array(fabrics, dtype=np.int64)
+        got = cat.islands_below(clusters, need, allowed).tolist()
+        expected = [
+            sum(
+                1
+                for i in range(cat.size)
+                if cat.island_cluster[i] == cl
+                and cat.island_capacity[i] < q
+                and (fabrics is None or int(cat.island_fabric[i]) in fabrics)
+            )
+            for cl, q in zip(clusters.tolist(), need.tolist(), strict=True)
+        ]
+        assert got == expected
