@@ -210,18 +210,42 @@ class Catalogue:
 
     def islands_below(self, clusters: np.ndarray, need: np.ndarray, fabrics: np.ndarray | None) -> np.ndarray:
         """For each of ``clusters``: how many of its islands (on one of ``fabrics``; None: any fabric)
-        have fewer than ``need`` (aligned) cards. Binary searches in ``capacity_keys``, no pass over the
-        islands."""
-        by_cluster, by_fabric, top = self.capacity_keys
-        limit = np.minimum(need, top)
-        if fabrics is None:
-            base = clusters * top
-            return np.searchsorted(by_cluster, base + limit) - np.searchsorted(by_cluster, base)
+        have fewer than ``need`` (aligned) cards. Per distinct ``need`` (one per chip, usually one in
+        all), a gather from ``_below`` (per cluster, built once per catalogue and need); no pass over
+        the islands, nor a binary search per cluster."""
         out = np.zeros(len(clusters), dtype=np.int64)
-        for fabric in fabrics.tolist():
-            base = (clusters * len(FABRICS) + fabric) * top
-            out += np.searchsorted(by_fabric, base + limit) - np.searchsorted(by_fabric, base)
+        if not len(clusters):
+            return out
+        _by_cluster, _by_fabric, top = self.capacity_keys
+        limit = np.minimum(need, top)
+        lowest, highest = int(limit.min()), int(limit.max())
+        for value in [lowest] if lowest == highest else np.unique(limit).tolist():
+            rows = slice(None) if lowest == highest else limit == value
+            by_cluster, by_fabric = self._below(int(value))
+            if fabrics is None:
+                out[rows] = by_cluster[clusters[rows]]
+            else:
+                out[rows] = by_fabric[clusters[rows]][:, fabrics].sum(axis=1)
         return out
+
+    def _below(self, need: int) -> tuple[np.ndarray, np.ndarray]:
+        """(per cluster, per [cluster, fabric]): how many islands have fewer than ``need`` cards, from the
+        sorted ``capacity_keys`` (two binary searches per cluster and fabric, once per catalogue and
+        ``need``; ``need`` is at most ``top``, so there are few). Fabric positions past ``FABRICS``
+        (unknown fabrics) are never asked for."""
+        cache: dict[int, tuple[np.ndarray, np.ndarray]] = self.__dict__.setdefault("_below_cache", {})
+        known = cache.get(need)
+        if known is None:
+            by_cluster, by_fabric, top = self.capacity_keys
+            m, f = len(self.cluster_id), len(FABRICS)
+            base = np.arange(m, dtype=np.int64) * top
+            cluster_counts = np.searchsorted(by_cluster, base + need) - np.searchsorted(by_cluster, base)
+            base = np.arange(m * f, dtype=np.int64) * top
+            fabric_counts = (
+                np.searchsorted(by_fabric, base + need) - np.searchsorted(by_fabric, base)
+            ).reshape(m, f)
+            known = cache[need] = (cluster_counts.astype(np.int64), fabric_counts.astype(np.int64))
+        return known
 
     @property
     def tariff_groups(self) -> tuple[np.ndarray, np.ndarray]:

@@ -394,17 +394,6 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
-def _distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct, inverse): the distinct ``values`` ascending, and for each value its position there.
-    A stable sort, cheap on the hold book's rows (already in island order but for a short tail)."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    new = np.concatenate([[True], ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, dtype=bool)
-    inverse = np.empty(len(values), dtype=np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return ordered[new], inverse
-
-
 def _within(sorted_values: np.ndarray, values: np.ndarray | int) -> np.ndarray:
     """Whether each of ``values`` is in ``sorted_values`` (ascending): a binary search each."""
     at = np.searchsorted(sorted_values, values)
@@ -730,6 +719,10 @@ def _blocked(
     cards are free blocks the starts whose run would touch it. Work is proportional to the holds in the
     window, not to islands × slots, nor to islands: only the islands the holds name are looked at.
 
+    Most islands a hold names have that one hold in the window: it blocks the starts whose run touches
+    its slots, ``[first − run + 1, last)``, with no edges to sort (``_one_hold_ranges``); only the islands
+    with several holds (or a report) go through the edge sweep (``_short_ranges``).
+
     ``reports`` (binding heartbeat reports, of candidate islands) are holds over ``[t0, expiry)``. A
     report that ends within the first slot (always, with the default settings: it expires within 90 s,
     a slot is 15 minutes) can block only the first start, the one run touching that slot, and does
@@ -764,18 +757,51 @@ def _blocked(
             need_here = cluster_need[c.island_cluster[island]]
             first_only = island[r_cards[one_slot] + touching + need_here > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
+    # The rows to look at: ``index`` (catalogue positions) and ``cards`` of each, ``rows`` its row in
+    # ``starts`` and ``ends``, gathered only for the rows that turn out to matter.
+    index, cards, rows, starts, ends = selected_index, hold_cards[selected], selected, hold_start, hold_end
+    if len(r_island):
+        index = np.concatenate([index, r_island])
+        cards = np.concatenate([cards, r_cards])
+        starts = np.concatenate([hold_start[selected], np.full(len(r_island), window.t0, dtype=np.int64)])
+        ends = np.concatenate([hold_end[selected], r_until])
+        rows = np.arange(len(index))
+    if not len(index) and not len(first_only):
+        return none
+    # Group the rows by island. The hold book hands them over in island order but for the holds added
+    # since its last sort, so this is usually a check, not a sort.
+    if len(index) > 1 and not bool((index[1:] >= index[:-1]).all()):
+        order = np.argsort(index, kind="stable")
+        index, cards, rows = index[order], cards[order], rows[order]
+    new = np.ones(len(index), dtype=bool)
+    new[1:] = index[1:] != index[:-1]
+    head = np.flatnonzero(new)
+    named = index[head]
     # Only islands whose holds (and reports) together could leave too few cards: per island, the sum
-    # of their cards, over the islands named (a sort of the named islands, never a pass over all).
-    named, inverse = _distinct_inverse(np.concatenate([selected_index, r_island]))
-    held = np.bincount(inverse, weights=np.concatenate([hold_cards[selected], r_cards]), minlength=len(named))
+    # of their cards, over the islands named (never a pass over all).
+    held = np.add.reduceat(cards, head) if len(head) else empty
+    count = np.diff(np.append(head, len(index)))
     tight = held + cluster_need[c.island_cluster[named]] > capacity[named]
-    keep = selected[tight[inverse[: len(selected)]]]
-    index = np.concatenate([index[keep], r_island])
-    hold_start = np.concatenate([hold_start[keep], np.full(len(r_island), window.t0, dtype=np.int64)])
-    hold_end = np.concatenate([hold_end[keep], r_until])
-    hold_cards = np.concatenate([hold_cards[keep], r_cards])
-    need = cluster_need[c.island_cluster[index]]
-    blocked_island, a, b = _short_ranges(c, window, need, index, hold_start, hold_end, hold_cards)
+    alone = tight & (count == 1)
+    if len(r_island):
+        alone &= ~_within(np.sort(r_island), named)
+    if len(first_only):
+        alone &= ~_within(first_only, named)
+    one = np.flatnonzero(alone)  # islands (in ``named``) with one row: its row is the island's first
+    one_island, one_a, one_b = _one_hold_ranges(
+        window, named[one], starts[rows[head[one]]], ends[rows[head[one]]]
+    )
+    several = np.repeat(tight & ~alone, count)
+    several_rows = rows[several]
+    blocked_island, a, b = _short_ranges(
+        c,
+        window,
+        cluster_need[c.island_cluster[index[several]]],
+        index[several],
+        starts[several_rows],
+        ends[several_rows],
+        cards[several],
+    )
     if len(first_only):
         # The first start of these islands too (a range may repeat one above: harmless), kept in order
         # by island, then a.
@@ -784,20 +810,54 @@ def _blocked(
         b = np.concatenate([b, np.ones(len(first_only), dtype=np.int64)])
         order = np.lexsort((a, blocked_island))
         blocked_island, a, b = blocked_island[order], a[order], b[order]
+    # An island with one range is full when the range is the whole window; others: _full.
+    full = _full(blocked_island, a, b, window.starts)
+    if len(one_island):
+        one_full = one_island[(one_a == 0) & (one_b == window.starts)]
+        full = np.sort(np.concatenate([one_full, full])) if len(full) else one_full
+        if len(blocked_island):
+            # The two sets of islands are disjoint and each in order: a stable sort merges them, keeping
+            # each island's ranges in order of a.
+            blocked_island = np.concatenate([one_island, blocked_island])
+            order = np.argsort(blocked_island, kind="stable")
+            blocked_island = blocked_island[order]
+            a, b = np.concatenate([one_a, a])[order], np.concatenate([one_b, b])[order]
+        else:
+            blocked_island, a, b = one_island, one_a, one_b
     if not len(blocked_island):
         return none
-    # Sorted by island, then a. An island is full when its blocked ranges cover [0, starts): walk the
-    # ranges with a running maximum of their ends (offset per island so one pass serves all islands).
-    offset = blocked_island * (window.starts + 1)
+    return BlockedStarts(blocked_island, a, b, full, window.starts)
+
+
+def _full(island: np.ndarray, a: np.ndarray, b: np.ndarray, starts: int) -> np.ndarray:
+    """The islands (ascending) whose blocked ranges ``[a, b)`` (sorted by island, then a) cover every
+    start ``[0, starts)``: the ranges are walked with a running maximum of their ends (offset per island
+    so one pass serves all islands)."""
+    if not len(island):
+        return island
+    offset = island * (starts + 1)
     reach = np.maximum.accumulate(b + offset) - offset
-    first_of_island = np.concatenate([[True], blocked_island[1:] != blocked_island[:-1]])
-    last_of_island = np.concatenate([blocked_island[1:] != blocked_island[:-1], [True]])
+    first_of_island = np.concatenate([[True], island[1:] != island[:-1]])
+    last_of_island = np.concatenate([island[1:] != island[:-1], [True]])
     previous_reach = np.concatenate([[0], reach[:-1]])
-    gap = np.where(first_of_island, a > 0, a > previous_reach) | (last_of_island & (reach < window.starts))
+    gap = np.where(first_of_island, a > 0, a > previous_reach) | (last_of_island & (reach < starts))
     group = np.cumsum(first_of_island) - 1  # each range's island, counted from 0
     has_gap = np.bincount(group[gap], minlength=int(group[-1]) + 1) > 0
-    involved = blocked_island[first_of_island]
-    return BlockedStarts(blocked_island, a, b, involved[~has_gap], window.starts)
+    return island[first_of_island][~has_gap]
+
+
+def _one_hold_ranges(
+    window: Window, index: np.ndarray, hold_start: np.ndarray, hold_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_short_ranges`` for islands with one hold each, every one of which leaves too few cards: the
+    hold's slots ``[first, last)`` (rounded outward) block the starts ``[first − run + 1, last)``, within
+    the window. No edges, no sort: ``index`` is in order, so the ranges are too."""
+    first, last, _slots = _hold_slots(window, hold_start, hold_end)
+    run = -(-window.duration // window.step)
+    a = np.maximum(first - run + 1, 0)
+    b = np.minimum(last, window.starts)
+    useful = (first < last) & (a < b)
+    return index[useful], a[useful], b[useful]
 
 
 def _short_ranges(

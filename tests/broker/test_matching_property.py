@@ -640,3 +640,78 @@ def test_rejection_counts_per_cluster_match_a_count_per_island(
     assert result.feasible == len(feasible)
     placed = {cpi for p in result.placements for cpi in (*p.island_cpis, *p.alternative_cpis)}
     assert placed == {cat.island_cpi[i] for i in feasible}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holds=st.lists(
+        st.tuples(st.integers(-2 * 3600, 30 * 3600), st.integers(0, 10 * 3600), st.integers(1, 8)),
+        min_size=1,
+        max_size=30,
+    ),
+    capacity=st.integers(1, 16),
+    cards=st.integers(1, 10),
+    duration=st.integers(600, 6 * 3600),
+)
+def test_one_hold_ranges_are_the_edge_sweeps(
+    holds: list[tuple[int, int, int]], capacity: int, cards: int, duration: int
+) -> None:
+    """An island with one hold that leaves too few cards gets its blocked starts without the edge sweep:
+    they must be the sweep's, for holds inside, across and outside the window (of any length, zero too)."""
+    from broker.matching import _one_hold_ranges, _short_ranges
+
+    n = len(holds)
+    t0 = int(NOW.timestamp())
+    cat = catalogue([capacity] * n)
+    window = window_of(_spec(cards=cards, duration=duration), now=NOW, step=STEP)
+    index = np.arange(n, dtype=np.int64)  # one hold per island
+    starts = np.array([t0 + s for s, _, _ in holds], dtype=np.int64)
+    ends = starts + np.array([length for _, length, _ in holds], dtype=np.int64)
+    held = np.array([c for _, _, c in holds], dtype=np.int64)
+    tight = held + cards > capacity
+    swept = _short_ranges(cat, window, np.full(n, cards), index, starts, ends, held)
+    direct = _one_hold_ranges(window, index[tight], starts[tight], ends[tight])
+    assert [x.tolist() for x in direct] == [x.tolist() for x in swept]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=6),
+    capacity=st.lists(st.sampled_from([0, 2, 4, 8, 8, 16]), min_size=30, max_size=30),
+    fabric=st.lists(st.integers(0, 4), min_size=30, max_size=30),
+    asks=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 20), min_size=6, max_size=6),  # need per cluster
+            st.sampled_from([None, (0,), (1, 3), (0, 2, 4)]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_islands_below_is_a_count_per_island(
+    islands_per_cluster: list[int],
+    capacity: list[int],
+    fabric: list[int],
+    asks: list[tuple[list[int], tuple[int, ...] | None]],
+) -> None:
+    """The catalogue's per-cluster counts of islands with fewer cards than a need (kept per need once
+    asked) are a count over the islands, whatever needs were asked before."""
+    cat = clustered_catalogue(islands_per_cluster, capacity, [10] * 6)
+    cat.island_fabric = np.array(fabric[: cat.size], dtype=np.int64)
+    m = len(islands_per_cluster)
+    for needs, fabrics in asks:
+        clusters = np.arange(m, dtype=np.int64)[::-1]
+        need = np.array(needs[:m], dtype=np.int64)[::-1]
+        allowed = None if fabrics is None else np.array(fabrics, dtype=np.int64)
+        got = cat.islands_below(clusters, need, allowed).tolist()
+        expected = [
+            sum(
+                1
+                for i in range(cat.size)
+                if cat.island_cluster[i] == cl
+                and cat.island_capacity[i] < q
+                and (fabrics is None or int(cat.island_fabric[i]) in fabrics)
+            )
+            for cl, q in zip(clusters.tolist(), need.tolist(), strict=True)
+        ]
+        assert got == expected
