@@ -640,7 +640,7 @@ def _copy_text(rows: list[tuple], *, transfer_id: int, instants: dict[int, str])
     the rest of the row). The text values are band codes and pack class keys (slugs), escaped all the
     same; multipliers and factors (integers of 10⁻⁴) formatted once per distinct value."""
     texts: dict[str, str] = {}
-    lines = []
+    lines: list[str] = []
     append = lines.append
     for (
         record_id,
@@ -679,12 +679,9 @@ def _copy_text(rows: list[tuple], *, transfer_id: int, instants: dict[int, str])
         multiplier_text = _E4_TEXTS.get(multiplier_e4)
         if multiplier_text is None:
             multiplier_text = _E4_TEXTS[multiplier_e4] = str(_e4(multiplier_e4))
-        if factor_e4 is None:
-            factor_text = _NULL
-        else:
-            factor_text = _E4_TEXTS.get(factor_e4)
-            if factor_text is None:
-                factor_text = _E4_TEXTS[factor_e4] = str(_e4(factor_e4))
+        factor_text: str | None = _NULL if factor_e4 is None else _E4_TEXTS.get(factor_e4)
+        if factor_text is None:
+            factor_text = _E4_TEXTS[factor_e4] = str(_e4(factor_e4))
         append(
             f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{record_start_text}\t"
             f"{band_text}\t{multiplier_text}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t"
