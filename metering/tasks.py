@@ -40,7 +40,11 @@ def usage_rate_pending(
     The beat's run (no ``shard``) fans out over ``CARDHOUR_RATING_SHARDS`` parts of the buyers: it queues
     one task for each other part and rates part 0 itself, so a worker with that many processes rates in
     parallel (rating.Shard says why by buyer). Each part's task is the same idempotent run; one that is
-    lost or late leaves its records to the next minute's."""
+    lost or late leaves its records to the next minute's.
+
+    With more than one part, this task returns as soon as part 0 is rated, before the other parts' tasks
+    have finished (they are only queued: nothing waits for them, the platform keeps no result backend), and
+    what it returns is part 0's count, not the minute's. With one part it rates everything itself."""
     parts = shards if shards is not None else settings.CARDHOUR_RATING_SHARDS
     if parts <= 1:
         return rating.usage_rate_pending(batch_size=batch_size, max_batches=max_batches)

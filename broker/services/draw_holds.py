@@ -96,10 +96,18 @@ def draws_posted(*, posted: Mapping[int, int], starts: tuple[datetime, datetime]
         return
     by_lease: dict[int, int] = defaultdict(int)
     references = usage_record_references(record_ids=list(posted), starts=starts, prefix=_LEASE_PREFIX)
+    # A batch's records name a few leases many times over: each reference is parsed once.
+    leases: dict[str, int | None] = {}
     for record_id, reference in references.items():
-        lease_id = lease_id_of_reference(reference)
-        if lease_id is not None and posted[record_id]:
-            by_lease[lease_id] += posted[record_id]
+        draw = posted[record_id]
+        if not draw:
+            continue
+        if reference in leases:
+            lease_id = leases[reference]
+        else:
+            lease_id = leases[reference] = lease_id_of_reference(reference)
+        if lease_id is not None:
+            by_lease[lease_id] += draw
     if not by_lease:
         return
     open_holds = DrawHold.objects.filter(lease_id__in=list(by_lease), voided_at__isnull=True)

@@ -82,16 +82,28 @@ def usage_record_references(
     if not record_ids:
         return {}
     if connection.vendor == "postgresql":
-        # One array parameter, not one placeholder per id: a rating batch asks for up to 20,000 records,
-        # and a query of 20,000 placeholders cost more to compose than to run.
-        sql = "SELECT id, reference FROM metering_usagerecord WHERE id = ANY(%s::bigint[]) AND reference LIKE %s"
-        params: list[str | datetime] = ["{" + ",".join(map(str, record_ids)) + "}", _like_prefix(prefix)]
+        low, high = min(record_ids), max(record_ids)
+        dense = high - low < 2 * len(record_ids)
+        if dense:
+            # A rating batch's ids are mostly one run (the oldest pending records): one range scan of the
+            # primary key, the few others dropped below, costs a third of one index descent per id.
+            sql = "SELECT id, reference FROM metering_usagerecord WHERE id BETWEEN %s AND %s AND reference LIKE %s"
+            params: list[int | str | datetime] = [low, high, _like_prefix(prefix)]
+        else:
+            # One array parameter, not one placeholder per id: a rating batch asks for up to 20,000
+            # records, and a query of 20,000 placeholders cost more to compose than to run.
+            sql = "SELECT id, reference FROM metering_usagerecord WHERE id = ANY(%s::bigint[]) AND reference LIKE %s"
+            params = ["{" + ",".join(map(str, record_ids)) + "}", _like_prefix(prefix)]
         if starts is not None:
             sql += " AND start_at BETWEEN %s AND %s"
             params += [starts[0], starts[1]]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return dict(cursor.fetchall())
+            rows = cursor.fetchall()
+        if not dense:
+            return dict(rows)
+        wanted = set(record_ids)
+        return {record_id: reference for record_id, reference in rows if record_id in wanted}
     records = UsageRecord.objects.filter(pk__in=record_ids, reference__startswith=prefix)
     if starts is not None:
         records = records.filter(start_at__range=starts)

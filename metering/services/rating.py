@@ -101,8 +101,8 @@ class _PackState:
     price: int
     starts: int
     expires: int
+    value_drawn: int  # round(drawn so far × price / quantity): the value of the pack used up so far
     drawn: int = 0
-    value: int = 0
     dust: bool = False  # what is left cannot pay for a single card-second any more
 
 
@@ -258,29 +258,43 @@ def _rate_batch(
         rated_buyers.update(buyer_ids)
 
     rows: list[tuple] = []
-    # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below.
+    # Per-account sums, keyed by ("kind", owner, class) until the accounts are resolved below; the
+    # per-segment ones (buyer money, operator earnings, commission, spread) in int-keyed dicts and locals
+    # first, merged after the loop (a tuple key hashed four times per segment showed in the profile).
     sums: dict[tuple, int] = defaultdict(int)
+    money: dict[int, int] = defaultdict(int)
+    earnings: dict[int, int] = defaultdict(int)
+    commission_sum = spread_sum = 0
     shortfalls: dict[tuple[int, str], tuple[int, int]] = {}
-    multipliers: dict[int, Decimal] = {}
-    factors: dict[int, Decimal] = {}
     hook = _before_record
     tariffs: dict[int, CompiledTariff] = {}
     factor_spans: dict[int, tuple[int | None, int, int]] = {}
     rdiv = round_div
     record_draws: dict[int, int] = {}
+    # What a record's rating depends on besides its own figures, by (buyer, cluster, price card): a batch
+    # holds a few hundred such triples for its thousands of records. The packs are the buyer's that can pay
+    # for the cluster's chip (its chip class and standard cards), in drawing order.
+    contexts: dict[tuple[int, int, int], tuple] = {}
     for record_id, operator_id, cluster_id, buyer_id_, cards, start_at, end_at, price_card_id in records:
         if hook is not None:
             hook(record_id)
-        rate_e6, tariff_version_id = price_cards[price_card_id]
-        tariff = tariffs.get(tariff_version_id)
-        if tariff is None:
-            tariff = tariffs[tariff_version_id] = compiled_tariff(tariff_version_id=tariff_version_id)
-        multipliers_e4 = tariff.multipliers_e4
-        bands = tariff.bands
-        chip_slug, chip_tflops = chips[cluster_id]
-        buyer_packs = packs.get(buyer_id_, ())
-        money_key = ("buyer_money", buyer_id_, "")
-        operator_key = ("operator", operator_id, "")
+        context = contexts.get((buyer_id_, cluster_id, price_card_id))
+        if context is None:
+            rate_e6, tariff_version_id = price_cards[price_card_id]
+            tariff = tariffs.get(tariff_version_id)
+            if tariff is None:
+                tariff = tariffs[tariff_version_id] = compiled_tariff(tariff_version_id=tariff_version_id)
+            chip_slug, chip_tflops = chips[cluster_id]
+            context = contexts[(buyer_id_, cluster_id, price_card_id)] = (
+                rate_e6,
+                tariff,
+                tariff.multipliers_e4,
+                tariff.bands,
+                chip_slug,
+                chip_tflops,
+                [p for p in packs.get(buyer_id_, ()) if p.class_key in (chip_slug, STANDARD_CLASS)],
+            )
+        rate_e6, tariff, multipliers_e4, bands, chip_slug, chip_tflops, buyer_packs = context
         factor_span = factor_spans.get(cluster_id)
         if factor_span is None or not factor_span[1] <= start_at < factor_span[2]:
             factor_span = factor_spans[cluster_id] = standard.factor_span(chip_tflops, start_at)
@@ -291,9 +305,6 @@ def _rate_batch(
             m_e4 = multipliers_e4[band_index]
             record_e4 += cards * (slice_end - slice_start) * m_e4
             band = bands[band_index]
-            multiplier = multipliers.get(m_e4)
-            if multiplier is None:
-                multiplier = multipliers[m_e4] = Decimal(m_e4).scaleb(-4)
             left = cards * (slice_end - slice_start)
             factor_e4: int | None = None
             for pack in buyer_packs:
@@ -311,10 +322,8 @@ def _rate_batch(
                     if not factor_e4:
                         continue
                     per_second_num, per_second_den = m_e4 * factor_e4 * MICROS, _SECONDS_E4 * 10**4
-                elif pack.class_key == chip_slug:
+                else:  # the chip's own class (the context's packs are of these two classes only)
                     per_second_num, per_second_den = m_e4 * MICROS, _SECONDS_E4
-                else:
-                    continue
                 balance = pack.balance
                 draw = rdiv(left * per_second_num, per_second_den)
                 covered = left
@@ -326,26 +335,20 @@ def _rate_batch(
                         continue
                     draw = rdiv(covered * per_second_num, per_second_den)
                 # packs.pack_value_of_draw, inlined (a keyword call per segment showed in the profile):
-                # the value of the pack drawn so far after this draw, less before it, each rounded once.
+                # the value of the pack drawn so far after this draw, less before it, each rounded once
+                # (the one before is the pack's value_drawn, kept as it is drawn).
                 quantity = pack.quantity
-                drawn_before = quantity - balance
-                value = rdiv((drawn_before + draw) * pack.price, quantity) - rdiv(
-                    drawn_before * pack.price, quantity
-                )
+                value_after = rdiv((quantity - balance + draw) * pack.price, quantity)
+                value = value_after - pack.value_drawn
+                pack.value_drawn = value_after
                 pack.balance = balance = balance - draw
                 if balance * per_second_den // per_second_num == 0:
                     # What is left cannot pay for one more card-second at this rate: the pack is spent
                     # (so the buyer is flagged now, not when a later record finds it empty).
                     pack.dust = True
                 pack.drawn += draw
-                pack.value += value
                 gross = rdiv(rate_e6 * covered * m_e4, _SECONDS_E4)
                 commission = rdiv(gross * commission_e6, MICROS)
-                std = None
-                if factor_e4 and pack.class_key == STANDARD_CLASS:
-                    std = factors.get(factor_e4)
-                    if std is None:
-                        std = factors[factor_e4] = Decimal(factor_e4).scaleb(-4)
                 rows.append(
                     (
                         record_id,
@@ -356,11 +359,11 @@ def _rate_batch(
                         slice_end,
                         start_at,
                         band,
-                        multiplier,
+                        m_e4,
                         covered,
                         pack.pack_id,
                         pack.class_key,
-                        std,
+                        factor_e4 if pack.class_key == STANDARD_CLASS else None,
                         draw,
                         gross,
                         commission,
@@ -368,10 +371,10 @@ def _rate_batch(
                     )
                 )
                 seq += 1
-                sums[money_key] += value
-                sums[operator_key] -= gross - commission
-                sums[_COMMISSION] -= commission
-                sums[_SPREAD] -= value - gross
+                money[buyer_id_] += value
+                earnings[operator_id] += gross - commission
+                commission_sum += commission
+                spread_sum += value - gross
                 left -= covered
             if left:
                 draw = rdiv(left * m_e4 * MICROS, _SECONDS_E4)
@@ -387,7 +390,7 @@ def _rate_batch(
                         slice_end,
                         start_at,
                         band,
-                        multiplier,
+                        m_e4,
                         left,
                         None,
                         chip_slug,
@@ -401,13 +404,19 @@ def _rate_batch(
                 seq += 1
                 sums[("arrears", buyer_id_, chip_slug)] -= draw
                 sums[("issuance", 0, chip_slug)] += draw
-                sums[money_key] += gross
-                sums[operator_key] -= gross - commission
-                sums[_COMMISSION] -= commission
+                money[buyer_id_] += gross
+                earnings[operator_id] += gross - commission
+                commission_sum += commission
                 previous = shortfalls.get((buyer_id_, chip_slug), (record_id, 0))
                 shortfalls[(buyer_id_, chip_slug)] = (previous[0], previous[1] + draw)
         record_draws[record_id] = rdiv(record_e4 * MICROS, _SECONDS_E4)
 
+    for owner, amount in money.items():
+        sums[("buyer_money", owner, "")] += amount
+    for owner, amount in earnings.items():
+        sums[("operator", owner, "")] -= amount
+    sums[_COMMISSION] -= commission_sum
+    sums[_SPREAD] -= spread_sum
     for buyer_packs in packs.values():
         for pack in buyer_packs:
             if pack.drawn:
@@ -442,22 +451,26 @@ def _rate_batch(
 def _claim(*, batch_size: int, buyer_id: int | None, shard: Shard | None = None) -> list[tuple]:
     """Take the oldest pending records off the queue (of one buyer, of one shard's buyers), skipping those
     another worker holds; times as epoch seconds, in record id order. The rows are deleted by this
-    transaction: if it rolls back they are pending again."""
+    transaction: if it rolls back they are pending again.
+
+    On PostgreSQL the locked rows are deleted by their tuple ids (a TID scan, not a second descent of the
+    primary key per record; a locked row cannot move), and the times come back as ``date_part`` doubles
+    (exact for whole seconds, which is all a usage record holds) rather than ``extract``'s numerics."""
     shard_of, shard_index = (shard.of, shard.index) if shard else (None, None)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
                 """
                 DELETE FROM metering_usagepending
-                 WHERE usage_record_id = ANY(ARRAY(
-                        SELECT usage_record_id FROM metering_usagepending
+                 WHERE ctid = ANY(ARRAY(
+                        SELECT ctid FROM metering_usagepending
                          WHERE (%s::bigint IS NULL OR buyer_id = %s::bigint)
                            AND (%s::bigint IS NULL OR buyer_id %% %s::bigint = %s::bigint)
                          ORDER BY usage_record_id
                          LIMIT %s
                            FOR UPDATE SKIP LOCKED))
                 RETURNING usage_record_id, operator_id, cluster_id, buyer_id, cards,
-                          extract(epoch FROM start_at)::bigint, extract(epoch FROM end_at)::bigint,
+                          date_part('epoch', start_at)::bigint, date_part('epoch', end_at)::bigint,
                           price_card_id
                 """,
                 [buyer_id, buyer_id, shard_of, shard_of, shard_index, batch_size],
@@ -515,6 +528,9 @@ def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
                 balance=balance,
                 quantity=card_hours * MICROS,
                 price=to_micros(price),
+                value_drawn=round_div(
+                    (card_hours * MICROS - balance) * to_micros(price), card_hours * MICROS
+                ),
                 starts=_epoch(starts_at),
                 expires=_epoch(expires_at),
             )
@@ -567,7 +583,9 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
 
 def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
     """Write the batch's segments: one COPY on PostgreSQL (timestamps sent as text, formatted once per
-    distinct instant: neighbouring records share band edges), bulk_create elsewhere."""
+    distinct instant: neighbouring records share band edges), bulk_create elsewhere. A row carries its
+    multiplier and standard-card factor as integers of 10⁻⁴ (exact, and cheaper to carry and format than
+    Decimals)."""
     if connection.vendor == "postgresql":
         columns = ", ".join(_SEGMENT_COLUMNS)
         with (
@@ -575,8 +593,11 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
             connection.cursor() as cursor,
             cursor.copy(f"COPY metering_ratedsegment ({columns}) FROM STDIN") as copy,
         ):
-            for offset in range(0, len(rows), 2000):
-                copy.write(_copy_text(rows[offset : offset + 2000], transfer_id=transfer_id))
+            instants: dict[int, str] = {}
+            for offset in range(0, len(rows), 5000):
+                copy.write(
+                    _copy_text(rows[offset : offset + 5000], transfer_id=transfer_id, instants=instants)
+                )
         return
     RatedSegment.objects.bulk_create(
         [
@@ -584,7 +605,18 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
                 **dict(
                     zip(
                         _SEGMENT_COLUMNS,
-                        [*row[:4], _at(row[4]), _at(row[5]), _at(row[6]), *row[7:], transfer_id],
+                        [
+                            *row[:4],
+                            _at(row[4]),
+                            _at(row[5]),
+                            _at(row[6]),
+                            row[7],
+                            _e4(row[8]),
+                            *row[9:12],
+                            None if row[12] is None else _e4(row[12]),
+                            *row[13:],
+                            transfer_id,
+                        ],
                         strict=True,
                     )
                 )
@@ -595,15 +627,21 @@ def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
     )
 
 
-def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
+def _e4(value: int) -> Decimal:
+    """An integer of 10⁻⁴ as the exact Decimal (17000 → 1.7000)."""
+    return Decimal(value).scaleb(-4)
+
+
+def _copy_text(rows: list[tuple], *, transfer_id: int, instants: dict[int, str]) -> str:
     """Segment rows in COPY's text format, formatted here rather than value by value by the driver (the
     costliest part of writing them): integers as digits, NULL as ``\\N``, each timestamp formatted once
-    per distinct instant (neighbouring records share band edges). The text values are band codes and pack
-    class keys (slugs), escaped all the same."""
-    instants: dict[int, str] = {}
-    days: dict[int, str] = {}
-    texts: dict[object, str] = {}
-    lines = []
+    per distinct instant (kept in ``instants`` across the batch's chunks: a record's end is often the next
+    record's start) from a per-day date text and two small tables (strftime per instant cost more than
+    the rest of the row). The text values are band codes and pack class keys (slugs), escaped all the
+    same; multipliers and factors (integers of 10⁻⁴) formatted once per distinct value."""
+    texts: dict[str, str] = {}
+    lines: list[str] = []
+    append = lines.append
     for (
         record_id,
         buyer_id,
@@ -613,11 +651,11 @@ def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
         end,
         record_start,
         band,
-        multiplier,
+        multiplier_e4,
         card_seconds,
         pack_id,
         pack_class,
-        standard_factor,
+        factor_e4,
         draw,
         gross,
         commission,
@@ -625,49 +663,56 @@ def _copy_text(rows: list[tuple], *, transfer_id: int) -> str:
     ) in rows:
         start_text = instants.get(start)
         if start_text is None:
-            start_text = instants[start] = _iso(start, days)
+            start_text = instants[start] = _iso(start)
         end_text = instants.get(end)
         if end_text is None:
-            end_text = instants[end] = _iso(end, days)
-        record_start_text = instants.get(record_start)
+            end_text = instants[end] = _iso(end)
+        record_start_text = start_text if record_start == start else instants.get(record_start)
         if record_start_text is None:
-            record_start_text = instants[record_start] = _iso(record_start, days)
+            record_start_text = instants[record_start] = _iso(record_start)
         band_text = texts.get(band)
         if band_text is None:
             band_text = texts[band] = _copy_escape(band)
         class_text = texts.get(pack_class)
         if class_text is None:
             class_text = texts[pack_class] = _copy_escape(pack_class)
-        lines.append(
+        multiplier_text = _E4_TEXTS.get(multiplier_e4)
+        if multiplier_text is None:
+            multiplier_text = _E4_TEXTS[multiplier_e4] = str(_e4(multiplier_e4))
+        factor_text: str | None = _NULL if factor_e4 is None else _E4_TEXTS.get(factor_e4)
+        if factor_text is None:
+            factor_text = _E4_TEXTS[factor_e4] = str(_e4(factor_e4))
+        append(
             f"{record_id}\t{buyer_id}\t{operator_id}\t{seq}\t{start_text}\t{end_text}\t{record_start_text}\t"
-            f"{band_text}\t"
-            f"{multiplier}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t{class_text}\t"
-            f"{_NULL if standard_factor is None else standard_factor}\t{draw}\t{gross}\t{commission}\t"
-            f"{value}\t{transfer_id}\n"
+            f"{band_text}\t{multiplier_text}\t{card_seconds}\t{_NULL if pack_id is None else pack_id}\t"
+            f"{class_text}\t{factor_text}\t{draw}\t{gross}\t{commission}\t{value}\t{transfer_id}\n"
         )
     return "".join(lines)
 
 
 _NULL = "\\N"
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_E4_TEXTS: dict[int, str] = {}  # multipliers and factors as COPY text, by integer of 10⁻⁴ (a few dozen)
 
 
 def _copy_escape(text: str) -> str:
     return text.translate(_COPY_ESCAPES)
 
 
-def _iso(seconds: int, days: dict[int, str]) -> str:
-    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz: the date formatted once
-    per day (in ``days``), the time of day from two small tables (strftime per instant cost more than the
-    rest of the row)."""
+def _iso(seconds: int) -> str:
+    """UTC epoch seconds as the text PostgreSQL's COPY reads into a timestamptz: the date from a small
+    cache of day texts, the time of day from two tables."""
     day, second = divmod(seconds, 86_400)
-    date_text = days.get(day)
+    date_text = _DAY_TEXTS.get(day)
     if date_text is None:
-        date_text = days[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d ")
+        if len(_DAY_TEXTS) > 100_000:
+            _DAY_TEXTS.clear()
+        date_text = _DAY_TEXTS[day] = (_EPOCH + timedelta(days=day)).strftime("%Y-%m-%d ")
     minute, second = divmod(second, 60)
     return f"{date_text}{_MINUTES[minute]}{_SECONDS[second]}+00"
 
 
+_DAY_TEXTS: dict[int, str] = {}
 _MINUTES = tuple(f"{m // 60:02d}:{m % 60:02d}:" for m in range(1440))
 _SECONDS = tuple(f"{s:02d}" for s in range(60))
 
@@ -682,8 +727,11 @@ def _flag_exhaustion(
 ) -> None:
     """Raise a flag for every (buyer, chip class) whose usable packs are now empty — at once, whether or not
     this batch already ran into arrears — so the broker stops the buyer's leases."""
+    # The first record of each (buyer, cluster) — records are in id order, so in a reversed pass the last
+    # write wins — then of each (buyer, chip class), in record order as before.
+    first_of = {(r[3], r[2]): r[0] for r in reversed(records)}
     used: dict[tuple[int, str], int] = {}
-    for record_id, _op, cluster_id, buyer_id, *_rest in records:
+    for (buyer_id, cluster_id), record_id in sorted(first_of.items(), key=lambda item: item[1]):
         used.setdefault((buyer_id, chips[cluster_id][0]), record_id)
     now_s = _epoch(now)
     # A standard-card pack cannot pay for a chip with no dense FP16 figure (no standard-card factor): it

@@ -7,12 +7,20 @@ from datetime import date
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery.signals import after_task_publish
 from django.db import OperationalError
 from django_celery_beat.models import PeriodicTask
 
+from config.celery_app import app as celery_app
+from core.models import Organisation
+from federation.models import Cluster
 from metering import tasks
-from metering.models import BillingCloseRun
+from metering.models import BillingCloseRun, PriceCard, RatedSegment, UsagePending
 from metering.services.maintenance import ReconciliationReport
+from metering.services.usage import usage_record_create_batch
+from metering.types import UsageRecordInput
+from tests.factories import BuyerFactory
+from tests.metering.conftest import local
 
 pytestmark = pytest.mark.django_db
 
@@ -95,3 +103,44 @@ def test_beat_schedules_exist_after_migrate() -> None:
         ), name
         assert str(crontab.timezone) == str(shanghai)
         assert by_task[name].enabled
+
+
+def test_the_fanned_out_task_returns_its_own_part_before_the_queued_parts_have_run(
+    seller: Organisation, a800_cluster: Cluster, gd_price_card: PriceCard
+) -> None:
+    """With two parts, the beat's task rates part 0 and only queues part 1's task (through the real broker,
+    memory:// here, no worker running): it returns part 0's count while part 1's records are still
+    pending."""
+    buyers = [BuyerFactory(slug=f"fan-{n}") for n in range(4)]
+    assert {b.pk % 2 for b in buyers} == {0, 1}
+    for buyer in buyers:
+        usage_record_create_batch(
+            operator=seller,
+            records=[
+                UsageRecordInput(
+                    f"{buyer.slug}-{n}", a800_cluster.cpi, buyer.slug, 2, local(1, n), local(1, n + 1), 1
+                )
+                for n in range(3)
+            ],
+        )
+    published: list[dict] = []
+
+    def on_publish(
+        sender: object = None, headers: dict | None = None, body: object = None, **_: object
+    ) -> None:
+        if sender == "metering.usage_rate_pending":
+            published.append(body[1])  # (args, kwargs, embed)
+
+    after_task_publish.connect(on_publish, weak=False)
+    try:
+        rated = tasks.usage_rate_pending.apply(kwargs={"shards": 2}).get()
+    finally:
+        after_task_publish.disconnect(on_publish)
+        with celery_app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(celery_app.conf.task_default_queue)
+
+    part_one = {b.pk for b in buyers if b.pk % 2 == 1}
+    assert rated == 3 * (4 - len(part_one))
+    assert published == [{"batch_size": None, "max_batches": None, "shard": 1, "shards": 2}]
+    assert set(UsagePending.objects.values_list("buyer_id", flat=True)) == part_one
+    assert set(RatedSegment.objects.values_list("buyer_id", flat=True)) == {b.pk for b in buyers} - part_one
