@@ -51,9 +51,10 @@ class UsageRecordError:
     field: str = ""
 
 
-class UsageRecordOutcome(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class UsageRecordOutcome:
     """The answer for one record: ``created``, ``duplicate`` (same key and body: the original record) or
-    ``conflict`` (same key, different body: nothing written). A named tuple: one per record of a batch."""
+    ``conflict`` (same key, different body: nothing written). Slotted: one per record of a batch."""
 
     index: int
     idempotency_key: str

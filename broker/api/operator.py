@@ -467,8 +467,13 @@ class OperatorUsageCreateApi(APIView):
             "duplicates": result.duplicates,
             "conflicts": result.conflicts,
             "records": [
-                {"index": index, "idempotency_key": key, "status": outcome, "usage_record": record_id}
-                for index, key, outcome, record_id in result.outcomes
+                {
+                    "index": o.index,
+                    "idempotency_key": o.idempotency_key,
+                    "status": o.status,
+                    "usage_record": o.record_id,
+                }
+                for o in result.outcomes
             ],
         }
         if result.conflicts:
