@@ -707,8 +707,9 @@ def lease_usage_report(
     any key, plus the batch's new records, exceed its cards — else LeaseUsageOverLeaseError
     (``usage_over_lease``) names each offending record with the overlapping interval; nothing is written.
 
-    The records then go to metering's batch service with the lease's cluster, buyer, *locked* price-card
-    version and ``lease:<id>`` as reference, so metering's rules apply unchanged: UsageBatchTooLargeError
+    The records then go to metering's batch service (usage_record_create_batch_of_leases) with the lease's
+    cluster, buyer and *locked* price card as ids and ``lease:<id>`` as reference, so metering's rules apply
+    unchanged: UsageBatchTooLargeError
     and UsageBatchInvalidError (nothing written), a known key with the same body is a ``duplicate`` (the
     original record), with a different body a ``conflict`` (nothing written for that record; the others
     are stored). Each lease's last_usage_end_at moves to the latest end of its created or duplicate

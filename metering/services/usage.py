@@ -1,5 +1,8 @@
 """Usage records in: one batch service for every producer (the broker's usage API, the admin's CSV import,
-tests and the benchmark).
+tests and the benchmark). ``usage_record_create_batch`` takes records naming their cluster, buyer and price
+card; ``usage_record_create_batch_of_leases`` takes them as ids the caller resolved (the broker, from the
+leases it holds locked) and skips the look-ups; both hold each record's own fields to rule 1 and store
+through rules 2 and 3.
 
 Rules, in order:
 
