@@ -26,7 +26,6 @@ Rules, in order:
 from __future__ import annotations
 
 import hashlib
-import weakref
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -469,17 +468,16 @@ def _validate_of_leases(*, records: Sequence[UsageRecordOfLease], now: datetime)
     return valid
 
 
-_STAGE_DDL = """
+# One round trip. Emptied by every commit (ON COMMIT DELETE ROWS), but an earlier batch of the same
+# transaction may have left rows: a DELETE of an empty table costs less than TRUNCATE's new file. The table is
+# not remembered per connection: a rolled-back transaction drops one it created.
+_STAGE_PREPARE = """
     CREATE TEMP TABLE IF NOT EXISTS metering_usage_stage (
         cluster_id bigint, buyer_id bigint, cards integer, start_at timestamptz, end_at timestamptz,
         price_card_id bigint, idempotency_key text, reference text, body_hash text
-    ) ON COMMIT DELETE ROWS
+    ) ON COMMIT DELETE ROWS;
+    DELETE FROM metering_usage_stage
 """
-
-
-# The database connections whose session already holds the staging table (committed): the check
-# "CREATE … IF NOT EXISTS" makes costs a catalogue look-up and a notice per batch.
-_STAGED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at: datetime) -> dict[str, int]:
@@ -491,16 +489,7 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
     duplicated.
     """
     with connection.cursor() as cursor:
-        raw = connection.connection
-        if raw in _STAGED:
-            # Emptied by every commit (ON COMMIT DELETE ROWS); an earlier batch of this transaction may
-            # have left rows. A DELETE of an empty table costs nothing, where TRUNCATE made a new file.
-            cursor.execute("DELETE FROM metering_usage_stage")
-        else:
-            cursor.execute(_STAGE_DDL)
-            cursor.execute("DELETE FROM metering_usage_stage")
-            # The table lives as long as the session once this transaction commits (a rollback drops it).
-            transaction.on_commit(lambda: _STAGED.add(raw))
+        cursor.execute(_STAGE_PREPARE)
         with cursor.copy(
             "COPY metering_usage_stage (cluster_id, buyer_id, cards, start_at, end_at, price_card_id,"
             " idempotency_key, reference, body_hash) FROM STDIN"

@@ -325,11 +325,9 @@ def test_resolved_records_are_stored_and_replayed_as_named_ones_are(
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_the_staging_table_outlives_a_committed_batch_and_is_emptied_for_the_next(
-    world: Organisation,
-) -> None:
-    """PostgreSQL: once a batch has committed the session keeps its staging table (not created again);
-    a second batch in one transaction must not see the first one's staged rows."""
+def test_the_staging_table_is_emptied_for_the_next_batch_committed_or_not(world: Organisation) -> None:
+    """PostgreSQL: the session's staging table outlives a committed batch (emptied by the commit); a
+    second batch in one transaction must not see the first one's staged rows."""
     usage_record_create_batch(operator=world, records=[record("s-1")])  # commits: the table stays
     with transaction.atomic():
         one = usage_record_create_batch(operator=world, records=[record("s-2")])
