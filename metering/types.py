@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,22 @@ class UsageRecordInput:
     reference: str = ""
 
 
+class UsageRecordOfLease(NamedTuple):
+    """One usage record whose cluster, buyer and price card the caller has already resolved: the broker's
+    usage report, which takes them from the lease it has locked (the lease's cluster is the operator's, its
+    price card the cluster's version locked at acceptance). Otherwise as UsageRecordInput; ``reference``
+    names the lease. A named tuple: the broker builds a thousand per batch."""
+
+    idempotency_key: str
+    cluster_id: int
+    buyer_id: int
+    price_card_id: int
+    cards: int
+    start_at: datetime
+    end_at: datetime
+    reference: str
+
+
 @dataclass(frozen=True)
 class UsageRecordError:
     index: int
@@ -34,10 +51,10 @@ class UsageRecordError:
     field: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UsageRecordOutcome:
     """The answer for one record: ``created``, ``duplicate`` (same key and body: the original record) or
-    ``conflict`` (same key, different body: nothing written)."""
+    ``conflict`` (same key, different body: nothing written). Slotted: one per record of a batch."""
 
     index: int
     idempotency_key: str

@@ -454,13 +454,7 @@ class OperatorUsageCreateApi(APIView):
                 extra={"max": limit},
             )
         records = [
-            dispatch.LeaseUsageInput(
-                lease_id=r["lease"],
-                idempotency_key=r["idempotency_key"],
-                start_at=r["start_at"],
-                end_at=r["end_at"],
-                cards=r["cards"],
-            )
+            dispatch.LeaseUsageInput(r["lease"], r["idempotency_key"], r["start_at"], r["end_at"], r["cards"])
             for r in USAGE_BODY.validate(request.data)["records"]
         ]
         actor = actor_from_request(request)

@@ -38,6 +38,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from django.db import connection
 from django.db.models import QuerySet
@@ -62,9 +63,9 @@ def at_micros(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
 
 
-@dataclass(frozen=True)
-class LeaseFacts:
-    """What the check needs of a lease the batch names (already locked by the caller)."""
+class LeaseFacts(NamedTuple):
+    """What the check needs of a lease the batch names (already locked by the caller). A named tuple: one
+    per lease of every batch, built faster than a frozen dataclass."""
 
     id: int
     cards: int
@@ -73,9 +74,10 @@ class LeaseFacts:
     last_usage_end_us: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NewRecord:
-    """A record of the batch that passed every other check: its index, key, lease and interval."""
+    """A record of the batch that passed every other check: its index, key, lease and interval (slotted:
+    one per record)."""
 
     index: int
     key: str
@@ -98,19 +100,22 @@ class Overrun:
     overlap_end_us: int
 
 
-@dataclass(frozen=True)
 class _Chain:
-    root: int
-    members: tuple[LeaseFacts, ...]
+    """A lease and the leases replacing it: their cards (the largest) and frontier (the latest), worked out
+    once (a batch builds one per lease it names and asks each several times)."""
 
-    @property
-    def cards(self) -> int:
-        return max(m.cards for m in self.members)
+    __slots__ = ("cards", "frontier_us", "members", "root")
 
-    @property
-    def frontier_us(self) -> int | None:
-        ends = [m.last_usage_end_us for m in self.members if m.last_usage_end_us is not None]
-        return max(ends) if ends else None
+    def __init__(self, *, root: int, members: tuple[LeaseFacts, ...]) -> None:
+        self.root = root
+        self.members = members
+        if len(members) == 1:
+            self.cards = members[0].cards
+            self.frontier_us = members[0].last_usage_end_us
+        else:
+            self.cards = max(m.cards for m in members)
+            ends = [m.last_usage_end_us for m in members if m.last_usage_end_us is not None]
+            self.frontier_us = max(ends) if ends else None
 
 
 def over_capacity(intervals: Iterable[tuple[int, int, int]], *, capacity: int) -> list[tuple[int, int, int]]:
@@ -197,7 +202,7 @@ def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
     """Each named lease's chain, by lease id. A lease that replaces none and is not interrupted (only an
     interrupted lease is ever replaced) is a chain of one and costs no query."""
     chains: dict[int, _Chain] = {}
-    linked = [f.id for f in leases.values() if f.replaces_id is not None or f.state == LeaseState.INTERRUPTED]
+    linked = {f.id for f in leases.values() if f.replaces_id is not None or f.state == LeaseState.INTERRUPTED}
     for facts in leases.values():
         if facts.id not in linked:
             chains[facts.id] = _Chain(root=facts.id, members=(facts,))

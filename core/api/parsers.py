@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import chain
 from typing import Any
 
 from django.conf import settings
@@ -94,20 +95,25 @@ def text_check(document: Any, *, max_depth: int) -> None:
 
 
 def _deeper_than(document: Any, max_depth: int) -> bool:
-    """Whether text_check would find a value (other than a string) nested deeper than ``max_depth``."""
+    """Whether text_check would find a value (other than a string) nested deeper than ``max_depth``.
+
+    Level by level: each level's children are gathered and their types collected by C loops (chain, map),
+    so a usage batch's thousand records cost no Python step per value; only containers go to the next
+    level. A value-by-value walk cost ~2 ms per 1,000 records, as much as decoding them."""
     if not isinstance(document, dict | list):
         return False
-    stack: list[tuple[Any, int]] = [(document, 0)]
-    while stack:
-        value, depth = stack.pop()
-        children = value.values() if isinstance(value, dict) else value
-        for child in children:
-            if isinstance(child, dict | list):
-                if depth + 1 > max_depth:
-                    return True
-                stack.append((child, depth + 1))
-            elif depth + 1 > max_depth and not isinstance(child, str):
-                return True
+    level: list[Any] = [document]
+    depth = 0
+    while level:
+        depth += 1  # the depth of this level's children
+        children = list(
+            chain.from_iterable(value.values() if isinstance(value, dict) else value for value in level)
+        )
+        if depth > max_depth:
+            return any(not isinstance(child, str) for child in children)
+        if not any(issubclass(kind, dict | list) for kind in set(map(type, children))):
+            return False
+        level = [child for child in children if isinstance(child, dict | list)]
     return False
 
 

@@ -1,5 +1,8 @@
 """Usage records in: one batch service for every producer (the broker's usage API, the admin's CSV import,
-tests and the benchmark).
+tests and the benchmark). ``usage_record_create_batch`` takes records naming their cluster, buyer and price
+card; ``usage_record_create_batch_of_leases`` takes them as ids the caller resolved (the broker, from the
+leases it holds locked) and skips the look-ups; both hold each record's own fields to rule 1 and store
+through rules 2 and 3.
 
 Rules, in order:
 
@@ -23,8 +26,9 @@ Rules, in order:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -35,7 +39,13 @@ from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
 from metering.models import PriceCard, UsageKey, UsagePending, UsageRecord
-from metering.types import UsageBatchResult, UsageRecordError, UsageRecordInput, UsageRecordOutcome
+from metering.types import (
+    UsageBatchResult,
+    UsageRecordError,
+    UsageRecordInput,
+    UsageRecordOfLease,
+    UsageRecordOutcome,
+)
 
 # An agent's clock may run a little ahead; usage ending further in the future than this is refused.
 USAGE_MAX_CLOCK_SKEW = timedelta(minutes=5)
@@ -150,6 +160,139 @@ def _lookups_postgresql(
     return clusters, buyers, index
 
 
+def _plain(
+    key: object,
+    reference: object,
+    cards: object,
+    start: object,
+    end: object,
+    *,
+    max_cards: int,
+    oldest_end: datetime,
+    newest_end: datetime,
+) -> bool:
+    """The common record, checked in one expression: _record_faults says what is wrong when this is False
+    (the same rules). A batch of 10,000 spends most of its validation here."""
+    return (
+        type(key) is str
+        and 0 < len(key) <= IDEMPOTENCY_KEY_MAX_LENGTH
+        and "\x00" not in key
+        and type(reference) is str
+        and len(reference) <= REFERENCE_MAX_LENGTH
+        and "\x00" not in reference
+        and type(cards) is int
+        and 0 < cards <= max_cards
+        and isinstance(start, datetime)
+        and isinstance(end, datetime)
+        and start.utcoffset() is not None
+        and end.utcoffset() is not None
+        and not start.microsecond
+        and not end.microsecond
+        and start < end
+        and oldest_end <= end <= newest_end
+    )
+
+
+def _record_faults(
+    fail: Callable[..., None],
+    *,
+    index: int,
+    key: Any,
+    reference: Any,
+    cards: Any,
+    start: Any,
+    end: Any,
+    oldest_end: datetime,
+    newest_end: datetime,
+) -> bool:
+    """Report (through ``fail``) what is wrong with a record's own fields; answer whether its timestamps
+    are usable (aware, whole seconds) for the checks that need them."""
+    if not isinstance(key, str) or not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or "\x00" in key:
+        fail(
+            index,
+            str(key)[:50],
+            "invalid_idempotency_key",
+            _("1–200 characters, no NUL."),
+            "idempotency_key",
+        )
+    if not isinstance(reference, str) or len(reference) > REFERENCE_MAX_LENGTH or ("\x00" in reference):
+        fail(index, key, "invalid_reference", _("At most 200 characters, no NUL."), "reference")
+    if isinstance(cards, bool) or not isinstance(cards, int) or cards <= 0:
+        fail(
+            index,
+            key,
+            "cards_not_positive",
+            _("cards must be a positive integer, not %(cards)r.") % {"cards": cards},
+            "cards",
+        )
+    elif cards > settings.CARDHOUR_MAX_CARDS_PER_CLUSTER:
+        fail(
+            index,
+            key,
+            "cards_too_many",
+            _("%(cards)d cards is more than any cluster holds.") % {"cards": cards},
+            "cards",
+        )
+    times_ok = True
+    for name, value in (("start_at", start), ("end_at", end)):
+        if not isinstance(value, datetime) or timezone.is_naive(value):
+            fail(
+                index,
+                key,
+                "naive_timestamp",
+                _("%(field)s must carry a time zone.") % {"field": name},
+                name,
+            )
+            times_ok = False
+        elif value.microsecond:
+            fail(
+                index,
+                key,
+                "subsecond_timestamp",
+                _("%(field)s must be a whole second.") % {"field": name},
+                name,
+            )
+            times_ok = False
+    if times_ok:
+        if end <= start:
+            fail(index, key, "end_not_after_start", _("end_at must be after start_at."), "end_at")
+        elif end < oldest_end:
+            fail(
+                index,
+                key,
+                "usage_too_late",
+                _("Usage ending before %(at)s is past the %(days)d-day late window.")
+                % {"at": oldest_end.isoformat(), "days": settings.CARDHOUR_LATE_USAGE_DAYS},
+                "end_at",
+            )
+        elif end > newest_end:
+            fail(index, key, "usage_in_future", _("end_at is in the future."), "end_at")
+    return times_ok
+
+
+def _raise_if_invalid(errors: list[UsageRecordError]) -> None:
+    if not errors:
+        return
+    shown = errors[:100]
+    raise UsageBatchInvalidError(
+        _("%(n)d fault(s) in the batch; nothing was written. First: record %(index)d: %(message)s")
+        % {"n": len(errors), "index": shown[0].index, "message": shown[0].message},
+        extra={
+            "error_count": len(errors),
+            "errors": [
+                {
+                    "index": e.index,
+                    "idempotency_key": e.idempotency_key,
+                    "code": e.code,
+                    "message": e.message,
+                    "field": e.field,
+                }
+                for e in shown
+            ],
+        },
+    )
+
+
 def _validate(
     *, operator: Organisation, records: Sequence[UsageRecordInput], now: datetime
 ) -> list[_Validated]:
@@ -186,29 +329,21 @@ def _validate(
 
     valid: list[_Validated] = []
     for index, record in enumerate(records):
-        # The common record, checked in one expression (the same rules as below, which say what is wrong
-        # when this does not hold): a batch of 10,000 spends most of its validation here.
         key, reference, cards = record.idempotency_key, record.reference, record.cards
         start, end = record.start_at, record.end_at
         cluster = clusters.get(record.cluster)
         buyer_id = buyers.get(record.buyer)
         if (
-            type(key) is str
-            and 0 < len(key) <= IDEMPOTENCY_KEY_MAX_LENGTH
-            and "\x00" not in key
-            and type(reference) is str
-            and len(reference) <= REFERENCE_MAX_LENGTH
-            and "\x00" not in reference
-            and type(cards) is int
-            and 0 < cards <= max_cards
-            and isinstance(start, datetime)
-            and isinstance(end, datetime)
-            and start.utcoffset() is not None
-            and end.utcoffset() is not None
-            and not start.microsecond
-            and not end.microsecond
-            and start < end
-            and oldest_end <= end <= newest_end
+            _plain(
+                key,
+                reference,
+                cards,
+                start,
+                end,
+                max_cards=max_cards,
+                oldest_end=oldest_end,
+                newest_end=newest_end,
+            )
             and cluster is not None
             and cluster[1] == operator_pk
             and buyer_id is not None
@@ -225,73 +360,17 @@ def _validate(
                 )
                 continue
         bad = len(errors)
-        if not isinstance(key, str) or not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or "\x00" in key:
-            fail(
-                index,
-                str(key)[:50],
-                "invalid_idempotency_key",
-                _("1–200 characters, no NUL."),
-                "idempotency_key",
-            )
-        if (
-            not isinstance(record.reference, str)
-            or len(record.reference) > REFERENCE_MAX_LENGTH
-            or ("\x00" in record.reference)
-        ):
-            fail(index, key, "invalid_reference", _("At most 200 characters, no NUL."), "reference")
-        cards = record.cards
-        if isinstance(cards, bool) or not isinstance(cards, int) or cards <= 0:
-            fail(
-                index,
-                key,
-                "cards_not_positive",
-                _("cards must be a positive integer, not %(cards)r.") % {"cards": cards},
-                "cards",
-            )
-        elif cards > settings.CARDHOUR_MAX_CARDS_PER_CLUSTER:
-            fail(
-                index,
-                key,
-                "cards_too_many",
-                _("%(cards)d cards is more than any cluster holds.") % {"cards": cards},
-                "cards",
-            )
-        start, end = record.start_at, record.end_at
-        times_ok = True
-        for name, value in (("start_at", start), ("end_at", end)):
-            if not isinstance(value, datetime) or timezone.is_naive(value):
-                fail(
-                    index,
-                    key,
-                    "naive_timestamp",
-                    _("%(field)s must carry a time zone.") % {"field": name},
-                    name,
-                )
-                times_ok = False
-            elif value.microsecond:
-                fail(
-                    index,
-                    key,
-                    "subsecond_timestamp",
-                    _("%(field)s must be a whole second.") % {"field": name},
-                    name,
-                )
-                times_ok = False
-        if times_ok:
-            if end <= start:
-                fail(index, key, "end_not_after_start", _("end_at must be after start_at."), "end_at")
-            elif end < oldest_end:
-                fail(
-                    index,
-                    key,
-                    "usage_too_late",
-                    _("Usage ending before %(at)s is past the %(days)d-day late window.")
-                    % {"at": oldest_end.isoformat(), "days": settings.CARDHOUR_LATE_USAGE_DAYS},
-                    "end_at",
-                )
-            elif end > newest_end:
-                fail(index, key, "usage_in_future", _("end_at is in the future."), "end_at")
-        cluster = clusters.get(record.cluster)
+        times_ok = _record_faults(
+            fail,
+            index=index,
+            key=key,
+            reference=reference,
+            cards=cards,
+            start=start,
+            end=end,
+            oldest_end=oldest_end,
+            newest_end=newest_end,
+        )
         price_card_id = 0
         if cluster is None:
             fail(index, key, "unknown_cluster", _("No cluster %(cpi)r.") % {"cpi": record.cluster}, "cluster")
@@ -332,7 +411,6 @@ def _validate(
                     )
                 else:
                     price_card_id = in_force[-1]
-        buyer_id = buyers.get(record.buyer)
         if buyer_id is None:
             fail(
                 index,
@@ -343,36 +421,62 @@ def _validate(
             )
         if len(errors) == bad:
             assert cluster is not None and buyer_id is not None
-            valid.append(
-                _Validated(key, cluster[0], buyer_id, cards, start, end, price_card_id, record.reference)
-            )
-    if errors:
-        shown = errors[:100]
-        raise UsageBatchInvalidError(
-            _("%(n)d fault(s) in the batch; nothing was written. First: record %(index)d: %(message)s")
-            % {"n": len(errors), "index": shown[0].index, "message": shown[0].message},
-            extra={
-                "error_count": len(errors),
-                "errors": [
-                    {
-                        "index": e.index,
-                        "idempotency_key": e.idempotency_key,
-                        "code": e.code,
-                        "message": e.message,
-                        "field": e.field,
-                    }
-                    for e in shown
-                ],
-            },
-        )
+            valid.append(_Validated(key, cluster[0], buyer_id, cards, start, end, price_card_id, reference))
+    _raise_if_invalid(errors)
     return valid
 
 
-_STAGE_DDL = """
+def _validate_of_leases(*, records: Sequence[UsageRecordOfLease], now: datetime) -> list[_Validated]:
+    """_validate for records whose cluster, buyer and price card the caller resolved: the same rules and
+    codes for the record's own fields, no lookup."""
+    errors: list[UsageRecordError] = []
+
+    def fail(index: int, key: str, code: str, message: str, field: str = "") -> None:
+        errors.append(
+            UsageRecordError(index=index, idempotency_key=key, code=code, message=message, field=field)
+        )
+
+    oldest_end = now - timedelta(days=settings.CARDHOUR_LATE_USAGE_DAYS)
+    newest_end = now + USAGE_MAX_CLOCK_SKEW
+    max_cards = settings.CARDHOUR_MAX_CARDS_PER_CLUSTER
+    valid: list[_Validated] = []
+    for index, (key, cluster_id, buyer_id, price_card_id, cards, start, end, reference) in enumerate(records):
+        if _plain(
+            key,
+            reference,
+            cards,
+            start,
+            end,
+            max_cards=max_cards,
+            oldest_end=oldest_end,
+            newest_end=newest_end,
+        ):
+            valid.append(_Validated(key, cluster_id, buyer_id, cards, start, end, price_card_id, reference))
+            continue
+        _record_faults(
+            fail,
+            index=index,
+            key=key,
+            reference=reference,
+            cards=cards,
+            start=start,
+            end=end,
+            oldest_end=oldest_end,
+            newest_end=newest_end,
+        )
+    _raise_if_invalid(errors)
+    return valid
+
+
+# One round trip. Emptied by every commit (ON COMMIT DELETE ROWS), but an earlier batch of the same
+# transaction may have left rows: a DELETE of an empty table costs less than TRUNCATE's new file. The table is
+# not remembered per connection: a rolled-back transaction drops one it created.
+_STAGE_PREPARE = """
     CREATE TEMP TABLE IF NOT EXISTS metering_usage_stage (
         cluster_id bigint, buyer_id bigint, cards integer, start_at timestamptz, end_at timestamptz,
         price_card_id bigint, idempotency_key text, reference text, body_hash text
-    ) ON COMMIT DELETE ROWS
+    ) ON COMMIT DELETE ROWS;
+    DELETE FROM metering_usage_stage
 """
 
 
@@ -385,8 +489,7 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
     duplicated.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_STAGE_DDL)
-        cursor.execute("TRUNCATE metering_usage_stage")
+        cursor.execute(_STAGE_PREPARE)
         with cursor.copy(
             "COPY metering_usage_stage (cluster_id, buyer_id, cards, start_at, end_at, price_card_id,"
             " idempotency_key, reference, body_hash) FROM STDIN"
@@ -544,6 +647,30 @@ def usage_record_create_batch(
         )
     now = now or timezone.now()
     valid = _validate(operator=operator, records=records, now=now)
+    return _store(operator=operator, valid=valid, now=now)
+
+
+@transaction.atomic
+def usage_record_create_batch_of_leases(
+    *, operator: Organisation, records: Sequence[UsageRecordOfLease], now: datetime | None = None
+) -> UsageBatchResult:
+    """usage_record_create_batch for records whose cluster, buyer and price card the caller has resolved and
+    vouches for (the broker's usage report, from the operator's leases it holds locked): the same rules for
+    each record's own fields and the same idempotency, without looking the names up.
+
+    Raises UsageBatchTooLargeError, UsageBatchInvalidError (nothing written)."""
+    limit = settings.CARDHOUR_USAGE_BATCH_MAX
+    if len(records) > limit:
+        raise UsageBatchTooLargeError(
+            _("A batch holds at most %(limit)d records, not %(n)d.") % {"limit": limit, "n": len(records)},
+            extra={"max": limit},
+        )
+    now = now or timezone.now()
+    return _store(operator=operator, valid=_validate_of_leases(records=records, now=now), now=now)
+
+
+def _store(*, operator: Organisation, valid: list[_Validated], now: datetime) -> UsageBatchResult:
+    """Store the validated records (module docstring, rules 2 and 3) and answer per record, in order."""
 
     first_of_key: dict[str, int] = {}
     fresh: list[_Validated] = []
@@ -584,9 +711,7 @@ def usage_record_create_batch(
             else:
                 status = "conflict"
                 conflicts += 1
-        outcomes.append(
-            UsageRecordOutcome(index=index, idempotency_key=row.key, status=status, record_id=record_id)
-        )
+        outcomes.append(UsageRecordOutcome(index, row.key, status, record_id))
     return UsageBatchResult(
         outcomes=tuple(outcomes), created=created, duplicates=duplicates, conflicts=conflicts
     )

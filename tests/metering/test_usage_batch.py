@@ -6,14 +6,16 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
 from metering.models import PriceCard, UsagePending, UsageRecord
-from metering.services.usage import usage_record_create_batch
-from metering.types import UsageRecordInput
+from metering.services.usage import usage_record_create_batch, usage_record_create_batch_of_leases
+from metering.types import UsageRecordInput, UsageRecordOfLease
 from tests.factories import BuyerFactory, OperatorFactory, make_cluster
 from tests.metering.conftest import local
 from tests.metering.factories import make_price_card
@@ -232,3 +234,106 @@ def test_a_duplicate_or_conflict_queues_nothing_more(world: Organisation) -> Non
     assert sorted(UsagePending.objects.values_list("usage_record_id", flat=True)) == sorted(
         {first.outcomes[0].record_id, again.outcomes[2].record_id}
     )
+
+
+# --- Records whose cluster, buyer and price card the caller resolved (the broker's usage report) --------
+
+
+def of_lease(
+    source: UsageRecordInput, *, cluster: Cluster, buyer: Organisation, card: PriceCard
+) -> UsageRecordOfLease:
+    return UsageRecordOfLease(
+        source.idempotency_key,
+        cluster.pk,
+        buyer.pk,
+        card.pk,
+        source.cards,
+        source.start_at,
+        source.end_at,
+        source.reference,
+    )
+
+
+_OWN_FIELD_FAULTS = [
+    ({"end_at": local(3, 7)}, "end_not_after_start", "end_at"),
+    ({"cards": 0}, "cards_not_positive", "cards"),
+    ({"cards": True}, "cards_not_positive", "cards"),
+    ({"cards": 10_000_000}, "cards_too_many", "cards"),
+    ({"idempotency_key": ""}, "invalid_idempotency_key", "idempotency_key"),
+    ({"idempotency_key": "a\x00b"}, "invalid_idempotency_key", "idempotency_key"),
+    ({"reference": "r" * 201}, "invalid_reference", "reference"),
+    ({"start_at": datetime(2026, 1, 1, 7)}, "naive_timestamp", "start_at"),
+    ({"end_at": local(3, 9) + timedelta(microseconds=5)}, "subsecond_timestamp", "end_at"),
+    ({"start_at": local(60, 7), "end_at": local(60, 9)}, "usage_too_late", "end_at"),
+    ({"start_at": local(-1, 7), "end_at": local(-1, 9)}, "usage_in_future", "end_at"),
+]
+
+
+@pytest.mark.parametrize(("changes", "code", "field"), _OWN_FIELD_FAULTS)
+def test_resolved_records_are_held_to_the_same_rules_with_the_same_codes(
+    world: Organisation,
+    a800_cluster: Cluster,
+    gd_price_card: PriceCard,
+    buyer: Organisation,
+    changes: dict[str, object],
+    code: str,
+    field: str,
+) -> None:
+    now = timezone.now()  # the late window's message names it
+    with pytest.raises(UsageBatchInvalidError) as by_name:
+        usage_record_create_batch(operator=world, records=[record("good"), record("bad", **changes)], now=now)
+    resolved = [
+        of_lease(r, cluster=a800_cluster, buyer=buyer, card=gd_price_card)
+        for r in (record("good"), record("bad", **changes))
+    ]
+    with pytest.raises(UsageBatchInvalidError) as by_id:
+        usage_record_create_batch_of_leases(operator=world, records=resolved, now=now)
+
+    assert by_id.value.extra == by_name.value.extra
+    (error,) = by_id.value.extra["errors"]
+    assert (error["index"], error["code"], error["field"]) == (1, code, field)
+    assert not UsageRecord.objects.exists()
+
+
+def test_resolved_records_are_stored_and_replayed_as_named_ones_are(
+    world: Organisation, a800_cluster: Cluster, gd_price_card: PriceCard, buyer: Organisation
+) -> None:
+    def resolved(*records: UsageRecordInput) -> list[UsageRecordOfLease]:
+        return [of_lease(r, cluster=a800_cluster, buyer=buyer, card=gd_price_card) for r in records]
+
+    first = usage_record_create_batch_of_leases(operator=world, records=resolved(record("a")))
+    (outcome,) = first.outcomes
+    stored = UsageRecord.objects.get(pk=outcome.record_id)
+    assert outcome.status == "created"
+    assert (stored.cluster_id, stored.buyer_id, stored.price_card_id) == (
+        a800_cluster.pk,
+        buyer.pk,
+        gd_price_card.pk,
+    )
+    assert UsagePending.objects.filter(usage_record_id=stored.pk).exists()
+
+    # The same record by name is the same body: a duplicate; another body under the key, a conflict.
+    by_name = usage_record_create_batch(operator=world, records=[record("a"), record("b")])
+    again = usage_record_create_batch_of_leases(
+        operator=world, records=resolved(record("a", cards=2), record("b"))
+    )
+    assert [o.status for o in by_name.outcomes] == ["duplicate", "created"]
+    assert by_name.outcomes[0].record_id == stored.pk
+    assert [o.status for o in again.outcomes] == ["conflict", "duplicate"]
+    assert UsageRecord.objects.count() == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_staging_table_is_emptied_for_the_next_batch_committed_or_not(world: Organisation) -> None:
+    """PostgreSQL: the session's staging table outlives a committed batch (emptied by the commit); a
+    second batch in one transaction must not see the first one's staged rows."""
+    usage_record_create_batch(operator=world, records=[record("s-1")])  # commits: the table stays
+    with transaction.atomic():
+        one = usage_record_create_batch(operator=world, records=[record("s-2")])
+        two = usage_record_create_batch(operator=world, records=[record("s-3"), record("s-2")])
+
+    assert [o.status for o in one.outcomes] == ["created"]
+    assert [o.status for o in two.outcomes] == ["created", "duplicate"]
+    assert sorted(UsageRecord.objects.values_list("idempotency_key", flat=True)) == ["s-1", "s-2", "s-3"]
+    assert UsagePending.objects.count() == 3
