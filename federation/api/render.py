@@ -52,7 +52,8 @@ def _converter(field: serializers.Field) -> Callable[[Any], Any]:
     if kind is serializers.IntegerField:
         return lambda value: value if type(value) is int else field.to_representation(value)
     if (
-        kind is serializers.DecimalField
+        isinstance(field, serializers.DecimalField)
+        and kind is serializers.DecimalField
         and getattr(field, "coerce_to_string", api_settings.COERCE_DECIMAL_TO_STRING)
         and not field.localize
         and not field.normalize_output
@@ -91,7 +92,7 @@ def _render(plan: _Plan, instance: Any) -> dict[str, Any]:
     data: dict[str, Any] = {}
     plain = not isinstance(instance, Mapping)
     for name, field, nested, many, attr, convert in plan:
-        attribute = _missing
+        attribute: Any = _missing
         if attr is not None and plain:
             attribute = getattr(instance, attr, _missing)
             if callable(attribute):
