@@ -408,7 +408,7 @@ def auth_throttle_share(*, lookups: Sequence[Lookup], tokens: Sequence[str]) -> 
         def wrapper(view: APIView, request: object) -> None:
             t0 = time.thread_time()
             try:
-                original[name](view, request)  # type: ignore[operator]
+                original[name](view, request)  # type: ignore[arg-type]
             finally:
                 spent[name] += time.thread_time() - t0
 
