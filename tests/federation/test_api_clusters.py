@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from core.api.strict import JsonBody
+from federation.api.views import ClusterListApi, _registration_plain
 from federation.models import Cluster, ClusterStatusChange, Island, IssuedIdentifier
 from tests.factories import BuyerFactory, make_cluster
 
@@ -379,3 +381,58 @@ def test_registration_tables_carry_no_redundant_index(db):
         assert single not in indexed
     like = [name for found in constraints.values() for name in found if name.endswith("_like")]
     assert like == []
+
+
+def _island(**overrides: Any) -> dict[str, Any]:
+    return {"name": "isl-01", "cards": 8, "fabric": "nvlink", **overrides}
+
+
+# Bodies around the edges of what the plain path takes, and whether it takes them: a body it takes gives
+# exactly the serializer's validated data; every other body (each error among them) goes to the serializer.
+PLAIN_PATH_BODIES: list[tuple[dict[str, Any], bool]] = [
+    (body(), True),
+    (body(endpoint_url=""), True),
+    ({k: v for k, v in body().items() if k != "endpoint_url"}, True),
+    (body(extra="ignored", islands=[_island(extra=1)]), True),
+    (body(site="x" * 100), True),
+    (body(endpoint_url="ftp://agent.example/x"), True),  # a URL to the serializer; the service wants https
+    (body(islands=[_island(cards=1_000_000)]), True),
+    (body(islands=[_island(), _island()]), True),  # duplicates are the service's to refuse
+    (body(islands=[_island(name="Isl_01")]), True),  # the grammar too
+    (body(site=" Zhongwei "), False),
+    (body(site="中卫"), False),
+    (body(site=""), False),
+    (body(site="x" * 101), False),
+    (body(site="a\x00b"), False),
+    (body(cpi=7), False),
+    (body(cpi=None), False),
+    (body(accelerator=["H20"]), False),
+    (body(endpoint_url="not a url"), False),
+    (body(endpoint_url=None), False),
+    (body(endpoint_url="https://" + "a" * 600 + ".example/"), False),
+    (body(islands=[]), False),
+    (body(islands="isl-01"), False),
+    (body(islands=[_island(cards=True)]), False),
+    (body(islands=[_island(cards=8.0)]), False),
+    (body(islands=[_island(cards="8")]), False),
+    (body(islands=[_island(cards=0)]), False),
+    (body(islands=[_island(cards=1_000_001)]), False),
+    (body(islands=[_island(fabric="NVLink")]), False),
+    (body(islands=[_island(fabric=None)]), False),
+    (body(islands=[_island(name=" isl-01")]), False),
+    (body(islands=[_island(name="x" * 33)]), False),
+    (body(islands=[["isl-01", 8, "nvlink"]]), False),
+    ({k: v for k, v in body().items() if k != "islands"}, False),
+]
+
+
+@pytest.mark.parametrize(("data", "plain_expected"), PLAIN_PATH_BODIES, ids=range(len(PLAIN_PATH_BODIES)))
+def test_plain_registration_path_agrees_with_the_serializer(data, plain_expected):
+    serializer = ClusterListApi.Input(data=JsonBody(data))
+    valid = serializer.is_valid()
+    plain = _registration_plain(JsonBody(data))
+    assert (plain is not None) == plain_expected
+    if plain is not None:
+        assert valid, serializer.errors
+        assert plain == serializer.validated_data
+        assert plain["islands"] == [dict(island) for island in serializer.validated_data["islands"]]

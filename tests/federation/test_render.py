@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
+from rest_framework import serializers
 
 from core.types import Actor
 from federation import selectors, services
 from federation.api import serializers as out
 from federation.api.render import Output
-from federation.models import Cluster, Island
+from federation.models import Cluster, ClusterStatus, Island
 from federation.selectors import HubSummary
 from federation.types import IslandReport
 from tests.factories import make_cluster
@@ -71,3 +74,42 @@ def test_model_outputs_render_as_their_serializers(beaten):
 def test_fields_that_need_a_context_are_refused():
     with pytest.raises(TypeError, match="standard_card_factor"):
         Output(out.AcceleratorOutput).one(object())
+
+
+class _Shortcuts(serializers.Serializer):
+    text = serializers.CharField()
+    number = serializers.IntegerField()
+    amount = serializers.DecimalField(max_digits=6, decimal_places=2, allow_null=True)
+    dotted = serializers.CharField(source="inner.text")
+    computed = serializers.CharField()
+
+
+@dataclass
+class _Inner:
+    text: str
+
+
+@dataclass
+class _Row:
+    text: object
+    number: object
+    amount: object
+    inner: _Inner
+    computed: object
+
+
+def test_shortcuts_render_every_value_type_as_drf_does():
+    """The getattr and conversion shortcuts of render.Output give DRF's value for values they expect and
+    hand everything else (enum members, bools, floats, callables, Mappings, rounding) to the field."""
+    rows = [
+        _Row("plain", 7, Decimal("1.005"), _Inner("x"), "c"),
+        _Row(ClusterStatus.ACTIVE, True, Decimal("12.3456"), _Inner("y"), lambda: "called"),
+        _Row(12, 3.0, 2.5, _Inner("z"), "c"),
+        _Row("", -1, None, _Inner(""), "c"),
+    ]
+    output = Output(_Shortcuts)
+    for row in rows:
+        assert output.one(row) == _Shortcuts(row).data
+    mapping = {"text": "m", "number": 1, "amount": Decimal("0.1"), "inner": {"text": "t"}, "computed": "c"}
+    assert output.one(mapping) == _Shortcuts(mapping).data
+    assert output.one(rows[1])["computed"] == "called"
