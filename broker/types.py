@@ -96,13 +96,28 @@ class Placement:
         return 1 + len(self.alternatives)
 
 
+# What a relaxation may loosen, in the order the API declares them (the answer's ``kind``).
+RELAXATION_KINDS = (
+    "cluster",
+    "latency",
+    "chip",
+    "memory",
+    "fabric",
+    "reliability",
+    "price",
+    "window",
+    "gang",
+    "cards",
+)
+
+
 @dataclass(frozen=True)
 class Relaxation:
     """The nearest change to a job that would produce a quote, found by re-running the matcher.
 
-    ``kind`` is one of latency, chip, memory, fabric, price, window, cards, gang, cluster; ``changes``
-    maps job fields to their relaxed values (as the API spells them, in strings or lists); the placement
-    found with the change is summarised by its cluster, chip, start and cost."""
+    ``kind`` is one of RELAXATION_KINDS; ``changes`` maps job fields to their relaxed values (as the API
+    spells them, in strings or lists); the placement found with the change is summarised by its cluster,
+    chip, start and cost."""
 
     kind: str
     changes: dict[str, object]

@@ -28,6 +28,7 @@ from broker.services import jobs as job_services
 from broker.services import leases as lease_services
 from broker.services import quotes as quote_services
 from broker.services.quotes import relaxation_json
+from broker.types import RELAXATION_KINDS
 from core.api.context import actor_from_request
 from core.api.fields import AwareDateTimeField
 from core.api.permissions import IsOrganisationMember
@@ -94,18 +95,7 @@ class JobOutput(serializers.Serializer):
 
 class RelaxationOutput(serializers.Serializer):
     kind = serializers.ChoiceField(
-        choices=[
-            "cluster",
-            "latency",
-            "chip",
-            "memory",
-            "fabric",
-            "reliability",
-            "price",
-            "window",
-            "gang",
-            "cards",
-        ],
+        choices=list(RELAXATION_KINDS),
         help_text="Which constraint the change loosens.",
     )
     changes = serializers.DictField(

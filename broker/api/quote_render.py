@@ -22,40 +22,16 @@ from typing import Any
 from django.utils import timezone
 from rest_framework.fields import BooleanField
 
+from broker.matching import REASONS
 from broker.models import Quote
 from broker.services.quotes import QuoteSet
+from broker.types import RELAXATION_KINDS
 
 _TRUE = BooleanField.TRUE_VALUES
 _FALSE = BooleanField.FALSE_VALUES
 # DecimalField's quantum: 10 ** -decimal_places (only its exponent matters to ``quantize``).
 _Q2, _Q3, _Q4, _Q6 = Decimal("1e-2"), Decimal("1e-3"), Decimal("1e-4"), Decimal("1e-6")
-_REJECTIONS = (
-    "offline",
-    "chip",
-    "memory",
-    "fabric",
-    "latency",
-    "unpriced",
-    "reliability",
-    "price",
-    "capacity",
-    "window",
-)
-_RELAXATION_KINDS = {
-    kind: kind
-    for kind in (
-        "cluster",
-        "latency",
-        "chip",
-        "memory",
-        "fabric",
-        "reliability",
-        "price",
-        "window",
-        "gang",
-        "cards",
-    )
-}
+_RELAXATION_KINDS = {kind: kind for kind in RELAXATION_KINDS}
 _DRAW_UNITS = {"standard_card_hours": "standard_card_hours", "chip_card_hours": "chip_card_hours"}
 
 
@@ -181,7 +157,7 @@ def quote_set_render(quote_set: QuoteSet) -> dict[str, Any]:
     return {
         "job": _int(quote_set.job.pk),
         "quotes": [render.quote(quote) for quote in quote_set.quotes],
-        "rejections": {reason: _int(rejections[reason]) for reason in _REJECTIONS},
+        "rejections": {reason: _int(rejections[reason]) for reason in REASONS},
         "considered": _int(result.considered),
         "feasible": _int(result.feasible),
         "window": {
