@@ -549,7 +549,7 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
 
     form = ClusterForm
     action_form = ClusterActionForm
-    actions = ["mark_draining", "take_offline", "reactivate"]
+    actions = ["mark_draining", "take_offline", "reactivate", "take_offline_missed_heartbeats"]
     list_display = [
         "cpi_cell",
         "operator_slug",
@@ -792,6 +792,57 @@ class ClusterAdmin(_WideChangelistMixin, admin.ModelAdmin):
             verb=_("take offline"),
             done_label=_("Taken offline"),
         )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "GET":
+            assessment = selectors.heartbeat_monitor_assess()
+            if assessment.holding:
+                messages.error(
+                    request,
+                    _(
+                        "The heartbeat monitor is holding: %(missing)d of %(clusters)d clusters are missing "
+                        "heartbeats across most of the fleet at once, which looks like the platform failing "
+                        "to read them rather than the clusters failing. No cluster is taken offline (so no "
+                        "lease is failed over) until heartbeats return. If the clusters really are down, "
+                        "select them and use “Take offline for missed heartbeats”."
+                    )
+                    % {"missing": assessment.missing, "clusters": assessment.clusters},
+                )
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(
+        description=gettext_lazy("Take offline for missed heartbeats (overrides the monitor's hold)")
+    )
+    def take_offline_missed_heartbeats(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        """Staff's override of the mass-miss hold: the selected clusters that are overdue go offline as the
+        monitor would take them (back with their next heartbeat), recorded under the staff member's name."""
+        reason = (request.POST.get("reason") or "").strip()
+        if not reason:
+            messages.error(
+                request,
+                _("Give a reason to override the heartbeat monitor: it is recorded in the status history."),
+            )
+            return
+        taken = services.clusters_mark_missed_heartbeats(
+            override=_staff_actor(request),
+            override_reason=f"{reason} (staff, admin)",
+            cluster_ids=list(queryset.values_list("pk", flat=True)),
+        )
+        if taken:
+            messages.success(
+                request,
+                _("Taken offline for missed heartbeats: %(n)d cluster(s); their leases are failed over.")
+                % {"n": len(taken)},
+            )
+        skipped = queryset.count() - len(taken)
+        if skipped:
+            messages.info(
+                request,
+                _("%(n)d selected cluster(s) were not taken offline: not active or draining, or not overdue.")
+                % {"n": skipped},
+            )
 
     @admin.action(description=gettext_lazy("Reactivate"))
     def reactivate(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:

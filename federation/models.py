@@ -191,6 +191,9 @@ class Cluster(models.Model):
     # Where a cluster taken offline by missed heartbeats returns to when beats come back.
     status_before_offline = models.CharField(max_length=12, choices=ClusterStatus.choices, blank=True)
     offline_cause = models.CharField(max_length=12, choices=OfflineCause.choices, blank=True)
+    # When it last went offline, whoever took it there (kept after it comes back). The heartbeat monitor's
+    # mass-miss hold counts clusters that went offline for missed beats within the last missed-beat window.
+    offline_at = models.DateTimeField(null=True, blank=True)
     health = models.CharField(max_length=12, choices=Health.choices, default=Health.UNKNOWN)
     total_cards = models.PositiveIntegerField(default=0)
     available_cards = models.PositiveIntegerField(default=0)

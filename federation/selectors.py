@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -31,6 +31,7 @@ from federation.models import (
     Accelerator,
     Cluster,
     ClusterMaintenance,
+    ClusterStatus,
     ClusterStatusChange,
     Hub,
     HubLatency,
@@ -570,6 +571,109 @@ def heartbeat_report_expires_at(*, last_heartbeat_at: datetime | None) -> dateti
     if last_heartbeat_at is None:
         return None
     return last_heartbeat_at + heartbeat_report_ttl()
+
+
+# --- The heartbeat monitor's mass-miss hold -------------------------------------------------------------
+#
+# One cluster missing its beats is a cluster in trouble; most of the fleet missing them at once, across hubs,
+# is far more likely the platform failing to read them (web tier overloaded, ingress or DNS broken, the
+# platform itself just back from downtime) or every agent failing alike (a bad agent release, an expired
+# certificate): the clusters, and the buyers' jobs on them, are very likely still running. Failing them all
+# over would interrupt those jobs and pile the failover's own load on a platform already failing. So the
+# monitor holds: it takes nobody offline, and says so loudly, until the beats come back or staff override.
+# A real outage of a few hubs still fails over: the hubs that look down must carry most of the fleet.
+
+
+@dataclass(frozen=True)
+class HubHeartbeats:
+    """One hub as the heartbeat monitor sees it. ``clusters``: those it watches (active, draining, or
+    offline because of missed beats); ``missing``: of them, those overdue now plus those taken offline for
+    missed beats within the last missed-beat window (so a hold is not escaped by taking a few each run)."""
+
+    hub: str
+    clusters: int
+    overdue: int
+    missing: int
+
+    def disrupted(self, hub_share: float) -> bool:
+        return self.missing > 0 and self.missing >= hub_share * self.clusters
+
+
+@dataclass(frozen=True)
+class HeartbeatAssessment:
+    at: datetime
+    cutoff: datetime
+    hubs: tuple[HubHeartbeats, ...]
+    holding: bool
+
+    @property
+    def overdue(self) -> int:
+        return sum(hub.overdue for hub in self.hubs)
+
+    @property
+    def missing(self) -> int:
+        return sum(hub.missing for hub in self.hubs)
+
+    @property
+    def clusters(self) -> int:
+        return sum(hub.clusters for hub in self.hubs)
+
+    def summary(self) -> str:
+        """One line for logs and staff: how many are missing, where."""
+        worst = sorted(self.hubs, key=lambda hub: (-hub.missing, hub.hub))
+        hubs = ", ".join(f"{hub.hub} {hub.missing}/{hub.clusters}" for hub in worst if hub.missing)
+        return f"{self.missing} of {self.clusters} clusters missing heartbeats ({hubs or 'none'})"
+
+
+def heartbeat_hold_applies(hubs: Sequence[HubHeartbeats]) -> bool:
+    """The hold rule (settings: CARDHOUR_HEARTBEAT_HOLD_*): at least HOLD_MIN_CLUSTERS clusters missing, and
+    the hubs with at least HOLD_HUB_SHARE of their clusters missing carry at least HOLD_FLEET_SHARE of the
+    fleet. HOLD_MIN_CLUSTERS ≤ 0 turns the hold off."""
+    least = settings.CARDHOUR_HEARTBEAT_HOLD_MIN_CLUSTERS
+    if least <= 0 or sum(hub.missing for hub in hubs) < least:
+        return False
+    hub_share = settings.CARDHOUR_HEARTBEAT_HOLD_HUB_SHARE
+    disrupted = sum(hub.clusters for hub in hubs if hub.disrupted(hub_share))
+    return disrupted >= settings.CARDHOUR_HEARTBEAT_HOLD_FLEET_SHARE * sum(hub.clusters for hub in hubs)
+
+
+def heartbeat_cutoff(*, now: datetime) -> datetime:
+    """A cluster whose last sign of life (last heartbeat, or registration if it never beat) is older than
+    this has missed CARDHOUR_HEARTBEAT_MISSED_LIMIT beats."""
+    return now - heartbeat_report_ttl()
+
+
+def heartbeat_overdue_q(*, cutoff: datetime) -> Q:
+    return Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, registered_at__lt=cutoff)
+
+
+def heartbeat_monitor_assess(*, now: datetime | None = None) -> HeartbeatAssessment:
+    """The fleet as the heartbeat monitor sees it at ``now``, per hub, and whether the mass-miss hold applies.
+    One aggregate over clusters (served by cluster_status_heartbeat)."""
+    now = now or timezone.now()
+    cutoff = heartbeat_cutoff(now=now)
+    live = Q(status__in=[ClusterStatus.ACTIVE, ClusterStatus.DRAINING])
+    offline_for_beats = Q(status=ClusterStatus.OFFLINE, offline_cause=Cluster.OfflineCause.HEARTBEAT)
+    rows = (
+        Cluster.objects.filter(live | offline_for_beats)
+        .values("hub__code")
+        .annotate(
+            clusters=Count("id"),
+            overdue=Count("id", filter=live & heartbeat_overdue_q(cutoff=cutoff)),
+            recent=Count("id", filter=offline_for_beats & Q(offline_at__gte=cutoff)),
+        )
+        .order_by("hub__code")
+    )
+    hubs = tuple(
+        HubHeartbeats(
+            hub=row["hub__code"],
+            clusters=row["clusters"],
+            overdue=row["overdue"],
+            missing=row["overdue"] + row["recent"],
+        )
+        for row in rows
+    )
+    return HeartbeatAssessment(at=now, cutoff=cutoff, hubs=hubs, holding=heartbeat_hold_applies(hubs))
 
 
 def island_withheld_cards(*, cards: int, unhealthy_cards: int, available_cards: int) -> int:

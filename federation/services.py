@@ -6,12 +6,13 @@ heartbeat, a status change and an island edit of one cluster are serialised.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -20,7 +21,7 @@ from core.errors import InvalidInputError
 from core.models import Organisation
 from core.net import endpoint_url_check
 from core.types import Actor
-from federation import identifiers
+from federation import identifiers, selectors
 from federation.errors import (
     ClusterRetiredError,
     IdentifierOperatorMismatchError,
@@ -48,6 +49,8 @@ from federation.models import (
 )
 from federation.selectors import accelerator_resolve, hub_and_chip_get
 from federation.types import HeartbeatResult, IslandReport, IslandSpec, LatencyMeasurement
+
+logger = logging.getLogger("cardhour.federation.heartbeats")
 
 # A heartbeat stamped further ahead than this is a broken agent clock, not a beat from the future.
 HEARTBEAT_MAX_CLOCK_SKEW = timedelta(minutes=5)
@@ -538,10 +541,13 @@ def _status_set_locked(*, cluster: Cluster, actor: Actor, status: str, reason: s
         )
         cluster.offline_cause = cause
         cluster.status_before_offline = previous
+        cluster.offline_at = timezone.now()
     else:
         cluster.offline_cause = ""
         cluster.status_before_offline = ""
-    cluster.save(update_fields=["status", "offline_cause", "status_before_offline", "updated_at"])
+    cluster.save(
+        update_fields=["status", "offline_cause", "status_before_offline", "offline_at", "updated_at"]
+    )
     _record_status_change(cluster=cluster, from_status=previous, to_status=status, actor=actor, reason=reason)
     return cluster
 
@@ -706,32 +712,59 @@ def heartbeat_record(
 
 
 @transaction.atomic
-def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]:
+def clusters_mark_missed_heartbeats(
+    *,
+    now: datetime | None = None,
+    override: Actor | None = None,
+    override_reason: str = "",
+    cluster_ids: Iterable[int] | None = None,
+) -> list[str]:
     """Take offline every active or draining cluster whose last sign of life (last heartbeat, or
-    registration if it never beat) is older than CARDHOUR_HEARTBEAT_MISSED_LIMIT intervals.
+    registration if it never beat) is older than CARDHOUR_HEARTBEAT_MISSED_LIMIT intervals. It returns to
+    the status it had with its next heartbeat.
 
-    Set-based: one locking SELECT, one UPDATE, one bulk INSERT of history rows. Rows another worker holds
-    are skipped (PostgreSQL SKIP LOCKED) and caught on the next run. Returns the identifiers taken offline.
+    Unless the mass-miss hold applies (federation.selectors.heartbeat_monitor_assess: most of the fleet
+    missing at once, across hubs, is the platform failing to read heartbeats, not the fleet failing): then
+    nothing is taken offline, the hold is logged as an error and shown on /metrics and in the admin, and
+    this returns []. Staff override it with ``override`` (their actor) and ``override_reason``, both
+    recorded in the status history, optionally for ``cluster_ids`` only.
+
+    Set-based: one aggregate, one locking SELECT, one UPDATE per status, one bulk INSERT of history rows.
+    Rows another worker holds are skipped (PostgreSQL SKIP LOCKED) and caught on the next run. Returns the
+    identifiers taken offline.
     """
     now = now or timezone.now()
-    limit = settings.CARDHOUR_HEARTBEAT_MISSED_LIMIT
-    interval = settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS
-    cutoff = now - timedelta(seconds=interval * limit)
-    stale = list(
-        Cluster.objects.select_for_update(skip_locked=True)
-        .filter(status__in=[ClusterStatus.ACTIVE, ClusterStatus.DRAINING])
-        .filter(Q(last_heartbeat_at__lt=cutoff) | Q(last_heartbeat_at__isnull=True, registered_at__lt=cutoff))
-        .values_list("pk", "cpi", "status")
+    if override is None:
+        assessment = selectors.heartbeat_monitor_assess(now=now)
+        if assessment.holding:
+            logger.error(
+                "heartbeat monitor holding: %s; no cluster is taken offline until beats return or staff "
+                "override (CARDHOUR_HEARTBEAT_HOLD_*)",
+                assessment.summary(),
+                extra={"overdue": assessment.overdue, "missing": assessment.missing},
+            )
+            return []
+    cutoff = selectors.heartbeat_cutoff(now=now)
+    candidates = Cluster.objects.filter(status__in=[ClusterStatus.ACTIVE, ClusterStatus.DRAINING]).filter(
+        selectors.heartbeat_overdue_q(cutoff=cutoff)
     )
+    if cluster_ids is not None:
+        candidates = candidates.filter(pk__in=list(cluster_ids))
+    stale = list(candidates.select_for_update(skip_locked=True).values_list("pk", "cpi", "status"))
     if not stale:
         return []
+    limit = settings.CARDHOUR_HEARTBEAT_MISSED_LIMIT
+    interval = settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS
     reason = f"missed {limit} heartbeats (interval {interval} s)"
     monitor = Actor.system("heartbeat monitor")
+    if override is not None:
+        reason += f"; mass-miss hold overridden: {override_reason}"
     for status in {row[2] for row in stale}:
         Cluster.objects.filter(pk__in=[pk for pk, _, s in stale if s == status]).update(
             status=ClusterStatus.OFFLINE,
             offline_cause=Cluster.OfflineCause.HEARTBEAT,
             status_before_offline=status,
+            offline_at=now,
             updated_at=now,
         )
     ClusterStatusChange.objects.bulk_create(
@@ -741,8 +774,10 @@ def clusters_mark_missed_heartbeats(*, now: datetime | None = None) -> list[str]
                 from_status=status,
                 to_status=ClusterStatus.OFFLINE,
                 changed_at=now,
-                actor_label=monitor.label,
-                reason=reason,
+                actor_user=override.user if override is not None and override.user is not None else None,
+                actor_token=override.token if override is not None else None,
+                actor_label=(override or monitor).label[:200],
+                reason=reason[:500],
             )
             for pk, _, status in stale
         ]

@@ -276,6 +276,16 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Heartbeats: a cluster that misses HEARTBEAT_MISSED_LIMIT intervals in a row goes offline.
 CARDHOUR_HEARTBEAT_INTERVAL_SECONDS = env.int("CARDHOUR_HEARTBEAT_INTERVAL_SECONDS", default=30)
 CARDHOUR_HEARTBEAT_MISSED_LIMIT = env.int("CARDHOUR_HEARTBEAT_MISSED_LIMIT", default=3)
+# The mass-miss hold (federation.selectors.heartbeat_monitor_assess): when at least HOLD_MIN_CLUSTERS clusters
+# are missing at once (overdue, or taken offline for missed beats within the missed-beat window) and the hubs
+# where at least HOLD_HUB_SHARE of the clusters are missing carry at least HOLD_FLEET_SHARE of the fleet, the
+# platform is more likely failing to read heartbeats than the fleet failing to send them: the monitor takes no
+# cluster offline and says so (log, /metrics, admin) until staff override or the beats come back. After
+# Kubernetes' node lifecycle controller, which stops evictions when every zone looks down at once
+# (--large-cluster-size-threshold 50, --unhealthy-zone-threshold 0.55). HOLD_MIN_CLUSTERS=0 turns it off.
+CARDHOUR_HEARTBEAT_HOLD_MIN_CLUSTERS = env.int("CARDHOUR_HEARTBEAT_HOLD_MIN_CLUSTERS", default=50)
+CARDHOUR_HEARTBEAT_HOLD_HUB_SHARE = env.float("CARDHOUR_HEARTBEAT_HOLD_HUB_SHARE", default=0.05)
+CARDHOUR_HEARTBEAT_HOLD_FLEET_SHARE = env.float("CARDHOUR_HEARTBEAT_HOLD_FLEET_SHARE", default=0.75)
 # One failover run (every 5 s) takes no new lease after this many seconds; the rest wait for the next run, so a
 # hub going down cannot hold every Celery worker slot while thousands of leases are re-placed.
 CARDHOUR_FAILOVER_RUN_SECONDS = env.float("CARDHOUR_FAILOVER_RUN_SECONDS", default=20.0)
