@@ -21,7 +21,8 @@ whatever the answers take; latency measured from when each was due):
 - **failover**: ``--silent`` clusters (default 0.2 % of them) stop heartbeating after the first third of the
   run, so the monitor takes them offline and failover interrupts and re-places their leases meanwhile.
 
-Every 15 s it scrapes ``/metrics`` (the unrated backlog and its oldest record's age, clusters offline) and the
+Every 15 s it scrapes ``/metrics`` (the unrated backlog and its oldest record's age, clusters offline, clusters
+overdue and whether the heartbeat monitor holds) and the
 CPU of each group of processes. At the end the load stops, the backlog is given ``--drain-seconds`` to empty,
 and the run is checked: every usage record accepted is stored and rated (records in = records rated), and the
 ledger reconciles (``metering.services.maintenance.ledger_reconcile``: every transfer balances, balances
@@ -547,7 +548,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 for t in range(args.quote_clients)
             ),
         ]
-        samples: list[tuple[float, float, float, float]] = []
+        samples: list[tuple[float, float, float, float, float, float]] = []
         groups.start()
         for thread in threads:
             thread.daemon = True
@@ -561,11 +562,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                     metric(text, "cardhour_usage_unrated_records"),
                     metric(text, "cardhour_usage_unrated_oldest_age_seconds"),
                     metric(text, "cardhour_clusters_offline"),
+                    metric(text, "cardhour_clusters_heartbeat_overdue"),
+                    metric(text, "cardhour_heartbeat_monitor_holding"),
                 )
             )
             print(
                 f"  {samples[-1][0]:6.0f} s: unrated {samples[-1][1]:,.0f} (oldest {samples[-1][2]:.0f} s), "
-                f"clusters offline {samples[-1][3]:.0f}, Celery alive {celery.alive()}",
+                f"clusters offline {samples[-1][3]:.0f}, overdue {samples[-1][4]:.0f}"
+                f"{' (monitor holding)' if samples[-1][5] else ''}, Celery alive {celery.alive()}",
                 flush=True,
             )
         for thread in threads:
@@ -628,7 +632,7 @@ def _healthz_baseline(port: int, pids: Sequence[int]) -> tuple[float, int]:
 
 
 def _drain(
-    port: int, *, seconds: float, began: float, samples: list[tuple[float, float, float, float]]
+    port: int, *, seconds: float, began: float, samples: list[tuple[float, float, float, float, float, float]]
 ) -> float:
     """Wait for the unrated backlog to empty (rating runs each minute); when it did, in seconds since the
     soak began (NaN: it did not within ``seconds``)."""
@@ -642,6 +646,8 @@ def _drain(
                 unrated,
                 metric(text, "cardhour_usage_unrated_oldest_age_seconds"),
                 metric(text, "cardhour_clusters_offline"),
+                metric(text, "cardhour_clusters_heartbeat_overdue"),
+                metric(text, "cardhour_heartbeat_monitor_holding"),
             )
         )
         if unrated == 0:
@@ -682,7 +688,7 @@ def _check(soak: Soak) -> list[str]:
 def report(
     args: argparse.Namespace,
     soak: Soak,
-    samples: Sequence[tuple[float, float, float, float]],
+    samples: Sequence[tuple[float, float, float, float, float, float]],
     cpu: dict[str, float],
     *,
     load_s: float,
@@ -736,8 +742,11 @@ def report(
     )
     print_table(
         "Unrated backlog over time (/metrics)",
-        ["at s", "unrated records", "oldest s", "clusters offline"],
-        [[f"{t:.0f}", f"{u:,.0f}", f"{o:.0f}", f"{c:.0f}"] for t, u, o, c in samples],
+        ["at s", "unrated records", "oldest s", "clusters offline", "overdue", "monitor holding"],
+        [
+            [f"{t:.0f}", f"{u:,.0f}", f"{o:.0f}", f"{c:.0f}", f"{d:.0f}", "yes" if h else ""]
+            for t, u, o, c, d, h in samples
+        ],
     )
     requests = sum(len(s.latencies) for s in soak.stats.values())
     rated = soak.stats["usage"].units
