@@ -525,7 +525,9 @@ class ClusterActionForm(ActionForm):
         max_length=400,
         label=gettext_lazy("Reason"),
         help_text=gettext_lazy("Recorded in the status history with your name."),
-        widget=forms.TextInput(attrs={"size": 40, "placeholder": "reason (required for status changes)"}),
+        widget=forms.TextInput(
+            attrs={"size": 40, "placeholder": gettext_lazy("reason (required for status changes)")}
+        ),
     )
 
 
