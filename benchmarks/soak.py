@@ -528,8 +528,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         )
         threads = [
             *(
-                threading.Thread(target=soak.heartbeats, args=(clusters,), kwargs={"thread": t, "threads": 8})
-                for t in range(8)
+                threading.Thread(
+                    target=soak.heartbeats,
+                    args=(clusters,),
+                    kwargs={"thread": t, "threads": args.heartbeat_threads},
+                )
+                for t in range(args.heartbeat_threads)
             ),
             *(
                 threading.Thread(target=soak.usage, args=(agents,), kwargs={"thread": t, "threads": 4})
@@ -790,7 +794,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--quote-rate", type=float, default=200.0)
     parser.add_argument("--quote-clients", type=int, default=4)
-    parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %)")
+    parser.add_argument(
+        "--heartbeat-threads",
+        type=int,
+        default=8,
+        help="connections the clusters' beats share (10k agents never wait for each other; few connections "
+        "make a slow server look like late agents)",
+    )
+    parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %%)")
     parser.add_argument("--workers", type=int, default=2, help="web server processes")
     parser.add_argument("--celery-concurrency", type=int, default=2)
     parser.add_argument("--drain-seconds", type=float, default=180.0)
