@@ -19,7 +19,8 @@ What it does, in order:
    (kept by an earlier run with ``--keep``) is reused as it is: two checkouts compared on the same data.
 2. Starts the production server (benchmarks.prodserver: gunicorn, uvicorn workers, production settings) of
    this checkout or of ``--server-root``.
-3. Closed loop, ``--rounds`` times: every cluster beats once (shuffled), ``--concurrency`` client threads on
+3. Closed loop, ``--rounds`` times (after ``--warmup`` beats): every cluster (or ``--beats`` of them)
+   beats once, shuffled, ``--concurrency`` client threads on
    keep-alive connections; each beat names all of the cluster's islands with new available and unhealthy
    cards. Checks every answer (200, ``applied: true``) and, after each round, the database (every cluster's
    ``last_heartbeat_sent_at`` and ``available_cards`` as sent).
@@ -44,7 +45,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -133,7 +134,9 @@ def build_round(
     return requests, expected
 
 
-def applied(requests: Sequence[HttpRequest]):  # type: ignore[no-untyped-def]
+def applied(requests: Sequence[HttpRequest]) -> Callable[[int, int, bytes], str | None]:
+    """A check for run_closed_loop: 200 and ``applied: true``."""
+
     def check(index: int, status: int, body: bytes) -> str | None:
         if status != 200:
             return f"{requests[index].path}: HTTP {status} {body[:300]!r}"
@@ -265,7 +268,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--concurrency", type=int, default=8, help="heartbeat clients (closed loop and paced)"
     )
     parser.add_argument("--register-concurrency", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=2, help="closed-loop rounds, each one beat per cluster")
+    parser.add_argument("--rounds", type=int, default=2, help="closed-loop rounds")
+    parser.add_argument(
+        "--beats",
+        type=int,
+        help="beats per closed-loop round, each on another cluster (default: every cluster)",
+    )
+    parser.add_argument("--warmup", type=int, default=1_000, help="beats before measuring, not counted")
     parser.add_argument("--rate", type=float, default=TARGET_PER_S, help="beats/s of the paced run")
     parser.add_argument("--paced-seconds", type=float, default=20.0, help="0 skips the paced run")
     parser.add_argument("--healthz", type=int, default=3_000)
@@ -396,6 +405,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         # A first beat of every cluster (not measured): warms the workers and leaves every cluster beaten.
         base_at = datetime.now(UTC).replace(microsecond=0)
         warm, _ = build_round(fleet, tokens, seed=args.seed, sent_at=base_at)
+        warm = warm[: args.warmup]
         print(f"[warm-up]  {len(warm):,} beats (not measured) ...", flush=True)
         errors += run_closed_loop(
             requests=warm,
@@ -408,6 +418,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         for r in range(1, args.rounds + 1):
             sent_at = base_at + timedelta(milliseconds=r)
             requests, expected = build_round(fleet, tokens, seed=args.seed + r, sent_at=sent_at)
+            requests = requests[: args.beats or len(requests)]
+            beaten = {r.path.split("/")[4] for r in requests}
+            expected = {cpi: cards for cpi, cards in expected.items() if cpi in beaten}
             print(
                 f"[round {r}]  {len(requests):,} beats, {args.concurrency} clients, closed loop ...",
                 flush=True,

@@ -704,11 +704,11 @@ def _heartbeat_lock(
     by id, or by operator and identifier. None when there is no such cluster."""
     if connection.vendor == "postgresql":
         # Written out: the ORM compiled this read on every beat for as long as the rest of the request took.
-        where, params = (
-            ("id = %s", [cluster_id])
-            if cluster_id is not None
-            else ("operator_id = %s AND cpi = %s", [operator_id, cpi])
-        )
+        params: list[int | str | None]
+        if cluster_id is not None:
+            where, params = "id = %s", [cluster_id]
+        else:
+            where, params = "operator_id = %s AND cpi = %s", [operator_id, cpi]
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT {', '.join(_HEARTBEAT_STATE_COLUMNS)} FROM federation_cluster WHERE {where} FOR UPDATE",  # noqa: S608  # constant text
@@ -737,34 +737,14 @@ def _heartbeat_apply(
         return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=False, detail="stale")
 
     names = [report.name for report in islands]
-    if connection.vendor == "postgresql" and _heartbeat_write_postgres(
+    written = connection.vendor == "postgresql" and _heartbeat_write_postgres(
         cluster=cluster, sent_at=sent_at, health=health, islands=islands, names=names, now=now
-    ):
-        pass
-    else:
-        # Every error is found here, from the islands as stored (PostgreSQL's statement wrote nothing to the
-        # cluster when it did not take every line; raising rolls its island rows back with the transaction).
-        by_name = {island.name: island for island in Island.objects.filter(cluster_id=cluster.pk)}
-        _heartbeat_islands_check(
-            cluster=cluster, islands=islands, names=names, cards={n: i.cards for n, i in by_name.items()}
-        )
-        if connection.vendor == "postgresql":
-            raise RuntimeError(f"heartbeat of {cluster.cpi}: the statement refused lines the checks accept")
-        changed = []
-        for report in islands:
-            island = by_name[report.name]
-            island.available_cards = report.available_cards
-            island.unhealthy_cards = report.unhealthy_cards
-            island.reported_at = sent_at
-            changed.append(island)
-        if changed:
-            Island.objects.bulk_update(changed, ["available_cards", "unhealthy_cards", "reported_at"])
-        Cluster.objects.filter(pk=cluster.pk).update(
-            last_heartbeat_at=now,
-            last_heartbeat_sent_at=sent_at,
-            health=health,
-            available_cards=sum(island.available_cards for island in by_name.values()),
-            updated_at=timezone.now(),
+    )
+    if not written:
+        # Every error is found here (PostgreSQL's statement wrote nothing to the cluster when it did not take
+        # every line; raising rolls its island rows back with the transaction).
+        _heartbeat_write_portable(
+            cluster=cluster, sent_at=sent_at, health=health, islands=islands, names=names, now=now
         )
 
     if cluster.status == ClusterStatus.OFFLINE and cluster.offline_cause == Cluster.OfflineCause.HEARTBEAT:
@@ -782,6 +762,38 @@ def _heartbeat_apply(
             at=now,
         )
     return HeartbeatResult(cluster_cpi=cluster.cpi, status=cluster.status, applied=True)
+
+
+def _heartbeat_write_portable(
+    *,
+    cluster: Cluster,
+    sent_at: datetime,
+    health: str,
+    islands: Sequence[IslandReport],
+    names: Sequence[str],
+    now: datetime,
+) -> None:
+    """Check the beat's lines against the islands as stored and apply it through the ORM (any database)."""
+    by_name = {island.name: island for island in Island.objects.filter(cluster_id=cluster.pk)}
+    _heartbeat_islands_check(
+        cluster=cluster, islands=islands, names=names, cards={n: i.cards for n, i in by_name.items()}
+    )
+    changed = []
+    for report in islands:
+        island = by_name[report.name]
+        island.available_cards = report.available_cards
+        island.unhealthy_cards = report.unhealthy_cards
+        island.reported_at = sent_at
+        changed.append(island)
+    if changed:
+        Island.objects.bulk_update(changed, ["available_cards", "unhealthy_cards", "reported_at"])
+    Cluster.objects.filter(pk=cluster.pk).update(
+        last_heartbeat_at=now,
+        last_heartbeat_sent_at=sent_at,
+        health=health,
+        available_cards=sum(island.available_cards for island in by_name.values()),
+        updated_at=timezone.now(),
+    )
 
 
 def _heartbeat_islands_check(

@@ -672,7 +672,8 @@ def _heartbeat_plain(data: Any) -> dict[str, Any] | None:
             line.get("unhealthy_cards", 0),
         )
         if not (
-            _plain_text(name, name_field)
+            type(name) is str
+            and _plain_text(name, name_field)
             and identifiers.is_segment(name)
             and type(available) is int
             and 0 <= available <= _PLAIN_COUNT_MAX
