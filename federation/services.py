@@ -869,10 +869,16 @@ def _heartbeat_write_postgres(
     now: datetime,
 ) -> bool:
     """Apply the beat in one statement; False (and nothing written to the cluster) when a line was not
-    taken, or when a line could not be (a name twice, a count outside an integer): the caller then finds
-    the error."""
+    taken, or when a line could not be (a name twice or off the segment grammar, a count outside an integer):
+    the caller then finds the error."""
     if len(set(names)) != len(names) or any(
-        not (0 <= r.available_cards <= _PG_INT_MAX and 0 <= r.unhealthy_cards <= _PG_INT_MAX) for r in islands
+        not (
+            0 <= r.available_cards <= _PG_INT_MAX
+            and 0 <= r.unhealthy_cards <= _PG_INT_MAX
+            # No island has another name, and a NUL (which jsonb refuses) never reaches the statement.
+            and identifiers.is_segment(r.name)
+        )
+        for r in islands
     ):
         return False
     lines = json.dumps(

@@ -339,6 +339,12 @@ SERVICE_BEATS: list[tuple[str, list[IslandReport], Any]] = [
     ("too many", [IslandReport("isl-01", 1), IslandReport("isl-02", 30, 3)], _nothing),
     ("negative", [IslandReport("isl-01", -1)], _nothing),
     ("past an integer", [IslandReport("isl-01", 2**40)], _nothing),
+    ("a name off the grammar", [IslandReport("isl-01\x00", 1)], _nothing),
+    (
+        "a name off the grammar, and a good line",
+        [IslandReport("isl-02", 1), IslandReport("ISL-01", 1)],
+        _nothing,
+    ),
     ("retired", [IslandReport("isl-01", 1)], _status("retired")),
 ]
 
