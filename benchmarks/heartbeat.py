@@ -1,15 +1,14 @@
 """Cluster heartbeats at design size over HTTP against the production server, on PostgreSQL.
 
-    python -m benchmarks.heartbeat --endpoint-ip 203.0.113.7          # 10,000 clusters × 10 islands
+    python -m benchmarks.heartbeat --endpoint-ip <public IP>          # 10,000 clusters × 10 islands
     python -m benchmarks.heartbeat --clusters 500 --endpoint-ip ...   # a quick check
     python -m benchmarks.heartbeat --database-url postgres://…/db --server-root ../other-worktree
                                                                       # the same kept fleet, another checkout
 
 The target comes from the design-load soak (benchmarks.soak): 10,000 clusters each beating every 30 s is
-**333 heartbeats/s**, on the same 2 cores as 200 quotes/s and 1,667 usage records/s. Heartbeats may take at
-most a third of a core each second... of both cores together, ``333/s × 3 ms = 1 core``: so a heartbeat must
-cost **≤ 3 ms of CPU (web server + PostgreSQL)**, leaving the other core for quotes and usage, and the server
-must keep up with 333/s paced.
+**333 heartbeats/s**, on the same 2 cores as 200 quotes/s and 1,667 usage records/s. At **≤ 3 ms of CPU per
+heartbeat (web server + PostgreSQL)** that rate takes one core (333/s × 3 ms), leaving the other to quotes and
+usage; and the server must keep up with 333/s paced.
 
 What it does, in order:
 
