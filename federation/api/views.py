@@ -627,14 +627,14 @@ class _HeartbeatAnswer:
 
 _HEARTBEAT_OUTPUT = Output(HeartbeatApi.Output)
 
-# A heartbeat body in its plain form is read here without building the Input serializer (its nested island
-# serializer per line was a third of a beat's CPU once the write was one statement), as the registration's is
-# above: HeartbeatApi.Input stays the one declaration (schema, validation, every error answer). This takes only
-# bodies whose every value is of the declared JSON type and within the declared bounds (a time the declared
-# field itself parses, a listed health, island names already trimmed and in the segment grammar, counts
-# ints ≥ 0) and returns what the serializer's validated_data would hold, the lines as IslandReports; anything
-# else returns None and goes through the serializer. tests/federation/test_heartbeats.py holds the two side
-# by side.
+# A heartbeat body in its plain form is read here without building the Input serializer (for ten island lines
+# the serializer took ~1.6 ms of CPU, this ~0.13 ms), as the registration's is above: HeartbeatApi.Input stays
+# the one declaration (schema, validation, every error answer). This takes only bodies whose every value is of
+# the declared JSON type and within the declared bounds (a time the declared field itself parses, a listed
+# health, island names already trimmed and in the segment grammar, counts ints from 0 to an island's most
+# cards) and returns what the serializer's validated_data would hold, the lines as IslandReports; anything
+# else returns None and goes through the serializer. tests/federation/test_heartbeat_paths.py holds the two
+# side by side, over the API too (status, answer and rows).
 _BEAT_FIELDS = HeartbeatApi.Input._declared_fields
 _BEAT_LINE_FIELDS = HeartbeatApi.Input.IslandLine._declared_fields
 _HEALTHS = frozenset(value for value, _label in REPORTABLE_HEALTH)
