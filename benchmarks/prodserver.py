@@ -81,15 +81,19 @@ class Server:
 
 
 @contextlib.contextmanager
-def production_server(env: Mapping[str, str], *, ready_path: str = "/healthz") -> Iterator[Server]:
+def production_server(
+    env: Mapping[str, str], *, ready_path: str = "/healthz", root: Path = ROOT
+) -> Iterator[Server]:
+    """The production server of the checkout at ``root`` (this one by default; another worktree's, to compare
+    two versions of the code on the same database)."""
     port = int(env["GUNICORN_BIND"].rsplit(":", 1)[1])
     # A file, not a pipe, never fills; closed in finally. CARDHOUR_BENCH_SERVER_LOG keeps it (a path).
     kept = env.get("CARDHOUR_BENCH_SERVER_LOG")
     log = open(kept, "w+b") if kept else tempfile.TemporaryFile()  # noqa: SIM115
     process = subprocess.Popen(
         [str(GUNICORN), "-c", "config/gunicorn.conf.py", "config.asgi:application"],
-        cwd=ROOT,
-        env=dict(env),
+        cwd=root,
+        env={**env, "PYTHONPATH": str(root)} if root != ROOT else dict(env),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -137,9 +141,17 @@ class ProductionServers:
         "worker(s), production settings from the environment)"
     )
 
-    def __init__(self, *, workers: int, database_url: str, extra: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        workers: int,
+        database_url: str,
+        extra: Mapping[str, str] | None = None,
+        port: int | None = None,
+        root: Path = ROOT,
+    ) -> None:
         self.host = "127.0.0.1"
-        port = free_port()
+        port = port or free_port()
         self.ports = [port]
         self.env = production_env(
             database_url=database_url,
@@ -154,7 +166,7 @@ class ProductionServers:
                 **(extra or {}),
             },
         )
-        self._context = production_server(self.env)
+        self._context = production_server(self.env, root=root)
         self.server = self._context.__enter__()
         self.peak_rss_mb: list[float] = []
         self.log_path = Path("(the production server's log is printed when it fails to start)")

@@ -152,6 +152,11 @@ def format_identifier(identifier: ComputeIdentifier) -> str:
     return ":".join([SCHEME, *[s for s in segments if s is not None]])
 
 
+def is_segment(value: str) -> bool:
+    """``value`` is one segment (what validate_segment accepts), without building its error."""
+    return isinstance(value, str) and _SEGMENT_RE.fullmatch(value) is not None
+
+
 def is_valid(value: str) -> bool:
     try:
         parse(value)
