@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -14,6 +13,7 @@ from django.db import connections, router, transaction
 from django.db.models import Field
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from pydantic_core import to_json
 
 from broker.catalog import market
 from broker.draws import BuyerPacks, DrawPlan, buyer_packs_after_leases
@@ -387,7 +387,10 @@ def _quotes_insert_recordset(quotes: list[Quote], alias: str) -> None:
     sql, kinds = _recordset_insert_sql()
     rows = [{field.column: _recordset_value(quote, field, kind) for field, kind in kinds} for quote in quotes]
     with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [json.dumps(rows, separators=(",", ":"))])
+        # pydantic-core's encoder: a third of the CPU of json.dumps for these rows (their breakdowns make
+        # them ~2 KB each); PostgreSQL reads the same document from either (non-ASCII as UTF-8, not \u
+        # escapes). Every value here is already JSON's (the breakdown is built of str, int, bool and None).
+        cursor.execute(sql, [to_json(rows).decode()])
         ids = [pk for (pk,) in cursor.fetchall()]
     for quote, pk in zip(quotes, ids, strict=True):
         quote.pk = pk
