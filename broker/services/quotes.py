@@ -23,6 +23,7 @@ from broker.models import Job, Quote
 from broker.services.jobs import job_spec
 from broker.services.relaxations import relaxations_find
 from broker.types import JobSpec, MatchResult, Placement, Relaxation
+from core.db import bound_cursor
 from core.models import Organisation
 from metering.selectors.tariffs import compiled_tariff
 from metering.tariffs import CompiledTariff
@@ -289,7 +290,7 @@ def _job_quote_summary_set(*, job_id: int, summary: dict[str, object]) -> None:
     alias = router.db_for_write(Job)
     connection = connections[alias]
     value = Job._meta.get_field("quote_summary").get_db_prep_save(summary, connection)
-    with connection.cursor() as cursor:
+    with bound_cursor(alias) as cursor:  # prepared once per connection in production (core.db)
         cursor.execute(_job_quote_summary_sql(), [value, job_id])
 
 
@@ -386,7 +387,7 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
 def _quotes_insert_recordset(quotes: list[Quote], alias: str) -> None:
     sql, kinds = _recordset_insert_sql()
     rows = [{field.column: _recordset_value(quote, field, kind) for field, kind in kinds} for quote in quotes]
-    with connections[alias].cursor() as cursor:
+    with bound_cursor(alias) as cursor:  # prepared once per connection in production (core.db)
         # pydantic-core's encoder: a third of the CPU of json.dumps for these rows (their breakdowns make
         # them ~2 KB each); PostgreSQL reads the same document from either (non-ASCII as UTF-8, not \u
         # escapes). Every value here is already JSON's (the breakdown is built of str, int, bool and None).
