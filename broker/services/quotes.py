@@ -231,7 +231,7 @@ def _quote_attnames() -> tuple[str, ...]:
 def _quote_new(job: Job, **values: object) -> Quote:
     """``Quote(job=job, **values)`` at a fraction of its cost: the model's positional constructor (the one
     ``Model.from_db`` uses), every concrete field in its order, so no keyword is looked up field by field
-    (about a tenth of a quote request's CPU outside the matcher). ``values`` are by attribute name
+    (14 µs of CPU an object instead of 21: ten per quote request). ``values`` are by attribute name
     (``cluster_id``); the id and ``replaces`` are None, as for a new quote; ``quote.job`` is ``job``, as the
     keyword constructor would cache it. A field added to Quote without a value here fails loudly."""
     values["id"] = None
