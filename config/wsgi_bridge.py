@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,7 +66,7 @@ class _Exchange:
     def _send_now(self, message: dict[str, Any]) -> None:
         asyncio.run_coroutine_threadsafe(self.send(message), self.loop).result()
 
-    def run(self, app: Any, environ: dict[str, Any]) -> tuple[_StartResponse, bytes] | None:
+    def run(self, app: Any, environ: Any) -> tuple[_StartResponse, bytes] | None:
         iterable = app(environ, self.start_response)
         try:
             if getattr(iterable, "streaming", True) is False:  # Django's HttpResponse: join it here
@@ -110,7 +111,9 @@ class WsgiOnThreads:
         environ = build_environ(scope, _ReceivedBody(loop, receive, first))  # type: ignore[arg-type]
         exchange = _Exchange(loop, send)
         context = contextvars.copy_context()
-        answer = await loop.run_in_executor(self.executor, context.run, exchange.run, self.app, environ)
+        answer = await loop.run_in_executor(
+            self.executor, functools.partial(context.run, exchange.run, self.app, environ)
+        )
         if answer is None:  # streamed from the thread
             return
         (code, headers), body = answer

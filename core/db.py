@@ -39,4 +39,4 @@ def bound_cursor(alias: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
         # What connection.cursor() does, around psycopg's server-binding cursor instead of the backend's
         # client-binding one (create_cursor); _prepare_cursor picks the debug wrapper when queries are
         # logged.
-        return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+        return connection._prepare_cursor(psycopg.Cursor(connection.connection))  # type: ignore[attr-defined]
