@@ -28,6 +28,7 @@ from broker.models import (
     Quote,
 )
 from core.charts import band_sort_key
+from core.db import bound_cursor
 from core.models import Organisation
 from core.money import from_micros, lines_total, to_micros
 from metering.models import RatedSegment, UsageRecord
@@ -92,7 +93,7 @@ class _PreparedJobQuery:
 
     def get(self, *, buyer_id: int, job_id: int) -> Job | None:
         values = {"buyer": buyer_id, "job": job_id}
-        with self.connection.cursor() as cursor:
+        with bound_cursor(self.alias) as cursor:  # prepared once per connection in production (core.db)
             cursor.execute(self.sql, [values[name] for name in self.order])
             rows = cursor.fetchall()
         for row in self.compiler.results_iter(results=[rows]):

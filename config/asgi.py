@@ -7,9 +7,10 @@ Two paths in one process:
   the request waits on the event loop for a PostgreSQL NOTIFY holding neither a thread nor a database
   connection. Hundreds of agents can wait at once at the cost of a socket and a future each.
 - **Everything else** goes to Django's WSGI handler on a fixed pool of ``CARDHOUR_WSGI_THREADS`` threads
-  (a2wsgi): ordinary requests keep the cost they have under a threaded WSGI server — one thread hop, and a
-  persistent database connection per thread — instead of paying a thread hop per middleware, which Django's
-  async stack costs a synchronous view. A waiting request never takes one of these threads, so long-polls
+  (config.wsgi_bridge): ordinary requests keep the cost they have under a threaded WSGI server — one thread
+  hop there and back, and a database connection from the pool per request — instead of paying a thread hop
+  per middleware, which Django's async stack costs a synchronous view, or one per response message, which
+  a2wsgi's bridge costs. A waiting request never takes one of these threads, so long-polls
   cannot starve heartbeats, quotes or ``/healthz``.
 """
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from a2wsgi import WSGIMiddleware
 from django.core.wsgi import get_wsgi_application
 
 from config.entrypoint import use_settings
+from config.wsgi_bridge import WsgiOnThreads
 
 use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
 
@@ -32,7 +33,7 @@ _async_app = LongPollASGIHandler()
 
 from django.conf import settings  # noqa: E402  (after setup)
 
-_threaded_app = WSGIMiddleware(_wsgi_app, workers=settings.CARDHOUR_WSGI_THREADS)  # type: ignore[arg-type]
+_threaded_app = WsgiOnThreads(_wsgi_app, workers=settings.CARDHOUR_WSGI_THREADS)
 _async_paths = frozenset(settings.CARDHOUR_ASYNC_PATHS)
 
 
@@ -40,6 +41,6 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"] in _async_paths:
         await _async_app(scope, receive, send)
     elif scope["type"] == "http":
-        await _threaded_app(scope, receive, send)  # type: ignore[arg-type]
+        await _threaded_app(scope, receive, send)
     else:  # lifespan and anything else: Django's handler answers (it refuses what it does not serve)
         await _async_app(scope, receive, send)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 
+from core.db import bound_cursor
 from core.errors import ConflictError, InvalidInputError, NotFoundError, PermissionDeniedError
 from core.models import ApiToken, Invitation, Membership, Organisation
 from core.selectors import invitation_token_hash
@@ -226,7 +227,7 @@ def _active_token_by_prefix(*, prefix: str) -> ApiToken | None:
     every request, nothing is cached.
     """
     sql, converters, token_attnames, org_attnames = _token_lookup_plan(connection.vendor)
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:  # prepared once per connection in production (core.db)
         cursor.execute(sql, [prefix])
         row = cursor.fetchone()
     if row is None:

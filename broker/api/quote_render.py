@@ -15,6 +15,7 @@ other fails there.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from decimal import Context, Decimal, getcontext
 from typing import Any
@@ -185,9 +186,26 @@ def _context(base: Context, precision: int) -> Context:
     return context
 
 
+# A decimal string as ``str(Decimal)`` writes one at a fixed number of places: sign, integer part without
+# leading zeros, fraction (ASCII digits only: ``\d`` would take other scripts' digits, which Decimal reads).
+_PLAIN = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)")
+
+
 def _dec(value: Any, quantum: Decimal, context: Context) -> str | None:
     if value is None:
         return None
+    if value.__class__ is str:
+        # Most of a quote's decimals are stored in its breakdown as strings already at the field's places
+        # ("12.50" for a cost): quantizing one changes nothing and ``:f`` gives the string back, so it is
+        # returned as is — when it has exactly the places and no more digits than the precision allows
+        # (counting leading fraction zeros, which only sends a few strings the long way round).
+        plain = _PLAIN.fullmatch(value)
+        if (
+            plain is not None
+            and len(plain[2]) == -quantum.as_tuple().exponent  # type: ignore[operator]
+            and len(plain[1].lstrip("0")) + len(plain[2]) <= context.prec
+        ):
+            return value
     if not isinstance(value, Decimal):
         value = Decimal(str(value).strip())
     return f"{value.quantize(quantum, context=context):f}"

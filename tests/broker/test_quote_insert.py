@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from decimal import Decimal
 
+import pytest
+
 from broker.models import Quote
-from broker.services.quotes import _quotes_insert, quote_create
+from broker.services.quotes import _quote_new, _quotes_insert, quote_create
 from core.models import Organisation
 from federation.models import Cluster
 from tests.broker.factories import make_job, make_lease
@@ -100,3 +102,26 @@ def test_awkward_values_are_stored_as_bulk_create_stores_them(
 def test_no_quotes_store_nothing(buyer: Organisation) -> None:
     _quotes_insert([])
     assert not Quote.objects.exists()
+
+
+def test_quotes_are_built_as_the_keyword_constructor_builds_them(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster, django_assert_num_queries
+) -> None:
+    """quote_create builds its Quote objects positionally (broker.services.quotes._quote_new): each must
+    be the object ``Quote(job=job, …)`` gives, with its job cached, and a stray value must fail."""
+    job = make_job(buyer=buyer, cards=4)
+    quote_set = quote_create(job=job, limit=4)
+    assert quote_set.quotes
+    for quote in quote_set.quotes:
+        values = {name: getattr(quote, name) for name in FIELDS if name != "job_id"}
+        keyword = Quote(job=job, **values)
+        keyword.pk = quote.pk
+        assert {f.attname: getattr(keyword, f.attname) for f in Quote._meta.concrete_fields} == {
+            f.attname: getattr(quote, f.attname) for f in Quote._meta.concrete_fields
+        }
+        with django_assert_num_queries(0):
+            assert quote.job is job
+            assert quote.replaces is None
+        assert quote._state.db == "default" and not quote._state.adding
+    with pytest.raises(TypeError, match="not fields of Quote"):
+        _quote_new(job, **{**values, "no_such_field": 1})

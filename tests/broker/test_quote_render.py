@@ -207,3 +207,54 @@ def test_the_endpoint_answers_the_serializers_rendering(
     reference = QuoteSetOutput().fields["quotes"].child
     for quote in answer["quotes"]:
         assert quote == json.loads(json.dumps(reference.to_representation(quote_body(stored[quote["id"]]))))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12.50",
+        "-0.00",
+        "0.00",
+        "0.05",
+        "00.50",
+        "12.5",
+        "12.500",
+        "1E+1",
+        "1.2E-3",
+        " 12.50",
+        "12.50 ",
+        "+12.50",
+        "NaN",
+        "-Infinity",
+        "١٢.٥٠",
+        "12345678901234.56",
+        "123456789012345.67",
+        "99999999999999.99",
+        "0.000001",
+        "0.0000010",
+        "1.000000",
+        "123456789012345678901.000000",
+    ],
+)
+@pytest.mark.parametrize(("places", "max_digits"), [(2, 16), (3, 6), (4, 8), (6, 20), (6, 16)])
+def test_a_decimal_string_renders_as_the_serializer_field_renders_it(
+    text: str, places: int, max_digits: int
+) -> None:
+    """broker.api.quote_render._dec returns most strings as they are (already at the field's places): it
+    must give what DecimalField gives for any string, or fail as it fails."""
+    from decimal import Context, getcontext
+
+    from broker.api.quote_render import _dec
+
+    field = serializers.DecimalField(max_digits=max_digits, decimal_places=places)
+    context = getcontext().copy()
+    context.prec = max_digits
+    try:
+        expected: Any = field.to_representation(text)
+    except Exception as error:
+        expected = type(error)
+    try:
+        got: Any = _dec(text, Decimal(1).scaleb(-places), Context.copy(context))
+    except Exception as error:
+        got = type(error)
+    assert got == expected

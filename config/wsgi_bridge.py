@@ -1,0 +1,121 @@
+"""Django's WSGI handler served from an ASGI event loop on a fixed pool of threads, with one hop per request.
+
+a2wsgi's WSGIMiddleware (which this replaces for config.asgi) hands every message across between the
+request's thread and the event loop and waits for it there: the request body, the response's start, each
+chunk of its body and the empty last one — four or five round trips for a JSON answer, each a wake-up
+of the loop and of the thread. Under load, with the matcher's numpy work holding the GIL in the other
+threads, those waits cost more CPU than the middleware chain does (py-spy of the production server, issue
+14). Here a request whose body arrived in one message (every API request but a large upload) is read on
+the loop before its thread starts, and a response that is not streaming (``HttpResponse``, what every API
+view and page answers) is joined in the thread and sent from the loop after the thread returns: one hop
+there and one back. A streaming response (``StreamingHttpResponse``, ``FileResponse``: static files,
+exports) is sent chunk by chunk as it is produced, as a2wsgi sends it, so it is never held whole in
+memory; a body that comes in several messages is read the same way, from the thread, as it is needed.
+
+The response is closed (Django's ``request_finished``: the thread's database connection goes back to the
+pool) in its thread, before the answer is sent, as a threaded WSGI server would close it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from a2wsgi.wsgi import Body, build_environ
+
+_StartResponse = tuple[int, list[tuple[bytes, bytes]]]
+
+
+class _ReceivedBody(Body):
+    """a2wsgi's request body, starting from the first message, already received on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, receive: Any, first: dict[str, Any]) -> None:
+        super().__init__(loop, receive)
+        self.buffer.extend(first.get("body", b""))
+        self._has_more = bool(first.get("more_body", False))
+
+
+class _Exchange:
+    """One request's WSGI side, run in a pool thread: ``run`` returns the whole answer of a response that
+    is not streaming, or sends a streaming one itself and returns None."""
+
+    __slots__ = ("loop", "send", "start", "written")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Any) -> None:
+        self.loop = loop
+        self.send = send
+        self.start: _StartResponse | None = None
+        self.written: list[bytes] = []
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        # Nothing is sent before the application returns, so a second call (with exc_info, from an error
+        # handler) simply replaces the first, as PEP 3333 allows before the body starts.
+        code = int(status.split(" ", 1)[0])
+        self.start = (
+            code,
+            [
+                (name.strip().encode("latin1").lower(), value.strip().encode("latin1"))
+                for name, value in headers
+            ],
+        )
+        return self.written.append
+
+    def _send_now(self, message: dict[str, Any]) -> None:
+        asyncio.run_coroutine_threadsafe(self.send(message), self.loop).result()
+
+    def run(self, app: Any, environ: Any) -> tuple[_StartResponse, bytes] | None:
+        iterable = app(environ, self.start_response)
+        try:
+            if getattr(iterable, "streaming", True) is False:  # Django's HttpResponse: join it here
+                body = b"".join([*self.written, *iterable])
+                if self.start is None:
+                    raise RuntimeError("the WSGI application returned without calling start_response")
+                return self.start, body
+            chunks = iter(iterable)
+            first = next(chunks, b"")  # start_response may come with the first chunk (PEP 3333)
+            if self.start is None:
+                raise RuntimeError("the WSGI application returned without calling start_response")
+            code, headers = self.start
+            self._send_now({"type": "http.response.start", "status": code, "headers": headers})
+            for chunk in [*self.written, first]:
+                if chunk:
+                    self._send_now({"type": "http.response.body", "body": chunk, "more_body": True})
+            for chunk in chunks:
+                if chunk:
+                    self._send_now({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._send_now({"type": "http.response.body", "body": b""})
+            return None
+        finally:
+            close = getattr(iterable, "close", None)
+            if close is not None:
+                close()
+
+
+class WsgiOnThreads:
+    """An ASGI application serving HTTP requests with a WSGI application on ``workers`` threads."""
+
+    def __init__(self, app: Any, *, workers: int) -> None:
+        self.app = app
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="WSGI")
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError(f"WsgiOnThreads serves HTTP only, not {scope['type']!r}")
+        loop = asyncio.get_running_loop()
+        first = await receive()
+        if first["type"] == "http.disconnect":
+            return
+        environ = build_environ(scope, _ReceivedBody(loop, receive, first))  # type: ignore[arg-type]
+        exchange = _Exchange(loop, send)
+        context = contextvars.copy_context()
+        answer = await loop.run_in_executor(
+            self.executor, functools.partial(context.run, exchange.run, self.app, environ)
+        )
+        if answer is None:  # streamed from the thread
+            return
+        (code, headers), body = answer
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
