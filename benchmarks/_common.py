@@ -86,6 +86,24 @@ class BenchDatabase:
         return str(row[0]) if row else "?"
 
 
+def run_on_database(database: BenchDatabase, run: Callable[[BenchDatabase], list[str]], *, keep: bool) -> int:
+    """Run a benchmark on ``database``, drop it afterwards unless ``keep`` or it was given, print the first
+    errors; the exit status (1 on any error)."""
+    try:
+        errors = run(database)
+    finally:
+        if keep or not database.owned:
+            print(f"\ndatabase kept: {database.url}")
+        else:
+            database.drop()
+    if errors:
+        print(f"\nFAILED: {len(errors)} error(s); first ones:")
+        for message in errors[:10]:
+            print(f"  {message}")
+        return 1
+    return 0
+
+
 def django_environment(*, database_url: str, conn_max_age: int) -> dict[str, str]:
     """The environment a benchmark's Django (in this process and in its servers) runs with."""
     return {

@@ -74,6 +74,7 @@ from benchmarks._common import (
     percentile,
     print_table,
     run_closed_loop,
+    run_on_database,
     spread,
     windowed_rates,
 )
@@ -920,19 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.database_url
         else BenchDatabase.create(name=BENCH_DATABASE)
     )
-    try:
-        errors = run(args, database)
-    finally:
-        if args.keep or not database.owned:
-            print(f"\ndatabase kept: {database.url}")
-        else:
-            database.drop()
-    if errors:
-        print(f"\nFAILED: {len(errors)} error(s); first ones:")
-        for message in errors[:10]:
-            print(f"  {message}")
-        return 1
-    return 0
+    return run_on_database(database, lambda db: run(args, db), keep=args.keep)
 
 
 def verdict(ok: bool) -> str:

@@ -56,6 +56,7 @@ from benchmarks._common import (
     peak_rss_mb,
     print_table,
     run_closed_loop,
+    run_on_database,
     spread,
     windowed_rates,
 )
@@ -489,19 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {machine_description()}")
 
     database = BenchDatabase.existing(args.database_url) if args.database_url else BenchDatabase.create()
-    try:
-        errors = run(args, database)
-    finally:
-        if args.keep or not database.owned:
-            print(f"\ndatabase kept: {database.url}")
-        else:
-            database.drop()
-    if errors:
-        print(f"\nFAILED: {len(errors)} error(s); first ones:")
-        for message in errors[:10]:
-            print(f"  {message}")
-        return 1
-    return 0
+    return run_on_database(database, lambda db: run(args, db), keep=args.keep)
 
 
 def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:

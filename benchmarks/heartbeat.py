@@ -62,6 +62,7 @@ from benchmarks._common import (
     ms,
     print_table,
     run_closed_loop,
+    run_on_database,
     spread,
 )
 from benchmarks.federation import ClusterPlan, build_fleet
@@ -370,19 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.database_url
         else BenchDatabase.create(name=args.database_name)
     )
-    try:
-        errors = run(args, database)
-    finally:
-        if args.keep or not database.owned:
-            print(f"\ndatabase kept: {database.url}")
-        else:
-            database.drop()
-    if errors:
-        print(f"\nFAILED: {len(errors)} error(s); first ones:")
-        for message in errors[:10]:
-            print(f"  {message}")
-        return 1
-    return 0
+    return run_on_database(database, lambda db: run(args, db), keep=args.keep)
 
 
 def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
