@@ -278,16 +278,23 @@ def _stored_intervals(
             lows.append(at_micros(low))
             highs.append(at_micros(high))
     if connection.vendor == "postgresql":
+        # LATERAL (kept apart by OFFSET 0): one probe of the reference index per lease, whatever the
+        # statistics say. As a plain join the planner, trusting the statistics of a partition that was
+        # small when last analysed (a new month, or one filling fast), hashed the spans and read the whole
+        # partition: 49 ms for a late batch of 105 leases against ~250,000 stored records, 7 ms by index.
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
-                SELECT u.reference, u.cards,
+                SELECT span.reference, u.cards,
                        (EXTRACT(EPOCH FROM u.start_at) * 1000000)::bigint,
                        (EXTRACT(EPOCH FROM u.end_at) * 1000000)::bigint
                   FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) AS span(reference, low, high)
-                  JOIN {UsageRecord._meta.db_table} AS u
-                    ON u.reference = span.reference AND u.start_at < span.high AND u.end_at > span.low
-                 WHERE u.operator_id = %s
+                 CROSS JOIN LATERAL (
+                       SELECT cards, start_at, end_at FROM {UsageRecord._meta.db_table} AS r
+                        WHERE r.reference = span.reference AND r.start_at < span.high AND r.end_at > span.low
+                          AND r.operator_id = %s
+                       OFFSET 0  -- kept a subquery: pulled up, it is planned as the join above
+                       ) AS u
                 """,  # noqa: S608  # the table name is the model's, the values are parameters
                 [references, lows, highs, operator_id],
             )
