@@ -47,7 +47,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -188,6 +188,8 @@ class Soak:
         self.began = began
         self.lock = threading.Lock()
         self.stats = {kind: PathStats() for kind in ("heartbeat", "usage", "quote")}
+        # Records dropped because the platform had ended or stopped their lease, by the refusal's code.
+        self.refused: Counter[str] = Counter()
 
     def _record(
         self, kind: str, *, due: float, code: int, raw: bytes, units: int, ok: tuple[int, ...]
@@ -290,25 +292,24 @@ class Soak:
     def _report(
         self, conn: Connection, token: str, records: list[dict[str, object]], *, due: float, ended: set[int]
     ) -> None:
-        """POST one batch; records of leases the platform has ended meanwhile (failover interrupted them) are
-        refused with the batch (400 ``lease_usage_invalid``): drop them, as an agent would, and send the rest."""
+        """POST one batch; records of leases the platform has ended or stopped meanwhile (failover, a stop
+        request, the lease's end) are refused with the batch (400 ``lease_usage_invalid``): drop them, as an agent would, and send the rest."""
         while records:
             body = json.dumps({"records": records}).encode()
             code, raw = conn.call("POST", "/api/v1/operator/usage", token=token, body=body)
             if code == 400 and b"lease_usage_invalid" in raw:
                 faults = json.loads(raw)["extra"].get("errors", [])
-                gone = {records[f["index"]]["lease"] for f in faults if f.get("code") in LEASE_ENDED_CODES}
-                if gone and len(gone) == len({records[f["index"]]["lease"] for f in faults}):
+                codes = {records[f["index"]]["lease"]: f.get("code") for f in faults}
+                gone = {lease for lease, code in codes.items() if code in LEASE_ENDED_CODES}
+                if gone and len(gone) == len(codes):
                     ended.update(gone)  # type: ignore[arg-type]
                     with self.lock:
-                        self.refused += sum(1 for r in records if r["lease"] in gone)
+                        self.refused.update(str(codes[r["lease"]]) for r in records if r["lease"] in gone)
                     records = [r for r in records if r["lease"] not in gone]
                     continue
             created = json.loads(raw).get("created", 0) if code in (200, 201) else 0
             self._record("usage", due=due, code=code, raw=raw, units=created, ok=(200, 201))
             return
-
-    refused = 0
 
     def quotes(self, jobs: Sequence[int], *, token: str, rate: float, thread: int) -> None:
         rng = random.Random(thread)
@@ -673,7 +674,11 @@ def _check(soak: Soak) -> list[str]:
         stored = cursor.fetchone()[0]
     text = scrape(soak.port)
     unrated = metric(text, "cardhour_usage_unrated_records")
-    print(f"\nusage records refused because failover had ended their lease: {soak.refused:,}")
+    by_code = ", ".join(f"{code} {n:,}" for code, n in sorted(soak.refused.items())) or "none"
+    print(
+        f"\nusage records refused because the platform had ended or stopped their lease (failover, a stop "
+        f"request, the lease's end): {sum(soak.refused.values()):,} ({by_code})"
+    )
     print(
         f"usage records: {created:,} created by the agents, {stored:,} stored, {stored - unrated:,.0f} rated, "
         f"{unrated:,.0f} unrated after the drain"
