@@ -112,6 +112,7 @@ from benchmarks._common import (
     ms,
     peak_rss_mb,
     print_table,
+    run_on_database,
     serve_wsgi,
 )
 
@@ -1552,19 +1553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.database_url
         else BenchDatabase.create(name=BENCH_DATABASE)
     )
-    try:
-        failures = run(args, database)
-    finally:
-        if args.keep or not database.owned:
-            print(f"\ndatabase kept: {database.url}")
-        else:
-            database.drop()
-    if failures:
-        print(f"\nFAILED: {len(failures)} error(s); first ones:")
-        for message in failures[:10]:
-            print(f"  {message}")
-        return 1
-    return 0
+    return run_on_database(database, lambda db: run(args, db), keep=args.keep)
 
 
 def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
