@@ -6,8 +6,8 @@
 On a throwaway PostgreSQL database, benchmarks.broker writes the market (operators and buyers through the
 services, everything else with COPY), with every lease running now (one per island, started in the last
 hours, ending after the soak) and every lease's buyer holding a standard-card pack large enough for the run.
-Then the production stack runs as the README deploys it: gunicorn with uvicorn workers (``--workers``), one
-Celery worker and Celery beat with the database scheduler (production settings from the environment, the
+Then the production stack runs as the README deploys it: gunicorn with uvicorn workers (``--workers``), a
+Celery worker for the control queue, one for rating and the long jobs, and Celery beat with the database scheduler (production settings from the environment, the
 broker on Redis), so the heartbeat monitor, failover, lease events, exhaustion stops and the minute's rating
 all run on their schedules. Against it, at the same time, open-loop load generators (requests sent when due,
 whatever the answers take; latency measured from when each was due):
@@ -334,48 +334,64 @@ def _iso(epoch_s: int) -> str:
 
 
 class Celery:
-    """One Celery worker and Celery beat, as the README runs them, with the server's environment."""
+    """Celery as the README deploys it: a worker for the control queue (the monitor, failover, stops, lease
+    events), a worker for rating and the long jobs, and beat, with the server's environment."""
 
-    def __init__(self, env: dict[str, str], *, concurrency: int, log_dir: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], *, concurrency: int, control_concurrency: int, log_dir: Path
+    ) -> None:
         celery = str(Path(sys.executable).with_name("celery"))
-        self.logs = {name: (log_dir / f"soak-{name}.log").open("wb") for name in ("worker", "beat")}
+        self.logs = {
+            name: (log_dir / f"soak-{name}.log").open("wb") for name in ("worker", "control", "beat")
+        }
         worker_env = {**env, "DATABASE_STATEMENT_TIMEOUT_MS": "7200000"}
-        self.worker = subprocess.Popen(
-            [celery, "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", str(concurrency)],
-            env=worker_env,
-            stdout=self.logs["worker"],
-            stderr=subprocess.STDOUT,
-        )
-        self.beat = subprocess.Popen(
-            [
-                celery,
-                "-A",
-                "config",
-                "beat",
-                "--loglevel",
-                "WARNING",
-                "-s",
-                str(log_dir / "soak-beat-schedule"),
-            ],
-            env=env,
-            stdout=self.logs["beat"],
-            stderr=subprocess.STDOUT,
-        )
+
+        def worker(name: str, queues: str, slots: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                [
+                    *(celery, "-A", "config", "worker", "-Q", queues, "-n", f"{name}@%h"),
+                    *("--loglevel", "INFO", "--concurrency", str(slots)),
+                ],
+                env=worker_env,
+                stdout=self.logs[name],
+                stderr=subprocess.STDOUT,
+            )
+
+        self.processes = {
+            "worker": worker("worker", "rating,celery", concurrency),
+            "control": worker("control", "control", control_concurrency),
+            "beat": subprocess.Popen(
+                [
+                    celery,
+                    "-A",
+                    "config",
+                    "beat",
+                    "--loglevel",
+                    "WARNING",
+                    "-s",
+                    str(log_dir / "soak-beat-schedule"),
+                ],
+                env=env,
+                stdout=self.logs["beat"],
+                stderr=subprocess.STDOUT,
+            ),
+        }
 
     def pids(self, which: str) -> list[int]:
-        process = self.worker if which == "worker" else self.beat
+        process = self.processes[which]
         children = subprocess.run(
             ["pgrep", "-P", str(process.pid)], capture_output=True, text=True, check=False
         ).stdout.split()
         return [process.pid, *(int(pid) for pid in children)]
 
     def alive(self) -> bool:
-        return self.worker.poll() is None and self.beat.poll() is None
+        return all(process.poll() is None for process in self.processes.values())
 
     def stop(self) -> None:
-        for process in (self.beat, self.worker):
+        order = [self.processes[name] for name in ("beat", "control", "worker")]
+        for process in order:
             process.terminate()
-        for process in (self.beat, self.worker):
+        for process in order:
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:
@@ -502,7 +518,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         # the monitor would take the whole fleet offline at its first run.
         _first_beats(port, clusters)
         subprocess.run(["redis-cli", "-u", args.broker_url, "flushdb"], check=False, capture_output=True)
-        celery = Celery(dict(servers.env), concurrency=args.celery_concurrency, log_dir=log_dir)
+        celery = Celery(
+            dict(servers.env),
+            concurrency=args.celery_concurrency,
+            control_concurrency=args.control_concurrency,
+            log_dir=log_dir,
+        )
 
         by_operator: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         began_s = int(time.time())
@@ -522,6 +543,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             {
                 "web server": lambda: [p.pid for p in servers.processes],
                 "Celery worker": lambda: celery.pids("worker") if celery else [],
+                "Celery control worker": lambda: celery.pids("control") if celery else [],
                 "Celery beat": lambda: celery.pids("beat") if celery else [],
                 "PostgreSQL": lambda: postgres_backend_pids(database.name),
                 "load generator": lambda: [os.getpid()],
@@ -587,6 +609,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             args, soak, samples, cpu, load_s=load_s, healthz=(healthz_cpu, healthz_n), drained_at=drained_at
         )
         errors += _check(soak)
+        _silent_report(soak)
         for stats in soak.stats.values():
             errors += stats.errors[:10]
         if celery and not celery.alive():
@@ -659,6 +682,40 @@ def _drain(
             return time.perf_counter() - began
         time.sleep(5)
     return float("nan")
+
+
+# A silent cluster goes offline after CARDHOUR_HEARTBEAT_MISSED_LIMIT (3) intervals of 30 s, at the next run
+# of the monitor (every 10 s): 100 s after its last beat, plus the monitor's own run time and the queue.
+SILENT_OFFLINE_TARGET_S = 120.0
+
+
+def _silent_report(soak: Soak) -> None:
+    """Whether the clusters that fell silent went offline, and how long after their last beat: the safety
+    work on the control queue, which a rating backlog must not delay."""
+    from federation.models import Cluster, ClusterStatus
+
+    rows = list(
+        Cluster.objects.filter(cpi__in=soak.silent).values_list("status", "last_heartbeat_at", "offline_at")
+    )
+    offline = sorted(
+        (off - last).total_seconds()
+        for status, last, off in rows
+        if status == ClusterStatus.OFFLINE and last is not None and off is not None
+    )
+    if not rows:
+        return
+    if not offline:
+        print(
+            f"\nsilent clusters taken offline: 0 of {len(rows)}: MISS (target within {SILENT_OFFLINE_TARGET_S:.0f} s)"
+        )
+        return
+    worst = offline[-1]
+    verdict = "PASS" if len(offline) == len(rows) and worst <= SILENT_OFFLINE_TARGET_S else "MISS"
+    print(
+        f"\nsilent clusters taken offline: {len(offline)} of {len(rows)}, after their last beat "
+        f"p50 {offline[len(offline) // 2]:.0f} s, max {worst:.0f} s: {verdict} "
+        f"(target: all, within {SILENT_OFFLINE_TARGET_S:.0f} s)"
+    )
 
 
 def _check(soak: Soak) -> list[str]:
@@ -808,7 +865,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %%)")
     parser.add_argument("--workers", type=int, default=2, help="web server processes")
-    parser.add_argument("--celery-concurrency", type=int, default=2)
+    parser.add_argument(
+        "--celery-concurrency", type=int, default=2, help="slots of the worker for rating and the long jobs"
+    )
+    parser.add_argument(
+        "--control-concurrency", type=int, default=2, help="slots of the worker for the control queue"
+    )
     parser.add_argument("--drain-seconds", type=float, default=180.0)
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/7")
     parser.add_argument("--cache-url", default="redis://127.0.0.1:6379/6")

@@ -40,7 +40,12 @@ def usage_rate_on_arrival() -> int:
     """Rate the pending usage and stop the leases of the buyers it flags (queued when usage is accepted, at
     most one waiting at a time: broker.services.enforcement). Safe to run twice and beside the minute's
     rating: a rated record is never claimed again, a lease asked to stop is not asked again."""
-    return enforcement.usage_rate_and_enforce().stopped
+    run = enforcement.usage_rate_and_enforce()
+    if run.more:
+        # Stopped for its time budget behind a backlog: the next run follows at once (unless reports
+        # already queued one), not only when the next report or the minute's beat comes.
+        usage_rate_on_arrival_request()
+    return run.stopped
 
 
 def usage_rate_on_arrival_request() -> None:

@@ -13,13 +13,18 @@ by its unique (organisation, period) constraint.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import date
 
 from celery import shared_task
 from django.conf import settings
+from django.core.cache import cache
 from django.db import OperationalError
 
 from metering.services import billing, maintenance, partitions, rating
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -35,7 +40,8 @@ def usage_rate_pending(
     shards: int | None = None,
 ) -> int:
     """Rate unrated usage records (every minute). A record already rated is never claimed again, and two
-    workers never claim the same record (SKIP LOCKED), so overlapping runs are safe.
+    workers never claim the same record (SKIP LOCKED), so overlapping runs are safe. A run claims no new batch
+    after ``CARDHOUR_RATING_RUN_SECONDS`` and then queues the next run of its part (_rate_and_continue).
 
     The beat's run (no ``shard``) fans out over ``CARDHOUR_RATING_SHARDS`` parts of the buyers: it queues
     one task for each other part and rates part 0 itself, so a worker with that many processes rates in
@@ -47,16 +53,72 @@ def usage_rate_pending(
     what it returns is part 0's count, not the minute's. With one part it rates everything itself."""
     parts = shards if shards is not None else settings.CARDHOUR_RATING_SHARDS
     if parts <= 1:
-        return rating.usage_rate_pending(batch_size=batch_size, max_batches=max_batches)
+        return _rate_and_continue(batch_size=batch_size, max_batches=max_batches, shard=None)
     if shard is None:
         for index in range(1, parts):
             usage_rate_pending.delay(
                 batch_size=batch_size, max_batches=max_batches, shard=index, shards=parts
             )
         shard = 0
-    return rating.usage_rate_pending(
+    return _rate_and_continue(
         batch_size=batch_size, max_batches=max_batches, shard=rating.Shard(index=shard, of=parts)
     )
+
+
+# A run that stopped for its time budget (CARDHOUR_RATING_RUN_SECONDS) queues the next run of its part at once
+# rather than leave the backlog to the next minute; a marker per part (cache.add, atomic) keeps at most one
+# such run waiting, however many runs stop for their budget meanwhile. Each run deletes its part's marker when
+# it starts. The marker expires on its own if the queued run is lost: the minute's beat carries on.
+RATING_CONTINUE_KEY = "cardhour:usage-rating-continue:{part}"
+
+
+def _rate_and_continue(*, batch_size: int | None, max_batches: int | None, shard: rating.Shard | None) -> int:
+    key = RATING_CONTINUE_KEY.format(part=f"{shard.index}/{shard.of}" if shard else "all")
+    _cache_quietly(lambda: cache.delete(key))
+    run = rating.usage_rate_run(
+        seconds=settings.CARDHOUR_RATING_RUN_SECONDS,
+        batch_size=batch_size,
+        max_batches=max_batches,
+        shard=shard,
+    )
+    if run.more:
+        _queue_next_run(
+            key,
+            {
+                "batch_size": batch_size,
+                "max_batches": max_batches,
+                "shard": shard.index if shard else None,
+                "shards": shard.of if shard else 1,
+            },
+        )
+    return run.rated
+
+
+def _queue_next_run(key: str, kwargs: dict[str, int | None]) -> bool:
+    """Queue the next run of a part unless one is already waiting; True when this call queued it."""
+    if not _cache_quietly(
+        lambda: cache.add(key, 1, timeout=max(60, int(settings.CARDHOUR_RATING_RUN_SECONDS * 4)))
+    ):
+        return False
+    try:
+        usage_rate_pending.delay(**kwargs)
+    except Exception:
+        # What this run rated is committed; the minute's beat rates the rest.
+        _cache_quietly(lambda: cache.delete(key))
+        logger.warning("could not queue the next rating run; the minute's rating carries on", exc_info=True)
+        return False
+    return True
+
+
+def _cache_quietly(call: Callable[[], object]) -> object:
+    """The shared cache's answer, or None when it is unreachable (rating goes on; the beat is the net)."""
+    try:
+        return call()
+    except Exception:
+        logger.warning(
+            "rating continuation marker unavailable; the minute's rating carries on", exc_info=True
+        )
+        return None
 
 
 @shared_task(

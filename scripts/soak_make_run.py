@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROCESSES = ("web", "worker", "beat", "agents", "leases", "stripe")
+PROCESSES = ("web", "worker", "control", "beat", "agents", "leases", "stripe")
 
 
 def request(port: int, method: str, path: str, token: str = "", body: object = None) -> tuple[int, bytes]:
@@ -79,7 +79,8 @@ def honcho_children(pid: int) -> dict[str, bool]:
     text = "\n".join(found)
     return {
         "web": "runserver" in text,
-        "worker": "worker" in text and "celery" in text,
+        "worker": "worker -Q rating,celery" in text,
+        "control": "worker -Q control" in text,
         "beat": " beat" in text,
         "agents": "simulate_agents" in text,
         "leases": "simulate_lease_agents" in text,

@@ -82,6 +82,12 @@ EVENT_BACKOFF_MAX_SECONDS = 3600
 # claims to be retried after it. Longer than the time budget of one run plus one timeout.
 EVENT_CLAIM_SECONDS = 120
 EVENT_RUN_BUDGET_SECONDS = 60
+# A stop run (exhaustion or a budget cap, each lease its own transaction) asks no further lease to stop after
+# this long; the rest are the next run's, 10 s later (the safety net) or after the next rating. It runs on the
+# control queue beside the heartbeat monitor and failover, so one run over thousands of leases on an
+# overloaded database must not hold a worker slot for minutes (a design-load soak saw one reach its 5-minute
+# soft limit).
+STOP_RUN_BUDGET_SECONDS = 20.0
 
 _ID_MAX = 2**63
 
@@ -820,7 +826,19 @@ def leases_stop_exhausted(*, buyer_ids: Collection[int] | None = None, now: date
         .order_by("pk")
         .values_list("pk", flat=True)
     )
-    return sum(1 for lease_id in lease_ids if _lease_stop_for_exhaustion(lease_id=lease_id, now=now))
+    started = time.monotonic()
+    stopped = 0
+    for position, lease_id in enumerate(lease_ids):
+        if time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
+            logger.warning(
+                "stop run over its %.0f s budget: %d exhausted buyers' leases left to the next run",
+                STOP_RUN_BUDGET_SECONDS,
+                len(lease_ids) - position,
+            )
+            break
+        if _lease_stop_for_exhaustion(lease_id=lease_id, now=now):
+            stopped += 1
+    return stopped
 
 
 @transaction.atomic
@@ -1146,9 +1164,16 @@ def leases_stop_over_cap(*, buyer_ids: set[int] | None = None, now: datetime | N
     ).select_related("budget")
     if buyer_ids is not None:
         breaches = breaches.filter(budget__buyer_id__in=buyer_ids)
+    started = time.monotonic()
     stopped = 0
     for breach in breaches.order_by("pk"):
         for lease_id in _running_in_budget_scope(budget=breach.budget):
+            if time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
+                logger.warning(
+                    "stop run over its %.0f s budget: capped buyers' leases left to the next run",
+                    STOP_RUN_BUDGET_SECONDS,
+                )
+                return stopped
             if _lease_stop_for_cap(lease_id=lease_id, breach_id=breach.pk, now=now):
                 stopped += 1
     return stopped

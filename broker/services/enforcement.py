@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.core.cache import cache
 
 from broker.services import dispatch
@@ -47,6 +48,7 @@ RATING_REQUESTED_SECONDS = 30
 class EnforcementRun:
     rated: int
     stopped: int
+    more: bool = False  # the rating stopped for its time budget with records possibly left: run again
 
 
 def usage_rating_request_mark() -> bool:
@@ -61,7 +63,8 @@ def usage_rating_request_clear() -> None:
 
 
 def usage_rate_and_enforce(*, now: datetime | None = None) -> EnforcementRun:
-    """Rate every pending usage record, then ask operators to stop the running leases of the buyers that are
+    """Rate the pending usage records (for at most ``CARDHOUR_RATING_RUN_SECONDS``: ``more`` then says to
+    run again), then ask operators to stop the running leases of the buyers that are
     flagged (packs exhausted today); return how many records were rated and leases stopped.
 
     Clears the request marker first, so reports committed from here on queue one more run. Idempotent: a
@@ -70,8 +73,10 @@ def usage_rate_and_enforce(*, now: datetime | None = None) -> EnforcementRun:
     """
     usage_rating_request_clear()
     rated_buyers: set[int] = set()
-    rated = rating.usage_rate_pending(now=now, rated_buyers=rated_buyers)
+    run = rating.usage_rate_run(
+        seconds=settings.CARDHOUR_RATING_RUN_SECONDS, now=now, rated_buyers=rated_buyers
+    )
     # Only the buyers just rated can have become flagged or crossed a cap through this run's records;
     # the 10 s safety net looks at everyone.
     stopped = dispatch.leases_stop_flagged(buyer_ids=rated_buyers, now=now) if rated_buyers else 0
-    return EnforcementRun(rated=rated, stopped=stopped)
+    return EnforcementRun(rated=run.rated, stopped=stopped, more=run.more)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -271,6 +272,50 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Three queues, so that the platform's safety work never waits behind billing (README: "Celery workers and
+# queues"). A design-load soak showed why: with one queue the heartbeat monitor's and failover's runs expired
+# in it (their expiry is one interval) behind rating runs of a minute or more, and silent clusters were never
+# taken offline.
+#   control — short, latency-bound safety work: the heartbeat monitor, failover, stopping the leases of
+#             exhausted or capped buyers, lease events to operators, budget alerts;
+#   rating  — usage rating, on arrival and the minute's run: heavy, and it may fall behind under overload;
+#   celery  — everything else (daily and monthly jobs, hourly refreshes, SLA assessment): may run for hours.
+# Production runs a worker for control apart from the one for rating and celery (-Q); a worker started
+# without -Q consumes all three (tests, benchmarks, a small deployment). Each queue has its own direct
+# exchange and routing key (Celery's default for a queue it creates): queues declared by name alone would
+# all be bound to the default exchange under the default key, and RabbitMQ would copy every task into each.
+CARDHOUR_QUEUE_CONTROL, CARDHOUR_QUEUE_RATING, CARDHOUR_QUEUE_DEFAULT = "control", "rating", "celery"
+CELERY_TASK_DEFAULT_QUEUE = CARDHOUR_QUEUE_DEFAULT
+CELERY_TASK_QUEUES = tuple(
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in (CARDHOUR_QUEUE_CONTROL, CARDHOUR_QUEUE_RATING, CARDHOUR_QUEUE_DEFAULT)
+)
+_CONTROL_TASKS = (
+    "federation.clusters_mark_missed_heartbeats",
+    "broker.leases_fail_over",
+    "broker.leases_stop_exhausted",
+    "broker.leases_stop_over_cap",
+    "broker.lease_events_deliver",
+    "broker.budget_alerts_deliver",
+)
+_RATING_TASKS = ("broker.usage_rate_on_arrival", "metering.usage_rate_pending")
+_DEFAULT_TASKS = (
+    "metering.packs_expire_due",
+    "metering.ledger_reconcile",
+    "metering.billing_close_previous_month",
+    "metering.billing_close_period",
+    "metering.usage_partitions_ensure",
+    "broker.quotes_purge",
+    "broker.reliability_refresh",
+    "broker.leases_sla_assess",
+)
+# Every task is named here (tests/core/test_celery_queues.py fails on a task that is not), so a new task's author
+# chooses its queue.
+CELERY_TASK_ROUTES = {
+    **{name: {"queue": CARDHOUR_QUEUE_CONTROL} for name in _CONTROL_TASKS},
+    **{name: {"queue": CARDHOUR_QUEUE_RATING} for name in _RATING_TASKS},
+    **{name: {"queue": CARDHOUR_QUEUE_DEFAULT} for name in _DEFAULT_TASKS},
+}
 
 # --- Cardhour -------------------------------------------------------------------------------------
 # Heartbeats: a cluster that misses HEARTBEAT_MISSED_LIMIT intervals in a row goes offline.
@@ -324,6 +369,10 @@ CARDHOUR_RATING_SHARDS = env.int("CARDHOUR_RATING_SHARDS", default=1)
 # time) and stop the leases of buyers it flags at once, so enforcement takes seconds, not the minute's beat.
 # Off: only the minute's rating and the 10 s stop run (the safety net either way).
 CARDHOUR_RATING_ON_ARRIVAL = env.bool("CARDHOUR_RATING_ON_ARRIVAL", default=True)
+# A rating run (on arrival or the minute's) claims no new batch after this many seconds and, if its last batch
+# was full, queues the next run (at most one waiting): it never reaches its 5-minute soft limit behind a
+# backlog, and the leases of the buyers an on-arrival run flags are stopped at least this often meanwhile.
+CARDHOUR_RATING_RUN_SECONDS = env.float("CARDHOUR_RATING_RUN_SECONDS", default=30.0)
 # The platform's seller entity, printed on every invoice and settlement and frozen into it at issue.
 # Production sets the company's real details; left empty, statements name only "Cardhour".
 CARDHOUR_SELLER = {

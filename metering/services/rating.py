@@ -28,6 +28,7 @@ operator earnings and platform revenues are negative (credits the platform owes 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,6 +187,15 @@ class Shard:
             raise ValueError(f"shard {self.index} of {self.of}")
 
 
+@dataclass(frozen=True)
+class RatingRun:
+    """What one run of :func:`usage_rate_run` did: records rated, and whether it stopped for its time budget
+    with records possibly still pending (its last batch was full)."""
+
+    rated: int
+    more: bool
+
+
 def usage_rate_pending(
     *,
     batch_size: int | None = None,
@@ -201,7 +211,34 @@ def usage_rate_pending(
     rating out over ``CARDHOUR_RATING_SHARDS`` parts so the worker's processes rate in parallel).
     ``rated_buyers``, when given, receives the ids of the buyers whose records were rated (enforcement on
     arrival evaluates their budgets, not every buyer's)."""
+    return usage_rate_run(
+        batch_size=batch_size,
+        max_batches=max_batches,
+        buyer=buyer,
+        now=now,
+        rated_buyers=rated_buyers,
+        shard=shard,
+        seconds=None,
+    ).rated
+
+
+def usage_rate_run(
+    *,
+    seconds: float | None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    buyer: Organisation | None = None,
+    now: datetime | None = None,
+    rated_buyers: set[int] | None = None,
+    shard: Shard | None = None,
+) -> RatingRun:
+    """:func:`usage_rate_pending` within a time budget: no new batch is claimed once ``seconds`` have
+    passed (None: no budget), so a Celery run ends well inside its time limit however large the backlog —
+    a run killed at its soft limit would roll back the batch in hand and leave the worker slot taken for
+    minutes. The batch in hand always finishes. ``more`` says the run stopped for its budget after a full
+    batch, so its caller queues the next run instead of waiting for the minute's beat."""
     size = batch_size or settings.CARDHOUR_RATING_BATCH_SIZE
+    started = time.monotonic()
     rated = batches = 0
     while max_batches is None or batches < max_batches:
         count = _rate_batch(
@@ -214,8 +251,10 @@ def usage_rate_pending(
         batches += 1
         rated += count
         if count < size:
-            break
-    return rated
+            return RatingRun(rated=rated, more=False)
+        if seconds is not None and time.monotonic() - started >= seconds:
+            return RatingRun(rated=rated, more=True)
+    return RatingRun(rated=rated, more=False)
 
 
 @transaction.atomic

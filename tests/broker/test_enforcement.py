@@ -401,3 +401,37 @@ def test_a_standard_pack_that_cannot_pay_for_the_chip_does_not_keep_the_lease_ru
     flag = BuyerExhaustion.objects.get()
     assert (flag.buyer_id, flag.pack_class, flag.shortfall) == (buyer.pk, "hygon-dcu-k100", 666_667)
     assert Lease.objects.get(pk=lease.pk).state == LeaseState.STOP_REQUESTED
+
+
+def test_a_run_over_its_time_budget_hands_the_rest_to_the_next_run_at_once(
+    settings: Any,
+    pinned: datetime,
+    arrival: list[str],
+    east: APIClient,
+    buyer: Organisation,
+    east_cluster: Cluster,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Behind a backlog a run rates for CARDHOUR_RATING_RUN_SECONDS (0 here: one batch of one record), stops
+    the leases its records flagged, and queues the next run itself rather than wait for a report or the
+    minute's beat: three records take four runs (the last finds nothing), and the lease is stopped."""
+    settings.CARDHOUR_RATING_RUN_SECONDS = 0
+    settings.CARDHOUR_RATING_BATCH_SIZE = 1
+    thin(buyer)
+    lease = running_lease(east_cluster, buyer)
+    records = [
+        {
+            "lease": lease.pk,
+            "idempotency_key": f"backlog-{n}",
+            "start_at": (LEASE_START + n * FIVE_MINUTES).isoformat(),
+            "end_at": (LEASE_START + (n + 1) * FIVE_MINUTES).isoformat(),
+            "cards": lease.cards,
+        }
+        for n in range(3)
+    ]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = east.post(USAGE, {"records": records}, format="json")
+    assert response.status_code == 201, response.content
+    assert arrival == [TASK] * 4
+    assert not UsagePending.objects.exists()
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.STOP_REQUESTED
