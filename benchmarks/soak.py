@@ -869,7 +869,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--celery-concurrency", type=int, default=2, help="slots of the worker for rating and the long jobs"
     )
     parser.add_argument(
-        "--control-concurrency", type=int, default=2, help="slots of the worker for the control queue"
+        "--control-concurrency", type=int, default=3, help="slots of the worker for the control queue"
     )
     parser.add_argument("--drain-seconds", type=float, default=180.0)
     parser.add_argument("--broker-url", default="redis://127.0.0.1:6379/7")

@@ -81,13 +81,20 @@ EVENT_BACKOFF_MAX_SECONDS = 3600
 # A claimed delivery is invisible to other workers this long; a worker that dies mid-batch leaves its
 # claims to be retried after it. Longer than the time budget of one run plus one timeout.
 EVENT_CLAIM_SECONDS = 120
-EVENT_RUN_BUDGET_SECONDS = 60
+# A delivery run stops POSTing after this long (each POST may wait 5 s for an endpoint): it shares the control
+# queue's slots with the heartbeat monitor and failover.
+EVENT_RUN_BUDGET_SECONDS = 20
 # A stop run (exhaustion or a budget cap, each lease its own transaction) asks no further lease to stop after
 # this long; the rest are the next run's, 10 s later (the safety net) or after the next rating. It runs on the
 # control queue beside the heartbeat monitor and failover, so one run over thousands of leases on an
 # overloaded database must not hold a worker slot for minutes (a design-load soak saw one reach its 5-minute
-# soft limit).
-STOP_RUN_BUDGET_SECONDS = 20.0
+# soft limit, and later two runs of 35-50 s each starving the monitor of both of the worker's slots).
+STOP_RUN_BUDGET_SECONDS = 5.0
+# Leases asked to stop per transaction: one commit (one WAL flush) for this many instead of one each, which is
+# what a stop cost on a busy database (a soak measured ~200 ms a lease, one per transaction, with 25,000 leases
+# of exhausted buyers waiting). Leases another transaction holds (a usage report, failover) are skipped, not
+# waited for: the next run takes them, and concurrent runs share the work instead of queueing on it.
+STOP_CHUNK = 100
 
 _ID_MAX = 2**63
 
@@ -802,12 +809,15 @@ def leases_stop_exhausted(*, buyer_ids: Collection[int] | None = None, now: date
     For every open metering exhaustion flag (a buyer, a chip class), the buyer's running leases on clusters
     of that chip move to stop_requested (the operator pulls the change or receives the event) and the buyer
     gets a ``packs_exhausted`` notice. Usage ending more than one reporting interval after the request is
-    refused (see lease_usage_report), so no card-hour runs unpaid beyond it. Each lease is its own
-    transaction; a lease already asked to stop is not touched again, so the task is safe to run twice.
+    refused (see lease_usage_report), so no card-hour runs unpaid beyond it. Leases are stopped
+    ``STOP_CHUNK`` to a transaction, skipping those another transaction holds (the next run takes them), for
+    at most ``STOP_RUN_BUDGET_SECONDS``; a lease already asked to stop is not touched again, so the task is
+    safe to run twice and beside itself.
     Metering clears a flag when a pack of the class (or of standard cards) is credited. ``buyer_ids``
     limits it to those buyers' leases.
     """
     now = now or timezone.now()
+    started = time.monotonic()
     # From the open flags (few, by a partial index) to those buyers' running leases (by buyer and state), never
     # a scan of every running lease: this runs after every rating on arrival, several times a second.
     flags = BuyerExhaustion.objects.filter(cleared_at__isnull=True)
@@ -826,50 +836,66 @@ def leases_stop_exhausted(*, buyer_ids: Collection[int] | None = None, now: date
         .order_by("pk")
         .values_list("pk", flat=True)
     )
-    started = time.monotonic()
     stopped = 0
-    for position, lease_id in enumerate(lease_ids):
-        if time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
+    for position in range(0, len(lease_ids), STOP_CHUNK):
+        # The first chunk always goes, so a run whose selection alone took the budget still stops some.
+        if position and time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
             logger.warning(
                 "stop run over its %.0f s budget: %d exhausted buyers' leases left to the next run",
                 STOP_RUN_BUDGET_SECONDS,
                 len(lease_ids) - position,
             )
             break
-        if _lease_stop_for_exhaustion(lease_id=lease_id, now=now):
-            stopped += 1
+        stopped += _leases_stop_for_exhaustion(lease_ids=lease_ids[position : position + STOP_CHUNK], now=now)
     return stopped
 
 
+def _running_locked(*, lease_ids: Sequence[int]) -> list[Lease]:
+    """Those of the leases that are still running, locked for the rest of the transaction, in id order;
+    a lease another transaction holds is skipped (the next run takes it)."""
+    return list(
+        Lease.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("cluster__accelerator")
+        .filter(pk__in=lease_ids, state=LeaseState.RUNNING)
+        .order_by("pk")
+    )
+
+
 @transaction.atomic
-def _lease_stop_for_exhaustion(*, lease_id: int, now: datetime) -> bool:
-    lease = leases.lease_lock(lease_id=lease_id)
-    if lease.state != LeaseState.RUNNING:
-        return False
-    chip = lease.cluster.accelerator.slug
-    flagged = BuyerExhaustion.objects.filter(
-        cleared_at__isnull=True, buyer_id=lease.buyer_id, pack_class=chip
-    ).exists()
-    if not flagged:  # a pack was credited since the lease was selected
-        return False
-    leases.lease_transition(
-        lease=lease,
-        to_state=LeaseState.STOP_REQUESTED,
-        actor=Actor.system("broker: packs exhausted"),
-        reason=f"{EXHAUSTION_REASON}: no {chip} or standard card-hours left",
-        at=now,
+def _leases_stop_for_exhaustion(*, lease_ids: Sequence[int], now: datetime) -> int:
+    locked = _running_locked(lease_ids=lease_ids)
+    if not locked:
+        return 0
+    # Re-read under the locks: a pack credited since the leases were selected clears its flag.
+    still_open = set(
+        BuyerExhaustion.objects.filter(
+            cleared_at__isnull=True, buyer_id__in={lease.buyer_id for lease in locked}
+        ).values_list("buyer_id", "pack_class")
     )
-    leases.notice_create(
-        buyer_id=lease.buyer_id,
-        kind=EXHAUSTION_NOTICE,
-        message=(
-            f"Your {chip} card-hour packs ran out, so lease {lease.pk} on {lease.cluster.cpi} was asked to "
-            "stop. Buy a pack to run it again."
-        ),
-        job_id=lease.job_id,
-        lease_id=lease.pk,
-    )
-    return True
+    stopped = 0
+    for lease in locked:
+        chip = lease.cluster.accelerator.slug
+        if (lease.buyer_id, chip) not in still_open:
+            continue
+        leases.lease_transition(
+            lease=lease,
+            to_state=LeaseState.STOP_REQUESTED,
+            actor=Actor.system("broker: packs exhausted"),
+            reason=f"{EXHAUSTION_REASON}: no {chip} or standard card-hours left",
+            at=now,
+        )
+        leases.notice_create(
+            buyer_id=lease.buyer_id,
+            kind=EXHAUSTION_NOTICE,
+            message=(
+                f"Your {chip} card-hour packs ran out, so lease {lease.pk} on {lease.cluster.cpi} was asked to "
+                "stop. Buy a pack to run it again."
+            ),
+            job_id=lease.job_id,
+            lease_id=lease.pk,
+        )
+        stopped += 1
+    return stopped
 
 
 # --- Enforcement: stop what rating flagged ----------------------------------------------------------
@@ -1148,7 +1174,8 @@ def leases_stop_over_cap(*, buyer_ids: set[int] | None = None, now: datetime | N
     hard cap is reached; ``buyer_ids`` None = every buyer with an enabled budget) and ask operators to stop
     the running leases in the scope of each open breach of the current period; return how many.
 
-    Like leases_stop_exhausted: each lease is its own transaction, moves to stop_requested (the operator
+    Like leases_stop_exhausted: leases are stopped a chunk to a transaction (skipping those another holds)
+    within the run's time budget; each moves to stop_requested (the operator
     pulls the change or receives the event) and the buyer gets a ``budget_cap_reached`` notice naming the
     lease; a lease already asked to stop is not touched again, so running it twice is safe. A breach is
     cleared when the cap is raised above the spend, the budget disabled or deleted, or the month ends.
@@ -1158,24 +1185,28 @@ def leases_stop_over_cap(*, buyer_ids: set[int] | None = None, now: datetime | N
     from broker.budgets.services import budgets_evaluate
 
     now = now or timezone.now()
+    started = time.monotonic()
     budgets_evaluate(buyer_ids=buyer_ids, now=now)
     breaches = BudgetBreach.objects.filter(
         cleared_at__isnull=True, period_key__in=(month_key(at=now), JOB_PERIOD), budget__enabled=True
     ).select_related("budget")
     if buyer_ids is not None:
         breaches = breaches.filter(budget__buyer_id__in=buyer_ids)
-    started = time.monotonic()
-    stopped = 0
+    stopped = chunks = 0
     for breach in breaches.order_by("pk"):
-        for lease_id in _running_in_budget_scope(budget=breach.budget):
-            if time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
+        lease_ids = _running_in_budget_scope(budget=breach.budget)
+        for position in range(0, len(lease_ids), STOP_CHUNK):
+            # The first chunk always goes, so a run whose evaluation alone took the budget still stops some.
+            if chunks and time.monotonic() - started > STOP_RUN_BUDGET_SECONDS:
                 logger.warning(
                     "stop run over its %.0f s budget: capped buyers' leases left to the next run",
                     STOP_RUN_BUDGET_SECONDS,
                 )
                 return stopped
-            if _lease_stop_for_cap(lease_id=lease_id, breach_id=breach.pk, now=now):
-                stopped += 1
+            stopped += _leases_stop_for_cap(
+                lease_ids=lease_ids[position : position + STOP_CHUNK], breach_id=breach.pk, now=now
+            )
+            chunks += 1
     return stopped
 
 
@@ -1193,34 +1224,35 @@ def _running_in_budget_scope(*, budget: Any) -> list[int]:
 
 
 @transaction.atomic
-def _lease_stop_for_cap(*, lease_id: int, breach_id: int, now: datetime) -> bool:
+def _leases_stop_for_cap(*, lease_ids: Sequence[int], breach_id: int, now: datetime) -> int:
     from broker.budgets.models import BudgetBreach
     from broker.budgets.services import NOTICE_CAP
 
-    lease = leases.lease_lock(lease_id=lease_id)
-    if lease.state != LeaseState.RUNNING:
-        return False
+    locked = _running_locked(lease_ids=lease_ids)
+    if not locked:
+        return 0
     breach = (
         BudgetBreach.objects.filter(pk=breach_id, cleared_at__isnull=True).select_related("budget").first()
     )
-    if breach is None:  # the cap was raised since the lease was selected
-        return False
+    if breach is None:  # the cap was raised since the leases were selected
+        return 0
     budget = breach.budget
-    leases.lease_transition(
-        lease=lease,
-        to_state=LeaseState.STOP_REQUESTED,
-        actor=Actor.system("broker: budget cap reached"),
-        reason=f"{BUDGET_CAP_REASON}: budget {budget.pk} ({budget.scope}) at {breach.spent} of {breach.cap} CNY",
-        at=now,
-    )
-    leases.notice_create(
-        buyer_id=lease.buyer_id,
-        kind=NOTICE_CAP,
-        message=(
-            f"Budget “{budget.name}” reached its hard cap of {breach.cap} CNY ({breach.spent} CNY spent), so "
-            f"lease {lease.pk} on {lease.cluster.cpi} was asked to stop. Raise the cap to run it again."
-        ),
-        job_id=lease.job_id,
-        lease_id=lease.pk,
-    )
-    return True
+    for lease in locked:
+        leases.lease_transition(
+            lease=lease,
+            to_state=LeaseState.STOP_REQUESTED,
+            actor=Actor.system("broker: budget cap reached"),
+            reason=f"{BUDGET_CAP_REASON}: budget {budget.pk} ({budget.scope}) at {breach.spent} of {breach.cap} CNY",
+            at=now,
+        )
+        leases.notice_create(
+            buyer_id=lease.buyer_id,
+            kind=NOTICE_CAP,
+            message=(
+                f"Budget “{budget.name}” reached its hard cap of {breach.cap} CNY ({breach.spent} CNY spent), so "
+                f"lease {lease.pk} on {lease.cluster.cpi} was asked to stop. Raise the cap to run it again."
+            ),
+            job_id=lease.job_id,
+            lease_id=lease.pk,
+        )
+    return len(locked)

@@ -3,12 +3,14 @@ operator API, rated by metering (which raises the exhaustion flag), then leases_
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -261,3 +263,87 @@ def test_a_lease_already_asked_to_stop_is_left_alone(
     assert dispatch.leases_stop_exhausted() == 0
     assert LeaseTransition.objects.filter(lease=lease).count() == transitions
     assert BuyerNotice.objects.count() == 0
+
+
+@pytest.fixture
+def wide_cluster(east_operator: Organisation, presets: None) -> Cluster:
+    """Five islands of 8 A800 cards in Shanghai, priced four days ago."""
+    cluster = make_cluster(
+        operator=east_operator,
+        hub="yrd",
+        name="sh-ai09",
+        islands=[(f"isl-{n:02}", 8) for n in range(1, 6)],
+        site="Shanghai",
+    )
+    make_price_card(cluster=cluster, rate="12.0000", tariff_code="cn-gd")
+    return priced_since(cluster)
+
+
+def five_leases_exhausted(client: APIClient, cluster: Cluster, buyer: Organisation) -> list[Lease]:
+    running = [running_lease(cluster, buyer, island=f"isl-{n:02}") for n in range(1, 6)]
+    exhaust(client, running[0])
+    return running
+
+
+def stop_requested(leases: list[Lease]) -> list[bool]:
+    states = dict(Lease.objects.filter(pk__in=[lease.pk for lease in leases]).values_list("pk", "state"))
+    return [states[lease.pk] == LeaseState.STOP_REQUESTED for lease in leases]
+
+
+def test_a_run_stops_the_leases_a_chunk_to_a_transaction(
+    monkeypatch: pytest.MonkeyPatch, east: APIClient, thin_buyer: Organisation, wide_cluster: Cluster
+) -> None:
+    monkeypatch.setattr(dispatch, "STOP_CHUNK", 2)
+    running = five_leases_exhausted(east, wide_cluster, thin_buyer)
+
+    assert dispatch.leases_stop_exhausted() == 5
+    assert stop_requested(running) == [True] * 5
+    assert BuyerNotice.objects.filter(kind="packs_exhausted").count() == 5
+    assert dispatch.leases_stop_exhausted() == 0
+
+
+def test_a_run_over_its_time_budget_leaves_the_rest_to_the_next_run(
+    monkeypatch: pytest.MonkeyPatch, east: APIClient, thin_buyer: Organisation, wide_cluster: Cluster
+) -> None:
+    """Past its budget (0 here) a run starts no further chunk, but always does its first one, so a run whose
+    selection alone took the budget still makes progress."""
+    monkeypatch.setattr(dispatch, "STOP_CHUNK", 2)
+    monkeypatch.setattr(dispatch, "STOP_RUN_BUDGET_SECONDS", 0.0)
+    running = five_leases_exhausted(east, wide_cluster, thin_buyer)
+
+    assert [dispatch.leases_stop_exhausted() for _ in range(4)] == [2, 2, 1, 0]
+    assert stop_requested(running) == [True] * 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_another_transaction_holds_is_left_to_the_next_run(
+    east: APIClient, thin_buyer: Organisation, wide_cluster: Cluster
+) -> None:
+    """A usage report (or failover) holding a lease's row does not make the stop run wait on it: the run stops
+    the others and the next run takes it. PostgreSQL only (SQLite has no row locks)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks and SKIP LOCKED need PostgreSQL")
+    running = five_leases_exhausted(east, wide_cluster, thin_buyer)
+    held = running[2]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Lease.objects.select_for_update().filter(pk=held.pk).get()
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        assert dispatch.leases_stop_exhausted() == 4
+        assert stop_requested(running) == [True, True, False, True, True]
+    finally:
+        release.set()
+        holder.join(30)
+    assert dispatch.leases_stop_exhausted() == 1
+    assert stop_requested(running) == [True] * 5

@@ -61,7 +61,9 @@ def test_the_control_worker_takes_a_silent_cluster_offline_while_rating_waits(
         celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=30, queues=["control"]
     ):
         monitor = federation_tasks.clusters_mark_missed_heartbeats.delay()
-        assert task_watcher.wait(monitor.id, TASK_TIMEOUT_SECONDS), "the control worker did not run the monitor"
+        assert task_watcher.wait(monitor.id, TASK_TIMEOUT_SECONDS), (
+            "the control worker did not run the monitor"
+        )
     silent.refresh_from_db()
     assert silent.status == ClusterStatus.OFFLINE
     assert waiting("rating") == 1, "the control worker must not take rating"

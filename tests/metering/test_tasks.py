@@ -31,7 +31,9 @@ pytestmark = pytest.mark.django_db
 def test_tasks_call_the_services(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, dict]] = []
     monkeypatch.setattr(
-        tasks.rating, "usage_rate_run", lambda **kw: calls.append(("rate", kw)) or RatingRun(rated=7, more=False)
+        tasks.rating,
+        "usage_rate_run",
+        lambda **kw: calls.append(("rate", kw)) or RatingRun(rated=7, more=False),
     )
     monkeypatch.setattr(tasks.maintenance, "packs_expire_due", lambda **kw: calls.append(("expire", kw)) or 2)
     monkeypatch.setattr(
