@@ -112,27 +112,47 @@ def running_leases(
 
 def fund_buyers(buyer_ids: Sequence[int], *, card_hours: int) -> None:
     """A standard-card pack for every buyer holding the leases, paid through the pack service (as a Stripe
-    webhook would credit it), so rating draws packs instead of raising arrears and stopping leases."""
+    webhook would credit it), so rating draws packs instead of raising arrears and stopping leases; and a pack
+    of each chip in the fleet that has no public TFLOPS figure, which standard cards cannot pay for (a quarter
+    of the leases run on two such chips: without their packs their buyers are flagged exhausted at the first
+    rating and 25,000 leases are stopped, which is not the design load)."""
     from django.utils import timezone
 
     from core.models import Organisation
+    from federation.models import Accelerator, Cluster
     from metering.models import PackOrder, PackProduct
     from metering.services.packs import pack_issue
 
-    product = PackProduct.objects.create(
-        code="soak-std", name="soak standard", card_hours=card_hours, price=Decimal(card_hours) * 9
-    )
+    products = [
+        PackProduct.objects.create(
+            code="soak-std", name="soak standard", card_hours=card_hours, price=Decimal(card_hours) * 9
+        )
+    ]
+    for chip in Accelerator.objects.filter(
+        pk__in=Cluster.objects.values("accelerator_id"), dense_fp16_tflops__isnull=True
+    ).order_by("slug"):
+        products.append(
+            PackProduct.objects.create(
+                code=f"soak-{chip.slug}",
+                name=f"soak {chip.slug}",
+                accelerator=chip,
+                card_hours=card_hours,
+                price=Decimal(card_hours) * 9,
+            )
+        )
     paid_at = timezone.now() - timedelta(days=3)
     for buyer in Organisation.objects.filter(pk__in=buyer_ids):
-        order = PackOrder.objects.create(
-            buyer=buyer,
-            product=product,
-            card_hours=card_hours,
-            amount=Decimal(card_hours) * 9,
-            validity_days=365,
-            idempotency_key=f"soak-{buyer.pk}",
-        )
-        pack_issue(order=order, paid_at=paid_at, posted_by="benchmark")
+        for product in products:
+            order = PackOrder.objects.create(
+                buyer=buyer,
+                product=product,
+                accelerator=product.accelerator,
+                card_hours=card_hours,
+                amount=Decimal(card_hours) * 9,
+                validity_days=365,
+                idempotency_key=f"{product.code}-{buyer.pk}",
+            )
+            pack_issue(order=order, paid_at=paid_at, posted_by="benchmark")
 
 
 # --- Load -------------------------------------------------------------------------------------------------

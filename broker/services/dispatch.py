@@ -90,11 +90,11 @@ EVENT_RUN_BUDGET_SECONDS = 20
 # overloaded database must not hold a worker slot for minutes (a design-load soak saw one reach its 5-minute
 # soft limit, and later two runs of 35-50 s each starving the monitor of both of the worker's slots).
 STOP_RUN_BUDGET_SECONDS = 5.0
-# Leases asked to stop per transaction: one commit (one WAL flush) for this many instead of one each, which is
-# what a stop cost on a busy database (a soak measured ~200 ms a lease, one per transaction, with 25,000 leases
-# of exhausted buyers waiting). Leases another transaction holds (a usage report, failover) are skipped, not
-# waited for: the next run takes them, and concurrent runs share the work instead of queueing on it.
-STOP_CHUNK = 100
+# Leases asked to stop per transaction: fewer commits than one each, while the chunk's row locks are held briefly
+# (a usage report for one of them waits for them: a soak with chunks of 100 on an overloaded database held them
+# for 30 s and a report hit its lock timeout). Leases another transaction holds (a usage report, failover) are
+# skipped, not waited for: the next run takes them, and concurrent runs share the work instead of queueing on it.
+STOP_CHUNK = 25
 
 _ID_MAX = 2**63
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import Http404
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -14,6 +16,8 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from core.errors import DomainError
+
+logger = logging.getLogger(__name__)
 
 # Messages follow the request's language (LocaleMiddleware applies to /api/ too: Accept-Language, else
 # English); codes never change. DRF's own details (str(exc.detail)) come translated by DRF's catalogue.
@@ -36,6 +40,17 @@ _DRF_CODES: dict[type[exceptions.APIException], tuple[str, Any]] = {
 }
 
 
+# PostgreSQL conditions that mean "busy, try again" rather than a bug: lock_timeout (55P03), a deadlock victim
+# (40P01), a serialization failure (40001) and statement_timeout (57014).
+TRANSIENT_SQLSTATES = frozenset({"55P03", "40P01", "40001", "57014"})
+BUSY_RETRY_AFTER_SECONDS = 1
+
+
+def _transient_sqlstate(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) in TRANSIENT_SQLSTATES
+
+
 def _error(status_code: int, code: str, message: str, extra: dict[str, Any] | None = None) -> Response:
     return Response({"code": code, "message": message, "extra": extra or {}}, status=status_code)
 
@@ -52,6 +67,19 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    if isinstance(exc, OperationalError) and _transient_sqlstate(exc):
+        # Contention, not a fault: the request's transaction rolled back whole, and the same request (with
+        # the same idempotency key) succeeds once the lock is free. A 503 the client can retry, not a 500.
+        set_rollback()
+        logger.warning("API request refused as busy: %s", str(exc).splitlines()[0] if str(exc) else exc)
+        response = _error(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            "database_busy",
+            _("The service is busy and did not complete the request; nothing was changed. Retry it shortly."),
+            {"retry_after_seconds": BUSY_RETRY_AFTER_SECONDS},
+        )
+        response["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+        return response
     if not isinstance(exc, exceptions.APIException):
         return None  # a real server error: let Django log it and answer 500
 

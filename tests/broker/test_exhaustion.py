@@ -347,3 +347,51 @@ def test_a_lease_another_transaction_holds_is_left_to_the_next_run(
         holder.join(30)
     assert dispatch.leases_stop_exhausted() == 1
     assert stop_requested(running) == [True] * 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_usage_report_that_waits_past_the_lock_timeout_is_a_busy_503_and_writes_nothing(
+    east: APIClient, buyer: Organisation, wide_cluster: Cluster
+) -> None:
+    """Contention is not a fault: a report whose lease another transaction holds past ``lock_timeout`` gets
+    503 ``database_busy`` with Retry-After, nothing of it is stored, and the same report succeeds once the lock
+    is free. PostgreSQL only."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL")
+    lease = running_lease(wide_cluster, buyer)
+    start = lease.start_at
+    body = {"records": [usage(lease, "busy-1", start, start + timedelta(minutes=5))]}
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Lease.objects.select_for_update().filter(pk=lease.pk).get()
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        try:
+            response = east.post(USAGE, body, format="json")
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+    finally:
+        release.set()
+        holder.join(30)
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "database_busy"
+    assert response.json()["extra"] == {"retry_after_seconds": 1}
+    assert response["Retry-After"] == "1"
+    assert not UsageRecord.objects.filter(reference=f"lease:{lease.pk}").exists()
+
+    again = east.post(USAGE, body, format="json")
+    assert again.status_code == 201, again.content
+    assert UsageRecord.objects.filter(reference=f"lease:{lease.pk}").count() == 1
