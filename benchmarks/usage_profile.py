@@ -72,6 +72,7 @@ def batches_of(
 ) -> list[tuple[str, bytes]]:
     """The broker benchmark's rows (round robin from each lease's start, one minute each), batched per
     operator, cycling over operators so consecutive batches name different operators."""
+
     def iso(value: datetime) -> str:
         return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
