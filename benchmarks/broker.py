@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
+from types import SimpleNamespace
 from typing import Any
 
 from benchmarks._common import (
@@ -550,6 +551,72 @@ def reused_market() -> Market:
     )
 
 
+def reused_usage_market() -> Market:
+    """The market a previous run built in this database as far as the usage part needs it: every lease (ids
+    1… in order, so the usage rows and their keys are the first run's), the operators with a new token each.
+    The usage the earlier runs stored is removed first (usage_reset), so each run starts from the same state."""
+    from django.db import connection
+
+    from core.models import Organisation
+    from core.services import api_token_create
+
+    usage_reset()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT l.id, l.cluster_id, o.slug, l.buyer_id, l.cards, l.start_at, l.end_at, l.created_at,"
+            " l.state = 'running' FROM broker_lease l JOIN core_organisation o ON o.id = l.operator_id"
+            " ORDER BY l.id"
+        )
+        rows = cursor.fetchall()
+        cursor.execute("SELECT max(id) FROM federation_cluster")
+        clusters = cursor.fetchone()[0]
+    if [row[0] for row in rows] != list(range(1, len(rows) + 1)):
+        raise RuntimeError("the leases are not the ones a benchmark run built (ids 1…n)")
+    fleet: list[Any] = [None] * clusters
+    operator_ids: dict[str, int] = {}
+    operator_tokens: dict[str, str] = {}
+    for organisation in Organisation.objects.filter(is_operator=True, slug__startswith="op"):
+        operator_ids[organisation.slug] = organisation.pk
+        _, operator_tokens[organisation.slug] = api_token_create(
+            organisation=organisation, name="usage (reused)"
+        )
+    leases = []
+    island_cluster = []
+    for index, (_pk, cluster_id, operator, buyer_id, cards, start, end, created, running) in enumerate(rows):
+        fleet[cluster_id - 1] = SimpleNamespace(operator=operator)  # all the usage part reads of a cluster
+        island_cluster.append(cluster_id - 1)
+        leases.append(LeasePlan(index, cards, start, end, created, buyer_id, "", running))
+    running = sum(lease.running for lease in leases)
+    print(f"reusing the market: {clusters:,} clusters, {len(leases):,} leases ({running:,} running)")
+    return Market(
+        fleet=fleet,
+        operator_ids=operator_ids,
+        operator_tokens=operator_tokens,
+        buyer_ids=[],
+        quote_buyer_token="",
+        cluster_rate=[],
+        cluster_tariff_version=[],
+        island_cluster=island_cluster,
+        island_cards=[],
+        leases=leases,
+        rows={},
+        seconds=0.0,
+    )
+
+
+def usage_reset() -> None:
+    """Remove every usage record (with its key and pending row) and every lease's usage frontier, then vacuum
+    and checkpoint: the kept market as its set-up left it."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE metering_usagerecord, metering_usagekey, metering_usagepending CASCADE")
+        cursor.execute("UPDATE broker_lease SET last_usage_end_at = NULL WHERE last_usage_end_at IS NOT NULL")
+        for table in ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "broker_lease"):
+            cursor.execute(f"VACUUM ANALYZE {table}")
+        cursor.execute("CHECKPOINT")
+
+
 def check_market(market: Market) -> list[str]:
     """Every lease has its job, hold and creation transition; no island is oversubscribed at any instant
     (checked in SQL over every hold edge, independently of the set-up's own check)."""
@@ -887,8 +954,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--reuse",
         action="store_true",
-        help="quote over the market a previous run left in --database-url (kept with --keep or given): no "
-        "set-up, quotes only",
+        help="reuse the market a previous run left in --database-url (kept with --keep or given): no set-up; "
+        "quotes only, or with --only usage the usage part (the usage stored by earlier runs removed first)",
     )
     parser.add_argument(
         "--only",
@@ -938,7 +1005,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     from django.utils import timezone
 
     settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = args.catalog_ttl
-    if args.reuse:
+    if args.reuse and args.only == "usage":
+        market = reused_usage_market()
+    elif args.reuse:
         args.only = "quotes"
         market = reused_market()
     else:
