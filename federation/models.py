@@ -216,7 +216,8 @@ class Cluster(models.Model):
             # Operator-level resolution pages clusters by identifier within one operator.
             models.Index(fields=["operator", "cpi"], name="cluster_operator_cpi"),
             models.Index(fields=["hub", "accelerator", "status"], name="cluster_hub_chip_status"),
-            models.Index(fields=["status", "last_heartbeat_at"], name="cluster_status_heartbeat"),
+            # No index on last_heartbeat_at (migration 0009): every heartbeat writes it, and an indexed column
+            # makes each beat's update write a new entry in every index of the table instead of a HOT update.
         ]
 
     def __str__(self) -> str:

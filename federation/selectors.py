@@ -649,7 +649,8 @@ def heartbeat_overdue_q(*, cutoff: datetime) -> Q:
 
 def heartbeat_monitor_assess(*, now: datetime | None = None) -> HeartbeatAssessment:
     """The fleet as the heartbeat monitor sees it at ``now``, per hub, and whether the mass-miss hold applies.
-    One aggregate over clusters (served by cluster_status_heartbeat)."""
+    One aggregate over clusters: a pass over every live cluster (no index on last_heartbeat_at: migration
+    federation 0009)."""
     now = now or timezone.now()
     cutoff = heartbeat_cutoff(now=now)
     live = Q(status__in=[ClusterStatus.ACTIVE, ClusterStatus.DRAINING])
