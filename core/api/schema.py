@@ -33,9 +33,11 @@ _COMMON = {
     "405": "Method not allowed.",
     "406": "Not acceptable.",
     "429": "Throttled (`throttled`, see `Retry-After`).",
+    "503": "Busy (`database_busy`, see `Retry-After`): a lock or statement timeout; nothing was written, retry.",
 }
 _WRITES = {
     "409": "Conflicts with the current state (e.g. `identifier_taken`).",
+    "413": "Body too large (`payload_too_large`).",
     "415": "Unsupported media type.",
 }
 
