@@ -315,7 +315,6 @@ def match(
     # lower bound) until they reach the top, when their exact best feasible start is computed and they
     # are ranked on their own: a handful of rows, not thousands.
     cluster = c.island_cluster
-    inexact = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     members = members.copy()  # islands ranked with their cluster
     exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
     cluster_cost = rank_rate * cluster_need * cluster_best_value
@@ -341,7 +340,11 @@ def match(
             for e in keep
         ]
         top = _rank_members(keys, keep, parts, limit)
-        pending = [island for island in top if island not in exact and _within(inexact, island)]
+        top_islands = np.array(top, dtype=np.int64)
+        at_best = blocked.blocks(top_islands, cluster_best_k[cluster[top_islands]])
+        pending = [
+            island for island, hit in zip(top, at_best.tolist(), strict=True) if hit and island not in exact
+        ]
         if not pending:
             break
         for island in pending:
@@ -402,12 +405,6 @@ def _island_reasons(spec: JobSpec, c: Catalogue, before: np.ndarray, after: np.n
         reason[(reason == 0) & ~np.isin(c.island_fabric, allowed)] = _R["fabric"]
     later = after[cluster]
     return np.where(reason == 0, later, reason).astype(np.int8)
-
-
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct ``values``, ascending (a sort; ``np.unique`` hashes, much slower on these)."""
-    ordered = np.sort(values)
-    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
 def _within(sorted_values: np.ndarray, values: np.ndarray | int) -> np.ndarray:
@@ -478,7 +475,6 @@ def _rank_offers(
     whose best island comes first in the catalogue (the island ranking's order). Work is proportional to
     the clusters and to the islands of the offers that reach the top, not to every island."""
     cluster = c.island_cluster
-    blocked_at_best = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     # Islands priced on their own (ascending), their best feasible start and its value.
     alone = np.zeros(0, dtype=np.int64)
     alone_k = np.zeros(0, dtype=np.int64)
@@ -528,7 +524,7 @@ def _rank_offers(
         )
         top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
         pending = [
-            islands[_within(blocked_at_best, islands)]
+            islands[blocked.blocks(islands, cluster_best_k[cluster[islands]])]
             for e in top
             if e < len(groups)
             for islands in (with_cluster(int(groups[e])),)
@@ -745,10 +741,16 @@ class BlockedStarts:
         np.add.at(edges, (rows, self.b[ranges]), -1)
         return np.cumsum(edges, axis=1)[:, : self.starts] == 0
 
-    def islands_blocking(self, k: np.ndarray) -> np.ndarray:
-        """The islands whose start ``k`` (one per blocked range, aligned with ``self.island``) falls in
-        one of their blocked ranges."""
-        return self.island[(self.a <= k) & (k < self.b)]
+    def blocks(self, islands: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Whether start ``k[i]`` of each of ``islands[i]`` falls in one of its blocked ranges: work in
+        the ranges of those islands only (the ones that reach a quote's top), not in every range."""
+        lo = np.searchsorted(self.island, islands, side="left")
+        counts = np.searchsorted(self.island, islands, side="right") - lo
+        rows = np.repeat(np.arange(len(islands)), counts)
+        ranges = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        at = k[rows]
+        hit = (self.a[ranges] <= at) & (at < self.b[ranges])
+        return np.bincount(rows[hit], minlength=len(islands)) > 0
 
 
 def _blocked_starts(
