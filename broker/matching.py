@@ -480,22 +480,16 @@ def _rank_offers(
     alone_k = np.zeros(0, dtype=np.int64)
     alone_value = np.zeros(0, dtype=np.float64)
     never = np.iinfo(np.int64).max
-    seen: dict[int, np.ndarray] = {}  # a cluster's islands still ranked with it (until ``alone`` grows)
+    # The live islands (not in ``alone``) of the clusters among the entries kept for the ranking, found
+    # in one pass for all of them (ties on cost can keep hundreds): cluster ``kept_clusters[j]``'s are
+    # ``kept_islands[kept_bounds[j]:kept_bounds[j + 1]]`` (until ``alone`` grows).
+    kept_clusters = kept_islands = kept_bounds = np.zeros(0, dtype=np.int64)
 
     def with_cluster(cl: int) -> np.ndarray:
-        islands = seen.get(cl)
-        if islands is None:
-            islands = seen[cl] = _live_members(c, cl, live, alone)
-        return islands
-
-    def with_clusters(clusters: np.ndarray) -> None:
-        """``with_cluster`` of each of ``clusters`` at once (one pass of ``live`` over their islands, not
-        one per cluster: a quote's top entries can be hundreds of clusters tied on cost)."""
-        todo = np.array([cl for cl in clusters.tolist() if cl not in seen], dtype=np.int64)
-        if len(todo):
-            islands, bounds = _live_members_of(c, todo, live, alone)
-            for j, cl in enumerate(todo.tolist()):
-                seen[cl] = islands[bounds[j] : bounds[j + 1]]
+        j = int(np.searchsorted(kept_clusters, cl))
+        if j < len(kept_clusters) and kept_clusters[j] == cl:
+            return kept_islands[kept_bounds[j] : kept_bounds[j + 1]]
+        return _live_members(c, cl, live, alone)
 
     while True:
         groups = np.nonzero(members)[0]
@@ -513,23 +507,20 @@ def _rank_offers(
         if not len(cost):
             return []
         keys = _rank_keys(spec, cost, np.concatenate([latency[groups], latency[alone_cluster]]))
-        keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)
-        with_clusters(groups[keep[keep < len(groups)]])
-        lowest = np.array(
-            [
-                int(with_cluster(int(groups[e]))[0]) if e < len(groups) else int(alone_first[e - len(groups)])
-                for e in keep
-            ],
-            dtype=np.int64,
-        )
+        keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)  # ascending
+        kept_group = keep < len(groups)
+        kept_clusters = groups[keep[kept_group]]  # ascending, as ``groups``
+        kept_islands, kept_bounds = _live_members_of(c, kept_clusters, live, alone)
+        # Each kept entry's lowest island: a group's first live island (it has one: ``members``), an
+        # island priced alone's first of its (cluster, start).
+        lowest = np.concatenate(
+            [kept_islands[kept_bounds[:-1]], alone_first[keep[~kept_group] - len(groups)]]
+        ).astype(np.int64)
         top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
-        pending = [
-            islands[blocked.blocks(islands, cluster_best_k[cluster[islands]])]
-            for e in top
-            if e < len(groups)
-            for islands in (with_cluster(int(groups[e])),)
-        ]
-        islands = np.sort(np.concatenate(pending)) if pending else np.zeros(0, dtype=np.int64)
+        top_groups = [with_cluster(int(groups[e])) for e in top if e < len(groups)]
+        pending = np.concatenate(top_groups) if top_groups else np.zeros(0, dtype=np.int64)
+        pending = pending[blocked.blocks(pending, cluster_best_k[cluster[pending]])]
+        islands = np.sort(pending)
         if not len(islands):
             break
         ok = blocked.feasible_many(islands)
@@ -544,7 +535,6 @@ def _rank_offers(
         alone_k = np.concatenate([alone_k, ks])[order]
         alone_value = np.concatenate([alone_value, values_at])[order]
         np.subtract.at(members, cluster[islands], 1)
-        seen.clear()
     chosen = []
     for e in top:
         if e < len(groups):
