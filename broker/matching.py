@@ -952,7 +952,7 @@ def _short_ranges(
     if isinstance(need, int) and int(cards.min()) >= 0 and (int(key.max()) + 1) << width < 2**62:
         # One need for all, and the cards packed under the key: one sort of plain integers, no argsort
         # and gathers.
-        packed = np.sort((key << width) | cards)
+        packed = np.sort((key << width) | cards, kind="stable")  # two runs, nearly in order: a merge
         cards = packed & ((1 << width) - 1)
         key = packed >> width
         islands, slots = np.divmod(key >> 1, _slots + 2)
