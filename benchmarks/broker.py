@@ -952,6 +952,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="do not drop the database created for the run")
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
+        "--port",
+        type=int,
+        help="the servers' port (else a free one the kernel picks, from its ephemeral range): a fixed port keeps "
+        "a run inside the range a shared machine gives it",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="reuse the market a previous run left in --database-url (kept with --keep or given): no set-up; "
@@ -1019,6 +1025,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         workers=args.workers,
         database_url=database.url,
         extra={"CARDHOUR_BROKER_CATALOG_TTL_SECONDS": str(args.catalog_ttl)},
+        port=args.port,
     )
     server_pids = [p.pid for p in servers.processes]
     client = JsonClient(host=servers.host, ports=servers.ports)

@@ -252,14 +252,17 @@ def match(
     candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
     candidates_of[ok_clusters] = allowed[ok_clusters] - below
 
+    need_of = _uniform(cluster_need)
+
     def candidate(positions: np.ndarray) -> np.ndarray:
-        """Whether each island (catalogue positions) passes every check but the holds."""
+        """Whether each island (catalogue positions) passes every check but the holds. Called on every
+        hold in the window: the fabric and per-cluster need are read only when they vary."""
         of = c.island_cluster[positions]
-        return (
-            ok_cluster[of]
-            & fabric_ok[c.island_fabric[positions]]
-            & (c.island_capacity[positions] >= cluster_need[of])
-        )
+        ok = ok_cluster[of]
+        if allowed_fabrics is not None:
+            ok &= fabric_ok[c.island_fabric[positions]]
+        ok &= c.island_capacity[positions] >= (cluster_need[of] if need_of is None else need_of)
+        return ok
 
     reports = binding_reports(c, window, candidate)
     blocked = _blocked(c, holds, window, candidate, cluster_need, reports)
@@ -288,6 +291,7 @@ def match(
             delta=delta,
             limit=limit,
         )
+        memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
         placements = [
             _placement(
                 spec,
@@ -299,6 +303,7 @@ def match(
                 k=k,
                 first_k=first_k,
                 origin=origin,
+                memo=memo,
                 alternatives=[(int(island), int(cluster_need[cl])) for island in islands[1:]],
             )
             for cl, k, islands, first_k in offers
@@ -310,7 +315,6 @@ def match(
     # lower bound) until they reach the top, when their exact best feasible start is computed and they
     # are ranked on their own: a handful of rows, not thousands.
     cluster = c.island_cluster
-    inexact = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     members = members.copy()  # islands ranked with their cluster
     exact: dict[int, tuple[int, float, int]] = {}  # island → (best start, its value, first feasible start)
     cluster_cost = rank_rate * cluster_need * cluster_best_value
@@ -336,7 +340,11 @@ def match(
             for e in keep
         ]
         top = _rank_members(keys, keep, parts, limit)
-        pending = [island for island in top if island not in exact and _within(inexact, island)]
+        top_islands = np.array(top, dtype=np.int64)
+        at_best = blocked.blocks(top_islands, cluster_best_k[cluster[top_islands]])
+        pending = [
+            island for island, hit in zip(top, at_best.tolist(), strict=True) if hit and island not in exact
+        ]
         if not pending:
             break
         for island in pending:
@@ -346,6 +354,7 @@ def match(
             exact[island] = (k, float(values[k]), int(np.argmax(ok)))
             members[cluster[island]] -= 1
     placements = []
+    memo = {}
     for island in top:
         cl = int(cluster[island])
         if island in exact:
@@ -364,9 +373,19 @@ def match(
                 k=k,
                 first_k=first_k,
                 origin=origin,
+                memo=memo,
             )
         )
     return _result_of(counts, considered, placements, window, feasible=feasible)
+
+
+def _uniform(values: np.ndarray) -> int | None:
+    """The one value of ``values`` when they are all equal (a job in cards: every cluster needs the same),
+    else None."""
+    if not len(values):
+        return None
+    first = int(values[0])
+    return first if bool((values == first).all()) else None
 
 
 def _allowed_fabrics(spec: JobSpec) -> np.ndarray | None:
@@ -386,12 +405,6 @@ def _island_reasons(spec: JobSpec, c: Catalogue, before: np.ndarray, after: np.n
         reason[(reason == 0) & ~np.isin(c.island_fabric, allowed)] = _R["fabric"]
     later = after[cluster]
     return np.where(reason == 0, later, reason).astype(np.int8)
-
-
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """The distinct ``values``, ascending (a sort; ``np.unique`` hashes, much slower on these)."""
-    ordered = np.sort(values)
-    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
 def _within(sorted_values: np.ndarray, values: np.ndarray | int) -> np.ndarray:
@@ -462,19 +475,21 @@ def _rank_offers(
     whose best island comes first in the catalogue (the island ranking's order). Work is proportional to
     the clusters and to the islands of the offers that reach the top, not to every island."""
     cluster = c.island_cluster
-    blocked_at_best = _distinct(blocked.islands_blocking(cluster_best_k[cluster[blocked.island]]))
     # Islands priced on their own (ascending), their best feasible start and its value.
     alone = np.zeros(0, dtype=np.int64)
     alone_k = np.zeros(0, dtype=np.int64)
     alone_value = np.zeros(0, dtype=np.float64)
     never = np.iinfo(np.int64).max
-    seen: dict[int, np.ndarray] = {}  # a cluster's islands still ranked with it (until ``alone`` grows)
+    # The live islands (not in ``alone``) of the clusters among the entries kept for the ranking, found
+    # in one pass for all of them (ties on cost can keep hundreds): cluster ``kept_clusters[j]``'s are
+    # ``kept_islands[kept_bounds[j]:kept_bounds[j + 1]]`` (until ``alone`` grows).
+    kept_clusters = kept_islands = kept_bounds = np.zeros(0, dtype=np.int64)
 
     def with_cluster(cl: int) -> np.ndarray:
-        islands = seen.get(cl)
-        if islands is None:
-            islands = seen[cl] = _live_members(c, cl, live, alone)
-        return islands
+        j = int(np.searchsorted(kept_clusters, cl))
+        if j < len(kept_clusters) and kept_clusters[j] == cl:
+            return kept_islands[kept_bounds[j] : kept_bounds[j + 1]]
+        return _live_members(c, cl, live, alone)
 
     while True:
         groups = np.nonzero(members)[0]
@@ -492,22 +507,20 @@ def _rank_offers(
         if not len(cost):
             return []
         keys = _rank_keys(spec, cost, np.concatenate([latency[groups], latency[alone_cluster]]))
-        keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)
-        lowest = np.array(
-            [
-                int(with_cluster(int(groups[e]))[0]) if e < len(groups) else int(alone_first[e - len(groups)])
-                for e in keep
-            ],
-            dtype=np.int64,
-        )
+        keep = _top_entries(keys[-1], np.ones(len(cost), dtype=np.int64), limit)  # ascending
+        kept_group = keep < len(groups)
+        kept_clusters = groups[keep[kept_group]]  # ascending, as ``groups``
+        kept_islands, kept_bounds = _live_members_of(c, kept_clusters, live, alone)
+        # Each kept entry's lowest island: a group's first live island (it has one: ``members``), an
+        # island priced alone's first of its (cluster, start).
+        lowest = np.concatenate(
+            [kept_islands[kept_bounds[:-1]], alone_first[keep[~kept_group] - len(groups)]]
+        ).astype(np.int64)
         top = keep[np.lexsort((lowest, *(key[keep] for key in keys)))[:limit]]
-        pending = [
-            islands[_within(blocked_at_best, islands)]
-            for e in top
-            if e < len(groups)
-            for islands in (with_cluster(int(groups[e])),)
-        ]
-        islands = np.sort(np.concatenate(pending)) if pending else np.zeros(0, dtype=np.int64)
+        top_groups = [with_cluster(int(groups[e])) for e in top if e < len(groups)]
+        pending = np.concatenate(top_groups) if top_groups else np.zeros(0, dtype=np.int64)
+        pending = pending[blocked.blocks(pending, cluster_best_k[cluster[pending]])]
+        islands = np.sort(pending)
         if not len(islands):
             break
         ok = blocked.feasible_many(islands)
@@ -522,8 +535,7 @@ def _rank_offers(
         alone_k = np.concatenate([alone_k, ks])[order]
         alone_value = np.concatenate([alone_value, values_at])[order]
         np.subtract.at(members, cluster[islands], 1)
-        seen.clear()
-    offers = []
+    chosen = []
     for e in top:
         if e < len(groups):
             cl = int(groups[e])
@@ -533,15 +545,36 @@ def _rank_offers(
             first = int(alone_first[e - len(groups)])
             cl, k = int(cluster[first]), int(alone_k[first_index[e - len(groups)]])
             islands = alone[(cluster[alone] == cl) & (alone_k == k)]
-        offers.append((cl, k, islands, _first_feasible(blocked, islands)))
-    return offers
+        chosen.append((cl, k, islands))
+    first_ks = _first_feasible_each(blocked, [islands for _, _, islands in chosen])
+    return [(cl, k, islands, first_k) for (cl, k, islands), first_k in zip(chosen, first_ks, strict=True)]
 
 
-def _first_feasible(blocked: BlockedStarts, islands: np.ndarray) -> int:
-    """The earliest start index any of ``islands`` (feasible somewhere) can take."""
-    if not blocked.has_all(islands):
-        return 0  # an island no hold touches can start at the window's first start
-    return int(np.argmax(blocked.feasible_many(islands).any(axis=0)))
+def _first_feasible_each(blocked: BlockedStarts, groups: list[np.ndarray]) -> list[int]:
+    """The earliest start index any island of each of ``groups`` (disjoint sets of islands, each
+    ascending, each feasible somewhere) can take: one ``feasible_many`` over the islands of the groups
+    whose every island a hold touches, instead of one per group."""
+    if not groups:
+        return []
+    sizes = np.array([len(islands) for islands in groups], dtype=np.int64)
+    islands = np.concatenate(groups)
+    group = np.repeat(np.arange(len(groups)), sizes)
+    at = np.searchsorted(blocked.island, islands, side="left")
+    inside = at < len(blocked.island)
+    touched = np.zeros(len(islands), dtype=bool)
+    touched[inside] = blocked.island[at[inside]] == islands[inside]
+    # A group with an island no hold touches can start at the window's first start.
+    all_touched = np.bincount(group[~touched], minlength=len(groups)) == 0
+    out = [0] * len(groups)
+    rows = np.flatnonzero(all_touched[group])
+    if not len(rows):
+        return out
+    order = np.argsort(islands[rows], kind="stable")
+    rows = rows[order]
+    ok = blocked.feasible_many(islands[rows])
+    for g in np.flatnonzero(all_touched).tolist():
+        out[g] = int(np.argmax(ok[group[rows] == g].any(axis=0)))
+    return out
 
 
 def _live_members(
@@ -555,6 +588,24 @@ def _live_members(
     if len(own):
         keep &= ~_within(own, islands)
     return islands[keep]
+
+
+def _live_members_of(
+    c: Catalogue, clusters: np.ndarray, live: Callable[[np.ndarray], np.ndarray], own: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_live_members`` of each of ``clusters`` in one pass: (islands, bounds), cluster ``clusters[j]``'s
+    live islands being ``islands[bounds[j]:bounds[j + 1]]``."""
+    first_of_cluster, cluster_islands = c.islands_by_cluster
+    lo, hi = first_of_cluster[clusters], first_of_cluster[clusters + 1]
+    sizes = hi - lo
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    slots = np.repeat(lo - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
+    islands = cluster_islands[slots]
+    keep = live(islands)
+    if len(own):
+        keep &= ~_within(own, islands)
+    kept = np.concatenate([[0], np.cumsum(keep)])
+    return islands[keep], kept[offsets]
 
 
 def _rank_rate(spec: JobSpec, c: Catalogue) -> np.ndarray:
@@ -680,10 +731,16 @@ class BlockedStarts:
         np.add.at(edges, (rows, self.b[ranges]), -1)
         return np.cumsum(edges, axis=1)[:, : self.starts] == 0
 
-    def islands_blocking(self, k: np.ndarray) -> np.ndarray:
-        """The islands whose start ``k`` (one per blocked range, aligned with ``self.island``) falls in
-        one of their blocked ranges."""
-        return self.island[(self.a <= k) & (k < self.b)]
+    def blocks(self, islands: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Whether start ``k[i]`` of each of ``islands[i]`` falls in one of its blocked ranges: work in
+        the ranges of those islands only (the ones that reach a quote's top), not in every range."""
+        lo = np.searchsorted(self.island, islands, side="left")
+        counts = np.searchsorted(self.island, islands, side="right") - lo
+        rows = np.repeat(np.arange(len(islands)), counts)
+        ranges = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        at = k[rows]
+        hit = (self.a[ranges] <= at) & (at < self.b[ranges])
+        return np.bincount(rows[hit], minlength=len(islands)) > 0
 
 
 def _blocked_starts(
@@ -735,10 +792,15 @@ def _blocked(
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
+    need_of = _uniform(cluster_need)  # one need for every cluster: no gather per island below
     index = c.island_index(hold_island)
-    known = np.flatnonzero(index >= 0)
-    # The holds of candidate islands (positions in the hold arrays).
-    selected = known[candidate(index[known])]
+    # The holds of candidate islands (positions in the hold arrays). Every hold's island is known but
+    # for one registered since the catalogue's load: then only the known ones are tested.
+    if len(index) and int(index.min()) >= 0:
+        selected = np.flatnonzero(candidate(index))
+    else:
+        known = np.flatnonzero(index >= 0)
+        selected = known[candidate(index[known])]
     selected_index = index[selected]
     first_only = r_island = r_cards = r_until = empty
     if reports is not None:
@@ -781,7 +843,7 @@ def _blocked(
     # of their cards, over the islands named (never a pass over all).
     held = np.add.reduceat(cards, head) if len(head) else empty
     count = np.diff(np.append(head, len(index)))
-    tight = held + cluster_need[c.island_cluster[named]] > capacity[named]
+    tight = held + (cluster_need[c.island_cluster[named]] if need_of is None else need_of) > capacity[named]
     alone = tight & (count == 1)
     if len(r_island):
         alone &= ~_within(np.sort(r_island), named)
@@ -793,11 +855,12 @@ def _blocked(
     )
     several = np.repeat(tight & ~alone, count)
     several_rows = rows[several]
+    several_index = index[several]
     blocked_island, a, b = _short_ranges(
         c,
         window,
-        cluster_need[c.island_cluster[index[several]]],
-        index[several],
+        cluster_need[c.island_cluster[several_index]] if need_of is None else need_of,
+        several_index,
         starts[several_rows],
         ends[several_rows],
         cards[several],
@@ -863,26 +926,43 @@ def _one_hold_ranges(
 def _short_ranges(
     c: Catalogue,
     window: Window,
-    need: np.ndarray,
+    need: np.ndarray | int,
     index: np.ndarray,
     hold_start: np.ndarray,
     hold_end: np.ndarray,
     hold_cards: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(island, a, b): the start ranges ``[a, b)`` that the holds (catalogue positions ``index``, each
-    with the cards its island needs free in ``need``) make infeasible, sorted by island, then a (the
-    edges are sorted by island and slot, and a grows with slot)."""
+    with the cards its island needs free in ``need``, or one ``need`` for all) make infeasible, sorted by
+    island, then a (the edges are sorted by island and slot, and a grows with slot)."""
     if not len(index):
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
     first, last, _slots = _hold_slots(window, hold_start, hold_end)
     islands = np.concatenate([index, index])
     slots = np.concatenate([first, last])
-    deltas = np.concatenate([hold_cards, -hold_cards])
-    needs = np.concatenate([need, need])
-    # One sort key: island, then slot, then releases before takes at the same slot edge.
-    order = np.argsort(islands * (2 * _slots + 4) + slots * 2 + (deltas > 0), kind="stable")
-    islands, slots, deltas, needs = islands[order], slots[order], deltas[order], needs[order]
+    cards = np.concatenate([hold_cards, hold_cards])
+    take = np.zeros(len(islands), dtype=np.int64)
+    take[: len(index)] = 1
+    # One sort key: island, then slot, then releases before takes at the same slot edge (the order of
+    # edges within one slot edge does not matter: only the level after the last of them is read).
+    key = (islands * (_slots + 2) + slots) * 2 + take
+    width = max(int(cards.max()), 1).bit_length()
+    needs: np.ndarray | int
+    if isinstance(need, int) and int(cards.min()) >= 0 and (int(key.max()) + 1) << width < 2**62:
+        # One need for all, and the cards packed under the key: one sort of plain integers, no argsort
+        # and gathers.
+        packed = np.sort((key << width) | cards, kind="stable")  # two runs, nearly in order: a merge
+        cards = packed & ((1 << width) - 1)
+        key = packed >> width
+        islands, slots = np.divmod(key >> 1, _slots + 2)
+        deltas = np.where(key & 1 == 1, cards, -cards)
+        needs = need
+    else:
+        order = np.argsort(key, kind="stable")
+        islands, slots, take, cards = islands[order], slots[order], take[order], cards[order]
+        deltas = np.where(take == 1, cards, -cards)
+        needs = need if isinstance(need, int) else np.concatenate([need, need])[order]
     level = np.cumsum(deltas)  # each island's edges sum to zero, so the running sum restarts per island
     next_slot = np.concatenate([slots[1:], [0]])
     same = np.concatenate([islands[1:] == islands[:-1], [False]])
@@ -972,6 +1052,7 @@ def _match_spanning(
     lat = np.array([p[1] for p in placements_raw])
     order = _rank(spec, costs, lat, np.array([c.cluster_id[p[2]] for p in placements_raw]), limit)
     origin = c.hub_codes.index(spec.origin_hub)
+    memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
     placements = [
         _placement(
             spec,
@@ -983,19 +1064,41 @@ def _match_spanning(
             k=placements_raw[j][4],
             first_k=placements_raw[j][5],
             origin=origin,
+            memo=memo,
         )
         for j in order
     ]
     return _result(reason, placements, window, n, feasible=len(placements_raw))
 
 
-def _bands(tariff: CompiledTariff, start: int, end: int, cards: int, rate: Decimal) -> tuple[BandCost, ...]:
-    seconds: dict[int, int] = {}
-    for s, e, band in tariff.slices(start, end):
-        seconds[band] = seconds.get(band, 0) + (e - s)
+def _band_seconds(
+    tariff: CompiledTariff,
+    start: int,
+    end: int,
+    memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]],
+    tariff_id: int,
+) -> tuple[tuple[int, int], ...]:
+    """(band, seconds) of ``[start, end)`` per band, dearest band first (stable among equal multipliers).
+    ``memo`` keeps them per (tariff, start, end) for the placements of one quote, which mostly share a
+    few starts (a tariff's cheapest, the window's first)."""
+    key = (tariff_id, start, end)
+    known = memo.get(key)
+    if known is None:
+        seconds: dict[int, int] = {}
+        for s, e, band in tariff.slices(start, end):
+            seconds[band] = seconds.get(band, 0) + (e - s)
+        known = memo[key] = tuple(
+            (band, seconds[band]) for band in sorted(seconds, key=lambda b: -tariff.multipliers_e4[b])
+        )
+    return known
+
+
+def _bands(
+    tariff: CompiledTariff, seconds: tuple[tuple[int, int], ...], cards: int, rate: Decimal
+) -> tuple[BandCost, ...]:
     out = []
-    for band in sorted(seconds, key=lambda b: -tariff.multipliers_e4[b]):
-        card_seconds = cards * seconds[band]
+    for band, band_seconds in seconds:
+        card_seconds = cards * band_seconds
         multiplier = Decimal(tariff.multipliers_e4[band]) / _E4
         out.append(
             BandCost(
@@ -1007,6 +1110,19 @@ def _bands(tariff: CompiledTariff, start: int, end: int, cards: int, rate: Decim
             )
         )
     return tuple(out)
+
+
+def _cost(tariff: CompiledTariff, seconds: tuple[tuple[int, int], ...], cards: int, rate: Decimal) -> Decimal:
+    """The sum of ``_bands``' costs, without the rest of each band's figures."""
+    return sum(
+        (
+            (rate * (cards * band_seconds) * (Decimal(tariff.multipliers_e4[band]) / _E4) / 3600).quantize(
+                _CENT, ROUND_HALF_EVEN
+            )
+            for band, band_seconds in seconds
+        ),
+        Decimal("0.00"),
+    )
 
 
 def _placement(
@@ -1021,24 +1137,29 @@ def _placement(
     first_k: int,
     origin: int,
     alternatives: list[tuple[int, int]] | None = None,
+    memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] | None = None,
 ) -> Placement:
+    """One placement, priced exactly. ``memo``: shared by the placements of one quote (see
+    ``_band_seconds``)."""
+    memo = {} if memo is None else memo
     price = c.cluster_price[cluster_index]
     assert price is not None
     tariff = tariff_of(price.tariff_version_id)
     cards = sum(cards for _, cards in allocation)
     start = window.start(k)
-    bands = _bands(tariff, start, start + window.duration, cards, price.rate_per_card_hour)
+    rate = price.rate_per_card_hour
+    seconds = _band_seconds(tariff, start, start + window.duration, memo, price.tariff_version_id)
+    bands = _bands(tariff, seconds, cards, rate)
     cost = sum((b.cost for b in bands), Decimal("0.00"))
     earliest = window.start(first_k)
     first_cost = (
         cost
         if first_k == k
-        else sum(
-            (
-                b.cost
-                for b in _bands(tariff, earliest, earliest + window.duration, cards, price.rate_per_card_hour)
-            ),
-            Decimal("0.00"),
+        else _cost(
+            tariff,
+            _band_seconds(tariff, earliest, earliest + window.duration, memo, price.tariff_version_id),
+            cards,
+            rate,
         )
     )
     draw = sum((Decimal(b.card_seconds) * b.multiplier for b in bands), Decimal(0)) / 3600

@@ -1,0 +1,126 @@
+"""The matcher's batched helpers against the one-at-a-time forms they replace: the same answer for any
+holds, islands and starts (the whole matcher is held to a brute force in test_matching_property.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.matching import (
+    BlockedStarts,
+    _blocked_starts,
+    _first_feasible_each,
+    _live_members,
+    _live_members_of,
+    _short_ranges,
+    window_of,
+)
+from tests.broker.test_matching_property import NOW, STEP, _hold_arrays, _spec, catalogue
+
+ranges_strategy = st.lists(
+    st.tuples(st.integers(0, 7), st.integers(0, 20), st.integers(1, 8)),  # island, a, length
+    max_size=30,
+)
+
+
+def _blocked_of(ranges: list[tuple[int, int, int]], starts: int = 24) -> BlockedStarts:
+    """BlockedStarts of (island, a, length) ranges, sorted by island, then a, clipped to the window."""
+    rows = sorted((island, a, min(a + length, starts)) for island, a, length in ranges if a < starts)
+    island, a, b = (np.array([r[i] for r in rows], dtype=np.int64) for i in range(3))
+    return BlockedStarts(island, a, b, np.zeros(0, dtype=np.int64), starts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranges=ranges_strategy, ks=st.lists(st.integers(0, 23), min_size=8, max_size=8))
+def test_blocks_is_a_start_inside_one_of_the_islands_ranges(
+    ranges: list[tuple[int, int, int]], ks: list[int]
+) -> None:
+    blocked = _blocked_of(ranges)
+    islands = np.array([5, 0, 7, 3, 1, 6, 2, 4], dtype=np.int64)  # any order
+    k = np.array(ks, dtype=np.int64)
+    got = blocked.blocks(islands, k).tolist()
+    expected = [not bool(blocked.feasible(int(i))[kk]) for i, kk in zip(islands, k, strict=True)]
+    assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ranges=ranges_strategy,
+    groups=st.lists(st.integers(0, 3), min_size=8, max_size=8),  # each island's group
+)
+def test_first_feasible_each_is_the_earliest_start_of_any_island_of_the_group(
+    ranges: list[tuple[int, int, int]], groups: list[int]
+) -> None:
+    blocked = _blocked_of(ranges)
+    members = [np.array([i for i in range(8) if groups[i] == g], dtype=np.int64) for g in range(4)]
+    members = [m for m in members if len(m)]
+    # The matcher asks only of islands feasible somewhere: keep the groups with such an island.
+    members = [m for m in members if any(blocked.feasible(int(i)).any() for i in m)]
+    expected = [
+        int(np.argmax(np.any([blocked.feasible(int(i)) for i in m], axis=0))) if len(m) else 0
+        for m in members
+    ]
+    assert _first_feasible_each(blocked, members) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    live=st.lists(st.booleans(), min_size=12, max_size=12),
+    own=st.sets(st.integers(0, 11), max_size=6),
+    clusters=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+)
+def test_live_members_of_many_clusters_is_each_clusters_own(
+    live: list[bool], own: set[int], clusters: list[int]
+) -> None:
+    cat = catalogue([8] * 12)
+    # Four clusters of three islands, interleaved: islands i, i + 4, i + 8 are cluster i's.
+    cat.island_cluster = np.arange(12) % 4
+    cat.cluster_id = cat.cluster_id[:4]
+    is_live = np.array(live)
+    own_sorted = np.array(sorted(own), dtype=np.int64)
+    islands, bounds = _live_members_of(
+        cat, np.array(clusters, dtype=np.int64), lambda positions: is_live[positions], own_sorted
+    )
+    for j, cl in enumerate(clusters):
+        expected = _live_members(cat, cl, lambda positions: is_live[positions], own_sorted)
+        assert islands[bounds[j] : bounds[j + 1]].tolist() == expected.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 3), st.integers(-3600, 30 * 3600), st.integers(60, 10 * 3600), st.integers(1, 8)
+        ),
+        max_size=25,
+    ),
+    cards=st.integers(1, 10),
+    duration=st.integers(600, 6 * 3600),
+)
+def test_short_ranges_with_one_need_for_all_equals_a_need_per_hold(
+    holds: list[tuple[int, int, int, int]], cards: int, duration: int
+) -> None:
+    """The packed-integer sort (one need for every island) and the argsort (a need per hold) give the
+    same ranges."""
+    cat = catalogue([4, 8, 12, 16])
+    window = window_of(_spec(cards=cards, duration=duration), now=NOW, step=STEP)
+    island, start, end, held = _hold_arrays(holds, int(NOW.timestamp()))
+    index = cat.island_index(island)
+    order = np.argsort(index, kind="stable")
+    args = (index[order], start[order], end[order], held[order])
+    one = _short_ranges(cat, window, cards, *args)
+    each = _short_ranges(cat, window, np.full(len(index), cards, dtype=np.int64), *args)
+    assert [x.tolist() for x in one] == [x.tolist() for x in each]
+
+
+def test_blocked_starts_with_no_holds_in_the_window_blocks_nothing() -> None:
+    cat = catalogue([8, 8, 8, 8])
+    window = window_of(_spec(cards=4, duration=3600), now=NOW, step=STEP)
+    later = NOW + timedelta(days=3)
+    arrays = _hold_arrays([(0, int((later - NOW).total_seconds()), 3600, 8)], int(NOW.timestamp()))
+    blocked = _blocked_starts(cat, arrays, window, np.arange(4), np.full(4, 4, dtype=np.int64))
+    assert not blocked.has(0)
+    assert len(blocked.full) == 0
