@@ -861,6 +861,18 @@ def _running_locked(*, lease_ids: Sequence[int]) -> list[Lease]:
     )
 
 
+def _lease_stop_with_notice(
+    *, lease: Lease, actor: str, reason: str, kind: str, message: str, now: datetime
+) -> None:
+    """Move a locked running lease to stop_requested and tell its buyer why (the one stop step of enforcement)."""
+    leases.lease_transition(
+        lease=lease, to_state=LeaseState.STOP_REQUESTED, actor=Actor.system(actor), reason=reason, at=now
+    )
+    leases.notice_create(
+        buyer_id=lease.buyer_id, kind=kind, message=message, job_id=lease.job_id, lease_id=lease.pk
+    )
+
+
 @transaction.atomic
 def _leases_stop_for_exhaustion(*, lease_ids: Sequence[int], now: datetime) -> int:
     locked = _running_locked(lease_ids=lease_ids)
@@ -877,22 +889,16 @@ def _leases_stop_for_exhaustion(*, lease_ids: Sequence[int], now: datetime) -> i
         chip = lease.cluster.accelerator.slug
         if (lease.buyer_id, chip) not in still_open:
             continue
-        leases.lease_transition(
+        _lease_stop_with_notice(
             lease=lease,
-            to_state=LeaseState.STOP_REQUESTED,
-            actor=Actor.system("broker: packs exhausted"),
+            actor="broker: packs exhausted",
             reason=f"{EXHAUSTION_REASON}: no {chip} or standard card-hours left",
-            at=now,
-        )
-        leases.notice_create(
-            buyer_id=lease.buyer_id,
             kind=EXHAUSTION_NOTICE,
             message=(
                 f"Your {chip} card-hour packs ran out, so lease {lease.pk} on {lease.cluster.cpi} was asked to "
                 "stop. Buy a pack to run it again."
             ),
-            job_id=lease.job_id,
-            lease_id=lease.pk,
+            now=now,
         )
         stopped += 1
     return stopped
@@ -1238,21 +1244,15 @@ def _leases_stop_for_cap(*, lease_ids: Sequence[int], breach_id: int, now: datet
         return 0
     budget = breach.budget
     for lease in locked:
-        leases.lease_transition(
+        _lease_stop_with_notice(
             lease=lease,
-            to_state=LeaseState.STOP_REQUESTED,
-            actor=Actor.system("broker: budget cap reached"),
+            actor="broker: budget cap reached",
             reason=f"{BUDGET_CAP_REASON}: budget {budget.pk} ({budget.scope}) at {breach.spent} of {breach.cap} CNY",
-            at=now,
-        )
-        leases.notice_create(
-            buyer_id=lease.buyer_id,
             kind=NOTICE_CAP,
             message=(
                 f"Budget “{budget.name}” reached its hard cap of {breach.cap} CNY ({breach.spent} CNY spent), so "
                 f"lease {lease.pk} on {lease.cluster.cpi} was asked to stop. Raise the cap to run it again."
             ),
-            job_id=lease.job_id,
-            lease_id=lease.pk,
+            now=now,
         )
     return len(locked)

@@ -4,7 +4,8 @@ operator API, rated by metering (which raises the exhaustion flag), then leases_
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -315,22 +316,15 @@ def test_a_run_over_its_time_budget_leaves_the_rest_to_the_next_run(
     assert stop_requested(running) == [True] * 5
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_lease_another_transaction_holds_is_left_to_the_next_run(
-    east: APIClient, thin_buyer: Organisation, wide_cluster: Cluster
-) -> None:
-    """A usage report (or failover) holding a lease's row does not make the stop run wait on it: the run stops
-    the others and the next run takes it. PostgreSQL only (SQLite has no row locks)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks and SKIP LOCKED need PostgreSQL")
-    running = five_leases_exhausted(east, wide_cluster, thin_buyer)
-    held = running[2]
+@contextmanager
+def row_held(lease: Lease) -> Iterator[None]:
+    """The lease's row locked by another connection (a thread's transaction) until the block ends."""
     locked, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         try:
             with transaction.atomic():
-                Lease.objects.select_for_update().filter(pk=held.pk).get()
+                Lease.objects.select_for_update().filter(pk=lease.pk).get()
                 locked.set()
                 release.wait(30)
         finally:
@@ -340,11 +334,24 @@ def test_a_lease_another_transaction_holds_is_left_to_the_next_run(
     holder.start()
     try:
         assert locked.wait(30)
-        assert dispatch.leases_stop_exhausted() == 4
-        assert stop_requested(running) == [True, True, False, True, True]
+        yield
     finally:
         release.set()
         holder.join(30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_another_transaction_holds_is_left_to_the_next_run(
+    east: APIClient, thin_buyer: Organisation, wide_cluster: Cluster
+) -> None:
+    """A usage report (or failover) holding a lease's row does not make the stop run wait on it: the run stops
+    the others and the next run takes it. PostgreSQL only (SQLite has no row locks)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks and SKIP LOCKED need PostgreSQL")
+    running = five_leases_exhausted(east, wide_cluster, thin_buyer)
+    with row_held(running[2]):
+        assert dispatch.leases_stop_exhausted() == 4
+        assert stop_requested(running) == [True, True, False, True, True]
     assert dispatch.leases_stop_exhausted() == 1
     assert stop_requested(running) == [True] * 5
 
@@ -361,21 +368,7 @@ def test_a_usage_report_that_waits_past_the_lock_timeout_is_a_busy_503_and_write
     lease = running_lease(wide_cluster, buyer)
     start = lease.start_at
     body = {"records": [usage(lease, "busy-1", start, start + timedelta(minutes=5))]}
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                Lease.objects.select_for_update().filter(pk=lease.pk).get()
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert locked.wait(30)
+    with row_held(lease):
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '200ms'")
         try:
@@ -383,9 +376,6 @@ def test_a_usage_report_that_waits_past_the_lock_timeout_is_a_busy_503_and_write
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("RESET lock_timeout")
-    finally:
-        release.set()
-        holder.join(30)
     assert response.status_code == 503, response.content
     assert response.json()["code"] == "database_busy"
     assert response.json()["extra"] == {"retry_after_seconds": 1}
