@@ -272,6 +272,47 @@ def _task_gauges() -> Iterator[Metric]:
     yield from (started, succeeded, failed)
 
 
+@gauge_source("celery")
+def _queue_gauges() -> Iterator[Metric]:
+    """Messages waiting in each of the platform's Celery queues (``CELERY_TASK_QUEUES``), asked of the broker
+    at scrape time: a passive declare, which creates nothing. A queue the broker does not know has nothing
+    waiting (Redis drops an empty list; RabbitMQ has it only once a worker or a publish declared it), so it
+    reads 0. An unreachable broker fails this source alone (``cardhour_metrics_source_failed``). A growing
+    ``control`` queue means the heartbeat monitor and failover are waiting: a control worker is missing or
+    starved (README, *Celery workers and queues*)."""
+    from django.conf import settings
+    from kombu.exceptions import OperationalError
+
+    from config.celery_app import app
+
+    depth = GaugeMetricFamily(
+        "cardhour_celery_queue_messages",
+        "Messages waiting in each Celery queue, read from the broker at scrape time.",
+        labels=["queue"],
+    )
+    with app.connection_for_read() as connection:
+        try:
+            connection.ensure_connection(max_retries=1)
+        except OperationalError as exc:
+            raise RuntimeError("the Celery broker is unreachable") from exc
+        for queue in settings.CELERY_TASK_QUEUES:
+            # One channel per queue: RabbitMQ closes the channel on which a passive declare found nothing.
+            channel = connection.channel()
+            try:
+                waiting = channel.queue_declare(queue=queue.name, passive=True).message_count
+            except connection.channel_errors as exc:  # not found: 404 (an int from RabbitMQ, text from kombu)
+                if str(getattr(exc, "reply_code", "")) != "404":
+                    raise
+                waiting = 0
+            finally:
+                try:
+                    channel.close()
+                except Exception:  # already closed by the broker after a 404
+                    logger.debug("channel already closed", exc_info=True)
+            depth.add_metric([queue.name], waiting)
+    yield depth
+
+
 def metrics_exposition() -> tuple[bytes, str]:
     """The Prometheus text exposition: this process's (or, in multiprocess mode, every process's)
     request and quote histograms, and the database gauges."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -123,6 +124,47 @@ def test_metrics_show_request_latency_by_route_quote_latency_and_database_gauges
     assert "cardhour_clusters_offline 1.0" in text
     assert "cardhour_usage_unrated_records 0.0" in text
     assert "cardhour_lease_events_pending 0.0" in text
+
+
+def test_metrics_show_the_messages_waiting_in_each_celery_queue_on_the_broker(client: Client) -> None:
+    """Read from the configured broker (memory here; Redis in CI): three messages published to a queue of the
+    settings show as 3, a queue nobody declared as 0, and the scrape creates no queue."""
+    from kombu import Exchange, Producer, Queue
+
+    tag = uuid.uuid4().hex[:8]
+    busy = Queue(
+        f"depth-busy-{tag}", Exchange(f"depth-busy-{tag}", type="direct"), routing_key=f"depth-busy-{tag}"
+    )
+    never = Queue(
+        f"depth-never-{tag}", Exchange(f"depth-never-{tag}", type="direct"), routing_key=f"depth-never-{tag}"
+    )
+    with celery_app.connection_for_write() as connection:
+        channel = connection.channel()
+        try:
+            producer = Producer(channel, exchange=busy.exchange, routing_key=busy.routing_key)
+            for n in range(3):
+                producer.publish({"n": n}, declare=[busy], serializer="json")
+            with override_settings(CELERY_TASK_QUEUES=(busy, never)):
+                text = client.get("/metrics").content.decode()
+            assert f'cardhour_celery_queue_messages{{queue="{busy.name}"}} 3.0' in text
+            assert f'cardhour_celery_queue_messages{{queue="{never.name}"}} 0.0' in text
+            assert "cardhour_metrics_source_failed" not in text
+            never_channel = connection.channel()
+            with pytest.raises(connection.channel_errors):  # still not declared
+                never_channel.queue_declare(queue=never.name, passive=True)
+        finally:
+            busy(connection.channel()).delete()
+
+
+def test_an_unreachable_broker_fails_the_queue_gauge_alone(client: Client) -> None:
+    before = celery_app.conf.broker_read_url  # what the gauge reads through
+    celery_app.conf.broker_read_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    try:
+        text = client.get("/metrics").content.decode()
+    finally:
+        celery_app.conf.broker_read_url = before
+    assert 'cardhour_metrics_source_failed{source="celery"} 1.0' in text
+    assert "cardhour_clusters_offline" in text  # the database's gauges are still there
 
 
 def test_quote_latency_is_observed_per_quote(token_client) -> None:
