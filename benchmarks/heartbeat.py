@@ -135,13 +135,40 @@ def build_round(
     return requests, expected
 
 
+def batched(requests: Sequence[HttpRequest], size: int) -> list[HttpRequest]:
+    """The single beats of ``requests`` sent as batches (``POST /api/v1/heartbeats``) of at most ``size`` beats,
+    each batch one operator's (its token), in a shuffled order; ``size`` 1 leaves them single."""
+    if size <= 1:
+        return list(requests)
+    by_token: dict[str, list[HttpRequest]] = {}
+    for request in requests:
+        by_token.setdefault(request.headers["Authorization"], []).append(request)
+    out = []
+    for chunk_of in by_token.values():
+        for k in range(0, len(chunk_of), size):
+            chunk = chunk_of[k : k + size]
+            beats = [{"cpi": r.path.split("/")[4], **json.loads(r.body)} for r in chunk]
+            out.append(
+                HttpRequest(
+                    "POST",
+                    "/api/v1/heartbeats",
+                    dict(chunk[0].headers),
+                    json.dumps({"beats": beats}).encode(),
+                )
+            )
+    random.Random(len(out)).shuffle(out)
+    return out
+
+
 def applied(requests: Sequence[HttpRequest]) -> Callable[[int, int, bytes], str | None]:
     """A check for run_closed_loop: 200 and ``applied: true``."""
 
     def check(index: int, status: int, body: bytes) -> str | None:
         if status != 200:
             return f"{requests[index].path}: HTTP {status} {body[:300]!r}"
-        if json.loads(body).get("applied") is not True:
+        answer = json.loads(body)
+        results = answer.get("results", [answer])  # a batch answers one result per beat
+        if not results or any(result.get("applied") is not True for result in results):
             return f"{requests[index].path}: not applied: {body[:300]!r}"
         return None
 
@@ -328,6 +355,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="beats per closed-loop round, each on another cluster (default: every cluster)",
     )
     parser.add_argument("--warmup", type=int, default=1_000, help="beats before measuring, not counted")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="beats per request: N > 1 sends each operator's beats as batches of N (POST /api/v1/heartbeats); "
+        "rates and CPU are then per beat",
+    )
     parser.add_argument("--rate", type=float, default=TARGET_PER_S, help="beats/s of the paced run")
     parser.add_argument("--paced-seconds", type=float, default=20.0, help="0 skips the paced run")
     parser.add_argument("--healthz", type=int, default=3_000)
@@ -446,7 +480,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         # A first beat of every cluster (not measured): warms the workers and leaves every cluster beaten.
         base_at = datetime.now(UTC).replace(microsecond=0)
         warm, _ = build_round(fleet, tokens, seed=args.seed, sent_at=base_at)
-        warm = warm[: args.warmup]
+        warm = batched(warm[: args.warmup], args.batch)
         print(f"[warm-up]  {len(warm):,} beats (not measured) ...", flush=True)
         errors += run_closed_loop(
             requests=warm,
@@ -462,8 +496,10 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             requests = requests[: args.beats or len(requests)]
             beaten = {r.path.split("/")[4] for r in requests}
             expected = {cpi: cards for cpi, cards in expected.items() if cpi in beaten}
+            n_beats = len(requests)
+            requests = batched(requests, args.batch)
             print(
-                f"[round {r}]  {len(requests):,} beats, {args.concurrency} clients, closed loop ...",
+                f"[round {r}]  {n_beats:,} beats{_in_batches(args, requests)}, {args.concurrency} clients, closed loop ...",
                 flush=True,
             )
             with CpuSampler(server_pids=server_pids, database=database.name) as cpu:
@@ -476,7 +512,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 )
             errors += result.errors[:20]
             errors += check_database(database.url, sent_at=sent_at, expected=expected)
-            rounds.append(Round(n=len(requests), wall_s=result.wall_s, latency_s=result.latency_s, cpu=cpu))
+            rounds.append(Round(n=n_beats, wall_s=result.wall_s, latency_s=result.latency_s, cpu=cpu))
 
         paced_result = None
         if args.paced_seconds > 0:
@@ -490,8 +526,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             )
             if n > len(fleet):  # a beat per cluster at most: later ones would be stale
                 print(f"           (paced run capped at one beat per cluster: {len(fleet):,})")
+            n_beats = len(requests)
+            requests = batched(requests, args.batch)
             print(
-                f"[paced]    {len(requests):,} beats at {args.rate:.0f}/s, open loop, {args.concurrency} clients ...",
+                f"[paced]    {n_beats:,} beats{_in_batches(args, requests)} at {args.rate:.0f}/s, open loop, "
+                f"{args.concurrency} clients ...",
                 flush=True,
             )
             with CpuSampler(server_pids=server_pids, database=database.name) as cpu:
@@ -499,11 +538,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     requests=requests,
                     host=servers.host,
                     port=servers.ports[0],
-                    rate=args.rate,
+                    rate=args.rate * len(requests) / n_beats,  # requests/s: beats/s in batches
                     threads=args.concurrency,
                 )
             errors += paced_errors[:20]
-            paced_result = Round(n=len(requests), wall_s=wall, latency_s=latency, cpu=cpu)
+            paced_result = Round(n=n_beats, wall_s=wall, latency_s=latency, cpu=cpu)
 
         print(f"[baseline] GET /healthz × {args.healthz:,}, same server, same clients ...", flush=True)
         with CpuSampler(server_pids=server_pids, database=database.name) as healthz_cpu:
@@ -524,6 +563,10 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     if args.profile:
         profile_in_process(fleet=fleet, tokens=tokens, n=min(args.profile, len(fleet)), top=args.top)
     return errors
+
+
+def _in_batches(args: argparse.Namespace, requests: Sequence[HttpRequest]) -> str:
+    return f" in {len(requests):,} batches of up to {args.batch}" if args.batch > 1 else ""
 
 
 def _git_head(root: Path) -> str:
@@ -589,8 +632,10 @@ def report(
     )
     print_table(
         f"Heartbeats over HTTP: {args.clusters:,} clusters × {args.islands_per_cluster} islands, {args.workers} web "
-        f"workers, {args.concurrency} clients (CPU ms per request: user+system from /proc)",
-        ["phase", "req/s", "p50 ms", "p99 ms", "server CPU", "PG CPU", "CPU total"],
+        f"workers, {args.concurrency} clients (CPU ms per beat, user+system from /proc"
+        + (f"; beats sent in batches of {args.batch}, p50/p99 per batch" if args.batch > 1 else "")
+        + "; /healthz per request)",
+        ["phase", "beats/s", "p50 ms", "p99 ms", "server CPU", "PG CPU", "CPU total"],
         rows,
     )
     pooled = Summary.of([x for r in rounds for x in r.latency_s])
@@ -615,6 +660,12 @@ def report(
         "Results",
         ["figure", "value"],
         [
+            [
+                "sent as",
+                f"batches of up to {args.batch} beats (POST /api/v1/heartbeats)"
+                if args.batch > 1
+                else "one beat per request (POST /api/v1/clusters/<cpi>/heartbeats)",
+            ],
             ["heartbeats/s, closed loop (per round)", ", ".join(f"{x:,.0f}" for x in rates)],
             [
                 "CPU per heartbeat, server + PostgreSQL (per round)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -18,7 +19,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from core.errors import InvalidInputError
+from core.errors import DomainError, InvalidInputError
 from core.models import Organisation
 from core.net import endpoint_url_check
 from core.types import Actor
@@ -672,6 +673,201 @@ def heartbeat_record_for_operator(
     return _heartbeat_apply(
         actor=actor, cluster=beaten, sent_at=sent_at, health=health, islands=islands, now=now
     )
+
+
+@dataclass(frozen=True)
+class HeartbeatBeat:
+    """One cluster's beat in a batch (heartbeats_record_batch)."""
+
+    cpi: str
+    sent_at: datetime
+    health: str
+    islands: Sequence[IslandReport]
+
+
+@dataclass(frozen=True)
+class HeartbeatOutcome:
+    """What became of one beat of a batch: its result, or the error the single-beat endpoint answers."""
+
+    cpi: str
+    result: HeartbeatResult | None = None
+    error: DomainError | None = None
+
+
+@transaction.atomic
+def heartbeats_record_batch(
+    *, actor: Actor, operator: Organisation, beats: Sequence[HeartbeatBeat], now: datetime | None = None
+) -> list[HeartbeatOutcome]:
+    """Record many of ``operator``'s clusters' beats at once: an agent that runs many clusters reports them in
+    one request, so the request, its authentication and its transaction are paid once, not per cluster.
+
+    Each beat has exactly the effect and the answer it would have alone (heartbeat_record_for_operator), and
+    the beats are independent: one that fails (an unknown cluster, a retired one, an unknown island, impossible
+    counts, a clock ahead) answers its error in its place and writes nothing of its own, and the others are
+    applied. Outcomes come in the order of ``beats``. A cluster named twice is refused (InvalidInputError) before
+    anything is written.
+
+    On PostgreSQL the usual beats (a live cluster, a newer beat, every line naming one of its islands with
+    possible counts) are applied by one statement for the whole batch, which locks the batch's clusters in id
+    order (two batches cannot deadlock on them); the rest (a cluster coming back from a missed-heartbeat
+    offline, or a beat with an error to name) go through the single-beat path, each in its own savepoint.
+    """
+    cpis = [beat.cpi for beat in beats]
+    if len(set(cpis)) != len(cpis):
+        twice = sorted({cpi for cpi in cpis if cpis.count(cpi) > 1})
+        raise InvalidInputError(
+            _("A cluster is named twice in one batch: %(cpis)s.") % {"cpis": ", ".join(twice)},
+            code="duplicate_cluster",
+            extra={"cpis": twice},
+        )
+    now = now or timezone.now()
+    outcomes: dict[str, HeartbeatOutcome] = {}
+    quick: list[HeartbeatBeat] = []
+    for beat in beats:
+        try:
+            _heartbeat_check(sent_at=beat.sent_at, health=beat.health, now=now)
+        except DomainError as exc:
+            outcomes[beat.cpi] = HeartbeatOutcome(cpi=beat.cpi, error=exc)
+            continue
+        if connection.vendor == "postgresql" and _batchable(beat):
+            quick.append(beat)
+    if quick:
+        outcomes.update(_heartbeats_write_postgres(operator_id=operator.pk, beats=quick, now=now))
+    for beat in beats:
+        if beat.cpi in outcomes:
+            continue
+        try:
+            with transaction.atomic():  # a savepoint: a failing beat leaves nothing of its own
+                result = heartbeat_record_for_operator(
+                    actor=actor,
+                    operator=operator,
+                    cpi=beat.cpi,
+                    sent_at=beat.sent_at,
+                    health=beat.health,
+                    islands=beat.islands,
+                    now=now,
+                )
+        except DomainError as exc:
+            outcomes[beat.cpi] = HeartbeatOutcome(cpi=beat.cpi, error=exc)
+        else:
+            outcomes[beat.cpi] = HeartbeatOutcome(cpi=beat.cpi, result=result)
+    return [outcomes[cpi] for cpi in cpis]
+
+
+def _batchable(beat: HeartbeatBeat) -> bool:
+    """Whether the batch statement can take ``beat`` (the same conditions as _heartbeat_write_postgres's)."""
+    names = [report.name for report in beat.islands]
+    return (
+        identifiers.is_valid(beat.cpi)
+        and identifiers.parse(beat.cpi).level == identifiers.Level.CLUSTER
+        and len(set(names)) == len(names)
+        and all(
+            0 <= r.available_cards <= _PG_INT_MAX
+            and 0 <= r.unhealthy_cards <= _PG_INT_MAX
+            and identifiers.is_segment(r.name)
+            for r in beat.islands
+        )
+    )
+
+
+# The batch form of _HEARTBEAT_SQL. ``target`` locks the batch's clusters of the operator in id order and reads
+# them as locked (the latest committed row); ``fresh`` keeps the beats applied here: the cluster is neither
+# retired nor offline for missed heartbeats (coming back writes a status change: the single-beat path), the beat
+# is newer than the last one applied, and every line names one of the cluster's islands with counts that fit.
+# Their islands and clusters are updated as in _HEARTBEAT_SQL. The answer has a row per cluster found: whether
+# this statement applied the beat, or found it stale (which a retired cluster is not: it answers its error).
+_HEARTBEATS_SQL = """
+WITH beat AS (
+    SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb)
+        AS b(cpi text, sent_at timestamptz, health text, n_lines integer)
+), line AS (
+    SELECT * FROM jsonb_to_recordset(%(lines)s::jsonb)
+        AS l(cpi text, name text, available_cards integer, unhealthy_cards integer)
+), target AS (
+    SELECT c.id, c.cpi, c.status, c.offline_cause, c.last_heartbeat_sent_at
+      FROM federation_cluster AS c
+     WHERE c.operator_id = %(operator_id)s AND c.cpi IN (SELECT cpi FROM beat)
+     ORDER BY c.id
+       FOR UPDATE
+), fresh AS (
+    SELECT t.id, t.cpi, b.sent_at, b.health
+      FROM target AS t JOIN beat AS b ON b.cpi = t.cpi
+     WHERE t.status <> %(retired)s
+       AND NOT (t.status = %(offline)s AND t.offline_cause = %(missed)s)
+       AND (t.last_heartbeat_sent_at IS NULL OR t.last_heartbeat_sent_at < b.sent_at)
+       AND b.n_lines = (
+           SELECT count(*) FROM line AS l JOIN federation_island AS i ON i.cluster_id = t.id AND i.name = l.name
+            WHERE l.cpi = t.cpi AND l.available_cards + l.unhealthy_cards <= i.cards
+       )
+), island AS (
+    UPDATE federation_island AS i
+       SET available_cards = l.available_cards, unhealthy_cards = l.unhealthy_cards, reported_at = f.sent_at
+      FROM fresh AS f JOIN line AS l ON l.cpi = f.cpi
+     WHERE i.cluster_id = f.id AND i.name = l.name
+    RETURNING i.cluster_id, i.available_cards
+), cluster AS (
+    UPDATE federation_cluster AS c
+       SET last_heartbeat_at = %(now)s, last_heartbeat_sent_at = f.sent_at, health = f.health,
+           updated_at = %(updated_at)s,
+           available_cards = (SELECT coalesce(sum(u.available_cards), 0) FROM island AS u WHERE u.cluster_id = c.id)
+                           + (SELECT coalesce(sum(o.available_cards), 0) FROM federation_island AS o
+                               WHERE o.cluster_id = c.id
+                                 AND o.name NOT IN (SELECT l.name FROM line AS l WHERE l.cpi = f.cpi))
+      FROM fresh AS f
+     WHERE c.id = f.id
+    RETURNING c.id
+)
+SELECT t.cpi, t.status, u.id IS NOT NULL,
+       t.status <> %(retired)s AND t.last_heartbeat_sent_at IS NOT NULL AND t.last_heartbeat_sent_at >= b.sent_at
+  FROM target AS t JOIN beat AS b ON b.cpi = t.cpi LEFT JOIN cluster AS u ON u.id = t.id
+"""
+
+
+def _heartbeats_write_postgres(
+    *, operator_id: int, beats: Sequence[HeartbeatBeat], now: datetime
+) -> dict[str, HeartbeatOutcome]:
+    """Apply the usual beats of a batch in one statement (_HEARTBEATS_SQL): the outcomes of the beats it
+    applied or found stale, by identifier; the others are left to the single-beat path."""
+    beat_rows = [
+        {"cpi": b.cpi, "sent_at": b.sent_at.isoformat(), "health": b.health, "n_lines": len(b.islands)}
+        for b in beats
+    ]
+    line_rows = [
+        {
+            "cpi": b.cpi,
+            "name": r.name,
+            "available_cards": r.available_cards,
+            "unhealthy_cards": r.unhealthy_cards,
+        }
+        for b in beats
+        for r in b.islands
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _HEARTBEATS_SQL,
+            {
+                "beats": json.dumps(beat_rows),
+                "lines": json.dumps(line_rows),
+                "operator_id": operator_id,
+                "now": now,
+                "updated_at": timezone.now(),
+                "retired": ClusterStatus.RETIRED.value,
+                "offline": ClusterStatus.OFFLINE.value,
+                "missed": Cluster.OfflineCause.HEARTBEAT.value,
+            },
+        )
+        rows = cursor.fetchall()
+    outcomes = {}
+    for cpi, status, applied, stale in rows:
+        if applied:
+            outcomes[cpi] = HeartbeatOutcome(
+                cpi=cpi, result=HeartbeatResult(cluster_cpi=cpi, status=status, applied=True)
+            )
+        elif stale:
+            outcomes[cpi] = HeartbeatOutcome(
+                cpi=cpi, result=HeartbeatResult(cluster_cpi=cpi, status=status, applied=False, detail="stale")
+            )
+    return outcomes
 
 
 def _heartbeat_check(*, sent_at: datetime, health: str, now: datetime) -> None:

@@ -44,7 +44,8 @@ of that, only where the schema cannot say what the server checks:
 * 400 — ``clusters_register``/``clusters_update``: the SSRF guard (``endpoint_url_forbidden``: the host must
   not resolve to a private address) and Django's URL rules (63-character labels) on ``endpoint_url``, and the
   cluster's total cards (``cluster_too_large``, a sum over islands); ``clusters_heartbeat``: ``sent_at``
-  against the server's clock (the allowed skew); ``islands_add``: the same total;
+  against the server's clock (the allowed skew); ``clusters_heartbeat_batch``: a cluster named twice in one
+  batch (``duplicate_cluster``: the schema cannot say that items differ in one field); ``islands_add``: the same total;
   ``price_cards_create``: ``effective_from`` in the past (and the SLA schedule's rules across tiers);
   ``clusters_maintenance_announce``: a window against the server's clock (in the future, at most 7 days);
   ``fleet_imports_create``: the CSV's content;
@@ -199,6 +200,7 @@ POSITIVE_ACCEPTED_BY_OPERATION: dict[str, list[str]] = {
     "clusters_register": ["400", "403", "409"],
     "clusters_update": ["400"],
     "clusters_heartbeat": ["400"],
+    "clusters_heartbeat_batch": ["400"],
     "islands_add": ["400", "409"],
     "price_cards_create": ["400"],
     "clusters_maintenance_announce": ["400"],
@@ -811,6 +813,28 @@ SCENARIOS = [
         "nul-byte",
         lambda w: {**_OWN, "name": f"{ISLAND}\x00"},
         body=lambda w: {"cards": 1},
+    ),
+    Scenario(
+        "clusters_heartbeat_batch",
+        200,
+        "applied-and-refused",  # one beat applied, another operator's cluster answered in its place
+        body=lambda w: {
+            "beats": [
+                {
+                    "cpi": CPI,
+                    "sent_at": _now_iso(),
+                    "health": "ok",
+                    "islands": [{"name": ISLAND, "available_cards": 10, "unhealthy_cards": 2}],
+                },
+                {"cpi": OTHER_CPI, "sent_at": _now_iso(), "health": "ok"},
+            ]
+        },
+    ),
+    Scenario(
+        "clusters_heartbeat_batch",
+        400,
+        "a-cluster-twice",
+        body=lambda w: {"beats": [{"cpi": CPI, "sent_at": _now_iso(), "health": "ok"}] * 2},
     ),
     Scenario(
         "clusters_heartbeat",

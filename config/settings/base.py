@@ -158,6 +158,8 @@ REST_FRAMEWORK = {
         "credential": env("API_THROTTLE_CREDENTIAL", default="6000/min"),
         # A token's heartbeats and usage reports: a large operator beats for thousands of clusters.
         "heartbeat": env("API_THROTTLE_HEARTBEAT", default="60000/min"),
+        # Batches of heartbeats (up to CARDHOUR_HEARTBEAT_BATCH_MAX beats each), counted in requests.
+        "heartbeat_batch": env("API_THROTTLE_HEARTBEAT_BATCH", default="600/min"),
         "usage": env("API_THROTTLE_USAGE", default="6000/min"),
         "anon": env("API_THROTTLE_ANON", default="60/min"),
     },
@@ -321,6 +323,8 @@ CELERY_TASK_ROUTES = {
 # Heartbeats: a cluster that misses HEARTBEAT_MISSED_LIMIT intervals in a row goes offline.
 CARDHOUR_HEARTBEAT_INTERVAL_SECONDS = env.int("CARDHOUR_HEARTBEAT_INTERVAL_SECONDS", default=30)
 CARDHOUR_HEARTBEAT_MISSED_LIMIT = env.int("CARDHOUR_HEARTBEAT_MISSED_LIMIT", default=3)
+# Beats in one POST /api/v1/heartbeats (500 beats of 10 islands is ~0.4 MB, inside the 1 MiB API body limit).
+CARDHOUR_HEARTBEAT_BATCH_MAX = env.int("CARDHOUR_HEARTBEAT_BATCH_MAX", default=500)
 # The mass-miss hold (federation.selectors.heartbeat_monitor_assess): when at least HOLD_MIN_CLUSTERS clusters
 # are missing at once (overdue, or taken offline for missed beats within the missed-beat window) and the hubs
 # where at least HOLD_HUB_SHARE of the clusters are missing carry at least HOLD_FLEET_SHARE of the fleet, the

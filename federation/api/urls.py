@@ -12,6 +12,7 @@ urlpatterns = [
     path("standard-cards", views.StandardCardListApi.as_view(), name="standard-card-list"),
     path("resolve/<str:identifier>", views.ResolveApi.as_view(), name="resolve"),
     path("clusters", views.ClusterListApi.as_view(), name="cluster-list"),
+    path("heartbeats", views.HeartbeatBatchApi.as_view(), name="heartbeat-batch"),
     path("clusters/<str:cpi>", views.ClusterDetailApi.as_view(), name="cluster-detail"),
     path(
         "clusters/<str:cpi>/status-history",

@@ -615,6 +615,108 @@ class HeartbeatApi(APIView):
         )
 
 
+class HeartbeatBatchApi(APIView):
+    """Many clusters' heartbeats in one request: an agent that runs many clusters (an operator's site, a
+    region) reports them together, so the request, its authentication and its transaction are paid once, not
+    per cluster. Each beat is exactly what `POST /clusters/{cpi}/heartbeats` takes, with the cluster's `cpi`,
+    and has exactly that endpoint's effect and answer: the beats are independent, so one that fails (an unknown
+    or retired cluster, an unknown island, impossible counts, a clock ahead) answers its error in its place in
+    `results` (the code and message the single endpoint would answer) and leaves nothing of its own, while the
+    others are applied. A body that is not a valid batch (a malformed beat, a cluster named twice, more than
+    CARDHOUR_HEARTBEAT_BATCH_MAX beats) is a 400 and nothing is written. Safe to retry, as a single beat is:
+    a beat not newer than the last one applied is acknowledged with `applied: false`, `detail: "stale"`. The
+    batch has its own rate budget per token (`heartbeat_batch`), counted in requests."""
+
+    throttle_purpose = "heartbeat_batch"  # its own budget per token (core.api.throttling)
+
+    permission_classes = [IsOperator]
+
+    class Input(serializers.Serializer):
+        class Beat(HeartbeatApi.Input):
+            cpi = serializers.CharField(
+                max_length=140, help_text="The cluster: cpi:<your operator>:<hub>:<cluster>"
+            )
+
+        beats = Beat(  # type: ignore[call-arg]
+            many=True, min_length=1, max_length=settings.CARDHOUR_HEARTBEAT_BATCH_MAX
+        )
+
+    class Output(serializers.Serializer):
+        class Result(serializers.Serializer):
+            class Error(serializers.Serializer):
+                code = serializers.CharField()
+                message = serializers.CharField()
+                extra = serializers.DictField()
+
+            cpi = serializers.CharField()
+            status = serializers.CharField(
+                allow_null=True, help_text="The cluster's status; null on an error."
+            )
+            applied = serializers.BooleanField()
+            detail = serializers.CharField(
+                help_text='"stale" for a beat not newer than the last one applied.'
+            )
+            error = Error(allow_null=True, help_text="Why this beat was refused; null when it was taken.")
+
+        results = Result(many=True, help_text="One per beat, in the order of `beats`.")
+        server_time = serializers.DateTimeField()
+        interval_seconds = serializers.IntegerField()
+
+    @extend_schema(
+        operation_id="clusters_heartbeat_batch", request=Input, responses={200: Output}, tags=[TAG_CLUSTERS]
+    )
+    def post(self, request: Request) -> Response:
+        actor = actor_from_request(request)
+        beats = _heartbeat_batch_plain(request.data)
+        if beats is None:  # anything unusual, and every error in the body, is the serializer's
+            data = self.Input(data=request.data)
+            data.is_valid(raise_exception=True)
+            beats = [
+                services.HeartbeatBeat(
+                    cpi=beat["cpi"],
+                    sent_at=beat["sent_at"],
+                    health=beat["health"],
+                    islands=[IslandReport(**line) for line in beat["islands"]],
+                )
+                for beat in data.validated_data["beats"]
+            ]
+        outcomes = services.heartbeats_record_batch(actor=actor, operator=actor.organisation, beats=beats)
+        results = []
+        for outcome in outcomes:
+            if outcome.error is not None:
+                error = outcome.error
+                results.append(
+                    {
+                        "cpi": outcome.cpi,
+                        "status": None,
+                        "applied": False,
+                        "detail": "",
+                        "error": {"code": error.code, "message": str(error.message), "extra": error.extra},
+                    }
+                )
+            else:
+                assert outcome.result is not None
+                results.append(
+                    {
+                        "cpi": outcome.result.cluster_cpi,
+                        "status": outcome.result.status,
+                        "applied": outcome.result.applied,
+                        "detail": outcome.result.detail,
+                        "error": None,
+                    }
+                )
+        return Response(
+            {
+                "results": results,
+                "server_time": _SERVER_TIME.to_representation(timezone.now()),
+                "interval_seconds": settings.CARDHOUR_HEARTBEAT_INTERVAL_SECONDS,
+            }
+        )
+
+
+_SERVER_TIME = serializers.DateTimeField()
+
+
 @dataclass(frozen=True)
 class _HeartbeatAnswer:
     cluster_cpi: str
@@ -648,6 +750,37 @@ def _heartbeat_plain(data: Any) -> dict[str, Any] | None:
     IslandReports), when the body is plainly valid; None when the serializer has to look at it."""
     if type(data) is not JsonBody:
         return None
+    return _beat_plain(data)
+
+
+_BATCH_BEATS = HeartbeatBatchApi.Input._declared_fields["beats"]
+_BATCH_CPI = HeartbeatBatchApi.Input.Beat._declared_fields["cpi"]
+
+
+def _heartbeat_batch_plain(data: Any) -> list[services.HeartbeatBeat] | None:
+    """A batch body's beats, as ``HeartbeatBatchApi.Input`` would validate them, when every beat is plainly
+    valid (_beat_plain, and a cpi of at most the declared length); None when the serializer has to look."""
+    if type(data) is not JsonBody or set(data) != {"beats"}:
+        return None
+    beats = data["beats"]
+    if type(beats) is not list or not 1 <= len(beats) <= _BATCH_BEATS.max_length:  # type: ignore[attr-defined]
+        return None
+    plain = []
+    for beat in beats:
+        if type(beat) is not dict:
+            return None
+        cpi = beat.get("cpi")
+        if not (type(cpi) is str and _plain_text(cpi, _BATCH_CPI)):
+            return None
+        values = _beat_plain(beat)
+        if values is None:
+            return None
+        plain.append(services.HeartbeatBeat(cpi=cpi, **values))
+    return plain
+
+
+def _beat_plain(data: dict[str, Any]) -> dict[str, Any] | None:
+    """One beat's validated data (sent_at, health, islands as IslandReports) when it is plainly valid."""
     sent_at, health, lines = data.get("sent_at"), data.get("health"), data.get("islands", [])
     if not (
         type(sent_at) is str
