@@ -232,23 +232,38 @@ class Soak:
         return time.monotonic() < self.stop_at
 
     def heartbeats(
-        self, clusters: Sequence[tuple[str, str, list[tuple[str, int]]]], *, thread: int, threads: int
+        self,
+        clusters: Sequence[tuple[str, str, list[tuple[str, int]]]],
+        *,
+        thread: int,
+        threads: int,
+        batch: int = 1,
     ) -> None:
-        """This thread's share of the clusters, each every 30 s at its own offset in the period."""
+        """This thread's share of the clusters, each every 30 s at its own offset in the period: one request per
+        beat (``batch`` 1), or each operator's clusters of this share in batches of ``batch`` beats
+        (``POST /api/v1/heartbeats``), each batch at its own offset."""
         mine = clusters[thread::threads]
+        if batch > 1:  # an agent batches its own operator's clusters: group the share by token
+            mine = sorted(mine, key=lambda c: c[1])
+        groups: list[list[tuple[str, str, list[tuple[str, int]]]]] = []
+        for cluster in mine:
+            if groups and len(groups[-1]) < batch and groups[-1][0][1] == cluster[1]:
+                groups[-1].append(cluster)
+            else:
+                groups.append([cluster])
         conn = Connection(self.port)
         period = HEARTBEAT_SECONDS
         try:
             cycle = 0
             while time.monotonic() < self.stop_at:
-                for i, (cpi, token, islands) in enumerate(mine):
-                    due = self.began + cycle * period + (i * threads + thread) * period / len(clusters)
+                for i, group in enumerate(groups):
+                    due = self.began + cycle * period + (i + thread / threads) * period / len(groups)
                     if not self._sleep_until(due, "heartbeat"):
                         return
-                    if cpi in self.silent and time.perf_counter() - self.began > self.silence_after:
-                        continue
-                    body = json.dumps(
+                    silenced = time.perf_counter() - self.began > self.silence_after
+                    beats = [
                         {
+                            "cpi": cpi,
                             "sent_at": datetime.now(UTC).isoformat(),
                             "health": "ok",
                             "islands": [
@@ -256,11 +271,30 @@ class Soak:
                                 for name, cards in islands
                             ],
                         }
-                    ).encode()
-                    code, raw = conn.call(
-                        "POST", f"/api/v1/clusters/{cpi}/heartbeats", token=token, body=body
-                    )
-                    self._record("heartbeat", due=due, code=code, raw=raw, units=1, ok=(200,))
+                        for cpi, _token, islands in group
+                        if not (silenced and cpi in self.silent)
+                    ]
+                    if not beats:
+                        continue
+                    token = group[0][1]
+                    if batch > 1:
+                        code, raw = conn.call(
+                            "POST",
+                            "/api/v1/heartbeats",
+                            token=token,
+                            body=json.dumps({"beats": beats}).encode(),
+                        )
+                        if code == 200 and any(r["error"] is not None for r in json.loads(raw)["results"]):
+                            code = 207  # a beat refused inside the batch: an error, not a slow beat
+                    else:
+                        cpi = beats[0].pop("cpi")
+                        code, raw = conn.call(
+                            "POST",
+                            f"/api/v1/clusters/{cpi}/heartbeats",
+                            token=token,
+                            body=json.dumps(beats[0]).encode(),
+                        )
+                    self._record("heartbeat", due=due, code=code, raw=raw, units=len(beats), ok=(200,))
                 cycle += 1
         finally:
             conn.close()
@@ -574,7 +608,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 threading.Thread(
                     target=soak.heartbeats,
                     args=(clusters,),
-                    kwargs={"thread": t, "threads": args.heartbeat_threads},
+                    kwargs={"thread": t, "threads": args.heartbeat_threads, "batch": args.heartbeat_batch},
                 )
                 for t in range(args.heartbeat_threads)
             ),
@@ -882,6 +916,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=8,
         help="connections the clusters' beats share (10k agents never wait for each other; few connections "
         "make a slow server look like late agents)",
+    )
+    parser.add_argument(
+        "--heartbeat-batch",
+        type=int,
+        default=1,
+        help="beats per request: N > 1 sends each operator's clusters in batches of N (POST /api/v1/heartbeats), "
+        "as an agent running many clusters does; 1 (default) is one request per cluster",
     )
     parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %%)")
     parser.add_argument("--workers", type=int, default=2, help="web server processes")
