@@ -640,9 +640,13 @@ class HoldBook:
     def overlapping(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(island id, start, end, cards) of the live holds that overlap ``[start, end)``."""
         n = self._size
-        mask = self.alive[:n] & (self.start[:n] < end) & (self.end[:n] > start)
-        index = np.nonzero(mask)[0]
-        return self.island[index], self.start[index], self.end[index], self.cards[index]
+        # Every quote passes over the whole book here: the mask is built in place (no temporary array
+        # per comparison) and the rows taken with ``take`` (no fancy-indexing dispatch).
+        mask = self.start[:n] < end
+        mask &= self.end[:n] > start
+        mask &= self.alive[:n]
+        index = np.flatnonzero(mask)
+        return self.island.take(index), self.start.take(index), self.end.take(index), self.cards.take(index)
 
     def maintain(self, now_epoch: int) -> None:
         self._compact(now_epoch)
