@@ -124,3 +124,19 @@ def test_blocked_starts_with_no_holds_in_the_window_blocks_nothing() -> None:
     blocked = _blocked_starts(cat, arrays, window, np.arange(4), np.full(4, 4, dtype=np.int64))
     assert not blocked.has(0)
     assert len(blocked.full) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    known=st.lists(st.integers(1, 60), min_size=1, max_size=12, unique=True),
+    asked=st.lists(st.integers(0, 80), max_size=20),
+)
+def test_island_index_is_each_ids_position_or_minus_one(known: list[int], asked: list[int]) -> None:
+    """The one-gather path (every id within the lookup) and the masked path (some id past it) both give
+    each id's catalogue position, -1 for an id the catalogue does not know."""
+    cat = catalogue([8] * len(known))
+    cat.island_id = np.array(sorted(known), dtype=np.int64)
+    positions = {island_id: i for i, island_id in enumerate(sorted(known))}
+    ids = np.array(asked, dtype=np.int64)
+    assert cat.island_index(ids).tolist() == [positions.get(i, -1) for i in asked]
+    assert cat.island_index(ids).dtype == np.int64
