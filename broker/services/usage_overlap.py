@@ -16,13 +16,14 @@ accepted records all end at or before its ``last_usage_end_at`` (the *frontier*,
 under the same lock), so new records of a lease (a chain of one) that all start at or after its frontier
 cannot overlap anything already stored: a single such record cannot exceed its cards on its own
 (``cards_over_lease`` already refused that), and several that lie apart in time (consecutive minutes, the
-usual report, checked per lease in one pass with no object built) cannot either; only overlapping ones
-are swept against each other in memory (the keys already stored are asked for only when that sweep finds an
-overrun, since a reused key is never written and must not count). Only the rest — a record that starts before the frontier (a late or repeated report), or a
-chain of several leases — reads the stored records of the chain that overlap the span of the chain's new
-records (one query on the ``reference`` index for the batch, each chain filtered by its own span) and the
-batch's keys already stored, and runs a sweep over interval endpoints. Nothing in this grows with the number
-of leases on the platform: the work is per record of the batch, plus the stored history of late leases.
+usual report, checked per lease in one pass with no object built) cannot either; only overlapping ones are
+swept against each other in memory (the keys already stored are asked for only when that sweep finds an
+overrun, since a reused key is never written and must not count). Only the rest — a record that starts
+before the frontier (a late or repeated report), or a chain of several leases — reads the stored records of
+the chain that overlap the span of the chain's new records (one query on the ``reference`` index for the
+batch, each chain filtered by its own span) and the batch's keys already stored, and runs a sweep over
+interval endpoints. Nothing in this grows with the number of leases on the platform: the work is per record
+of the batch, plus the stored history of late leases.
 
 Concurrency: the caller holds the batch's lease rows (``FOR NO KEY UPDATE``), so two batches for the same
 lease are serialised and the second sees the first's records and frontier. A chain of several leases is also
