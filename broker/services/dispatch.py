@@ -439,10 +439,6 @@ def _usage_overruns(
 ) -> list[_UsageError]:
     """``usage_over_lease`` faults: records that would take their lease (or its failover chain) over its
     cards at some instant, counting what is already stored (see broker.services.usage_overlap)."""
-    facts = {
-        row.id: usage_overlap.LeaseFacts(row.id, row.cards, row.state, row.replaces_id, row.last_usage_end_us)
-        for row in rows.values()
-    }
     fresh = [
         usage_overlap.NewRecord(
             index, record.idempotency_key, record.lease_id, record.cards, span[0], span[1]
@@ -450,7 +446,7 @@ def _usage_overruns(
         for index, (record, span) in enumerate(zip(records, spans, strict=True))
         if isinstance(record.cards, int) and span is not None and span[1] > span[0]
     ]
-    overruns = usage_overlap.usage_overruns(operator_id=operator.pk, leases=facts, records=fresh)
+    overruns = usage_overlap.usage_overruns(operator_id=operator.pk, leases=rows, records=fresh)
     return [
         _UsageError(
             o.index,

@@ -36,10 +36,10 @@ lock).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from django.db import connection
 from django.db.models import QuerySet
@@ -63,6 +63,22 @@ def micros(value: datetime) -> int:
 
 def at_micros(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
+
+
+class LeaseLike(Protocol):
+    """What the check reads of a lease the batch names: the caller's locked rows as they are (the usage
+    report's own named tuple: nothing rebuilt per lease), or a LeaseFacts."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def cards(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def replaces_id(self) -> int | None: ...
+    @property
+    def last_usage_end_us(self) -> int | None: ...
 
 
 class LeaseFacts(NamedTuple):
@@ -108,7 +124,7 @@ class _Chain:
 
     __slots__ = ("cards", "frontier_us", "members", "root")
 
-    def __init__(self, *, root: int, members: tuple[LeaseFacts, ...]) -> None:
+    def __init__(self, *, root: int, members: tuple[LeaseLike, ...]) -> None:
         self.root = root
         self.members = members
         if len(members) == 1:
@@ -200,7 +216,7 @@ def _start_of(record: NewRecord) -> int:
     return record.start_us
 
 
-def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
+def _chains(leases: Mapping[int, LeaseLike]) -> dict[int, _Chain]:
     """Each named lease's chain, by lease id. A lease that replaces none and is not interrupted (only an
     interrupted lease is ever replaced) is a chain of one and costs no query."""
     chains: dict[int, _Chain] = {}
@@ -212,7 +228,7 @@ def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
         return chains
     # Walk up to each root, then take every lease hanging below those roots. Chains are short (one lease per
     # failover of a job), so a few small indexed queries.
-    known: dict[int, LeaseFacts] = dict(leases)
+    known: dict[int, LeaseLike] = dict(leases)
     parents = {f.id: f.replaces_id for f in leases.values()}
     frontier = {p for lid in linked if (p := parents.get(lid)) is not None and p not in known}
     while frontier:
@@ -363,7 +379,7 @@ def _chain_overruns(
 
 
 def usage_overruns(
-    *, operator_id: int, leases: dict[int, LeaseFacts], records: Sequence[NewRecord]
+    *, operator_id: int, leases: Mapping[int, LeaseLike], records: Sequence[NewRecord]
 ) -> list[Overrun]:
     """The new records that would take their lease (or its failover chain) over its cards at some instant,
     counting every record already stored against the chain and the batch's own earlier records; ``[]`` when
@@ -381,7 +397,7 @@ def usage_overruns(
     # not interrupted, so nothing replaces it) whose records, in the batch's order, each start at or after
     # its frontier and the end of the one before. Those cannot overrun (the reasoning below). Any other
     # lease — late, overlapping, out of order, or in a chain — goes through the general check unchanged.
-    rest: dict[int, LeaseFacts] = {}
+    rest: dict[int, LeaseLike] = {}
     for lease_id, group in by_lease.items():
         facts = leases[lease_id]
         if facts.replaces_id is None and facts.state != _INTERRUPTED:
