@@ -8,8 +8,12 @@ PostgreSQL backend per record, the time of each kind of SQL statement, and optio
 Before it runs, the usage the database holds is removed (usage records, keys, pending rows and the
 leases' frontiers), so every run starts from the same state and the batches are the same ones the broker
 benchmark sends first (one-minute records, round robin over each operator's running leases, 1,000 a
-batch). ``--explain`` logs each statement's plan with EXPLAIN (ANALYZE, BUFFERS) for one batch
-(auto_explain, as notices).
+batch). ``--leases-per-batch K`` keeps only each operator's first K running leases, so markets of
+different sizes can be compared at the same batch shape (a batch of 1,000 records names min(K, the
+operator's running leases) leases: 13 at 10,000 leases, ~385 at 300,000). Beside the CPU it prints what
+the batches wrote to the lease table (row updates, the share of them HOT) and the WAL they made (records,
+full-page images, bytes). ``--explain`` logs each statement's plan with EXPLAIN (ANALYZE, BUFFERS) for one
+batch (auto_explain, as notices).
 """
 
 from __future__ import annotations
@@ -50,6 +54,21 @@ def usage_reset() -> None:
         for table in ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "broker_lease"):
             cursor.execute(f"VACUUM ANALYZE {table}")
         cursor.execute("CHECKPOINT")
+
+
+def lease_writes() -> tuple[int, int, int, int, int]:
+    """The lease table's row updates and HOT updates so far, and the server's WAL records, full-page images
+    and bytes (pg_stat_wal counts every database: read it on a quiet server)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute(
+            "SELECT s.n_tup_upd, s.n_tup_hot_upd, w.wal_records, w.wal_fpi, w.wal_bytes::bigint"
+            " FROM pg_stat_user_tables s, pg_stat_wal w WHERE s.relname = 'broker_lease'"
+        )
+        row = cursor.fetchone()
+    return tuple(int(v) for v in row)  # type: ignore[return-value]
 
 
 def running_leases() -> dict[str, list[tuple[int, datetime, datetime, int]]]:
@@ -119,6 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--explain", action="store_true", help="EXPLAIN (ANALYZE, BUFFERS) one batch")
     parser.add_argument("--top", type=int, default=35)
     parser.add_argument(
+        "--leases-per-batch",
+        type=int,
+        help="keep only each operator's first K running leases (the same batch shape at any market size)",
+    )
+    parser.add_argument(
         "--no-triggers",
         action="store_true",
         help="an experiment: the timed batches with session_replication_role = replica (no foreign-key checks)",
@@ -137,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings.CARDHOUR_RATING_ON_ARRIVAL = False
     usage_reset()
     leases = running_leases()
+    if args.leases_per_batch:
+        leases = {slug: rows[: args.leases_per_batch] for slug, rows in leases.items()}
     now = timezone.now().replace(microsecond=0)
     batches = batches_of(leases, n=args.warmup + args.batches, now=now)
     tokens = {}
@@ -158,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             timings[head][1] += 1
 
     def post(slug: str, body: bytes) -> int:
+        if slug not in tokens:  # the --explain batch may name an operator the timed ones did not
+            _, tokens[slug] = api_token_create(
+                organisation=Organisation.objects.get(slug=slug), name="profile"
+            )
         response = client.post(
             "/api/v1/operator/usage", body, content_type="application/json",
             HTTP_AUTHORIZATION=f"Bearer {tokens[slug]}",
@@ -177,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     timed_batches = batches[args.warmup :]
     profiler = cProfile.Profile() if args.profile else None
     records = 0
+    writes0 = lease_writes()
     wall0, cpu0, pg0 = time.perf_counter(), time.process_time(), process_cpu_seconds(backend) or 0.0
     with connection.execute_wrapper(timed):
         if profiler:
@@ -188,10 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     pg = (process_cpu_seconds(backend) or 0.0) - pg0
+    writes = [after - before for before, after in zip(writes0, lease_writes(), strict=True)]
     print(
         f"{records:,} records in {len(timed_batches)} batches: wall {wall / records * 1e6:.1f} µs/record, CPU "
         f"µs/record: this process {cpu / records * 1e6:.1f}, PostgreSQL backend {pg / records * 1e6:.1f}; "
         f"load {os.getloadavg()[0]:.2f}"
+    )
+    named = sum(len({r["lease"] for r in json.loads(body)["records"]}) for _, body in timed_batches)
+    updates, hot, wal_records, wal_fpi, wal_bytes = writes
+    print(
+        f"leases named per batch: {named / len(timed_batches):.0f}; lease rows updated {updates:,} "
+        f"({hot / max(updates, 1):.1%} HOT); WAL (whole server) per record: {wal_records / records:.2f} records, "
+        f"{wal_fpi / records:.3f} full-page images, {wal_bytes / records:,.0f} bytes"
     )
     print("SQL (wall ms per batch, calls per batch):")
     for head, (seconds, calls) in sorted(timings.items(), key=lambda kv: -kv[1][0]):

@@ -16,13 +16,14 @@ accepted records all end at or before its ``last_usage_end_at`` (the *frontier*,
 under the same lock), so new records of a lease (a chain of one) that all start at or after its frontier
 cannot overlap anything already stored: a single such record cannot exceed its cards on its own
 (``cards_over_lease`` already refused that), and several that lie apart in time (consecutive minutes, the
-usual report) cannot either; only overlapping ones are swept against each other in memory (the keys
-already stored are asked for only when that sweep finds an overrun, since a reused key is never written and
-must not count). Only the rest — a record that starts before the frontier (a late or repeated report), or a
-chain of several leases — reads the stored records of the chain that overlap the span of the chain's new
-records (one query on the ``reference`` index for the batch, each chain filtered by its own span) and the
-batch's keys already stored, and runs a sweep over interval endpoints. Nothing in this grows with the number
-of leases on the platform: the work is per record of the batch, plus the stored history of late leases.
+usual report, checked per lease in one pass with no object built) cannot either; only overlapping ones are
+swept against each other in memory (the keys already stored are asked for only when that sweep finds an
+overrun, since a reused key is never written and must not count). Only the rest — a record that starts
+before the frontier (a late or repeated report), or a chain of several leases — reads the stored records of
+the chain that overlap the span of the chain's new records (one query on the ``reference`` index for the
+batch, each chain filtered by its own span) and the batch's keys already stored, and runs a sweep over
+interval endpoints. Nothing in this grows with the number of leases on the platform: the work is per record
+of the batch, plus the stored history of late leases.
 
 Concurrency: the caller holds the batch's lease rows (``FOR NO KEY UPDATE``), so two batches for the same
 lease are serialised and the second sees the first's records and frontier. A chain of several leases is also
@@ -35,10 +36,10 @@ lock).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from django.db import connection
 from django.db.models import QuerySet
@@ -53,6 +54,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _CHAIN_LOCK_CLASS = 0x4C43  # "LC"
 
 CODE = "usage_over_lease"
+_INTERRUPTED = LeaseState.INTERRUPTED
 
 
 def micros(value: datetime) -> int:
@@ -61,6 +63,22 @@ def micros(value: datetime) -> int:
 
 def at_micros(value: int) -> datetime:
     return _EPOCH + timedelta(microseconds=value)
+
+
+class LeaseLike(Protocol):
+    """What the check reads of a lease the batch names: the caller's locked rows as they are (the usage
+    report's own named tuple: nothing rebuilt per lease), or a LeaseFacts."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def cards(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def replaces_id(self) -> int | None: ...
+    @property
+    def last_usage_end_us(self) -> int | None: ...
 
 
 class LeaseFacts(NamedTuple):
@@ -74,12 +92,12 @@ class LeaseFacts(NamedTuple):
     last_usage_end_us: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class NewRecord:
-    """A record of the batch that passed every other check: its index, key, lease and interval (slotted:
-    one per record)."""
+class NewRecord(NamedTuple):
+    """A record of the batch that passed every other check: its position (index) in the batch, key, lease
+    and interval (a named tuple: one per record, built in ~40 % of a frozen dataclass's time; the field is
+    not called ``index``, which would shadow the tuple method)."""
 
-    index: int
+    position: int
     key: str
     lease_id: int
     cards: int
@@ -106,7 +124,7 @@ class _Chain:
 
     __slots__ = ("cards", "frontier_us", "members", "root")
 
-    def __init__(self, *, root: int, members: tuple[LeaseFacts, ...]) -> None:
+    def __init__(self, *, root: int, members: tuple[LeaseLike, ...]) -> None:
         self.root = root
         self.members = members
         if len(members) == 1:
@@ -169,7 +187,7 @@ def _overruns_of(
         if first is not None:
             found.append(
                 Overrun(
-                    index=record.index,
+                    index=record.position,
                     key=record.key,
                     lease_id=record.lease_id,
                     lease_cards=capacity,
@@ -198,7 +216,7 @@ def _start_of(record: NewRecord) -> int:
     return record.start_us
 
 
-def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
+def _chains(leases: Mapping[int, LeaseLike]) -> dict[int, _Chain]:
     """Each named lease's chain, by lease id. A lease that replaces none and is not interrupted (only an
     interrupted lease is ever replaced) is a chain of one and costs no query."""
     chains: dict[int, _Chain] = {}
@@ -210,7 +228,7 @@ def _chains(leases: dict[int, LeaseFacts]) -> dict[int, _Chain]:
         return chains
     # Walk up to each root, then take every lease hanging below those roots. Chains are short (one lease per
     # failover of a job), so a few small indexed queries.
-    known: dict[int, LeaseFacts] = dict(leases)
+    known: dict[int, LeaseLike] = dict(leases)
     parents = {f.id: f.replaces_id for f in leases.values()}
     frontier = {p for lid in linked if (p := parents.get(lid)) is not None and p not in known}
     while frontier:
@@ -361,13 +379,46 @@ def _chain_overruns(
 
 
 def usage_overruns(
-    *, operator_id: int, leases: dict[int, LeaseFacts], records: Sequence[NewRecord]
+    *, operator_id: int, leases: Mapping[int, LeaseLike], records: Sequence[NewRecord]
 ) -> list[Overrun]:
     """The new records that would take their lease (or its failover chain) over its cards at some instant,
     counting every record already stored against the chain and the batch's own earlier records; ``[]`` when
     the batch fits. The caller holds the named leases' rows locked. See the module docstring for the cost."""
     if not records:
         return []
+    by_lease: dict[int, list[NewRecord]] = {}
+    for record in records:
+        group = by_lease.get(record.lease_id)
+        if group is None:
+            by_lease[record.lease_id] = [record]
+        else:
+            group.append(record)
+    # The common batch, decided per lease with no object built: a lease of its own (it replaces none and is
+    # not interrupted, so nothing replaces it) whose records, in the batch's order, each start at or after
+    # its frontier and the end of the one before. Those cannot overrun (the reasoning below). Any other
+    # lease — late, overlapping, out of order, or in a chain — goes through the general check unchanged.
+    rest: dict[int, LeaseLike] = {}
+    for lease_id, group in by_lease.items():
+        facts = leases[lease_id]
+        if facts.replaces_id is None and facts.state != _INTERRUPTED:
+            reach = facts.last_usage_end_us
+            if len(group) == 1:
+                if reach is None or group[0].start_us >= reach:
+                    continue
+            else:
+                cards = facts.cards
+                for record in group:
+                    if record.cards > cards or (reach is not None and record.start_us < reach):
+                        break
+                    reach = record.end_us if reach is None or record.end_us > reach else reach
+                else:
+                    continue
+        rest[lease_id] = facts
+    if not rest:
+        return []
+    if len(rest) < len(leases):
+        leases = rest
+        records = [record for record in records if record.lease_id in rest]
     chains = _chains(leases)
     by_chain: dict[int, list[NewRecord]] = {}
     for record in records:

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from broker.errors import LeaseUsageOverLeaseError
 from broker.models import Lease
-from broker.services import dispatch
+from broker.services import dispatch, usage_overlap
 from broker.services.dispatch import LeaseUsageInput
 from broker.services.usage_overlap import NewRecord, _fits_apart, over_capacity
 from core.models import Organisation
@@ -379,6 +379,73 @@ def test_records_apart_in_time_are_passed_without_the_sweep_and_nothing_else_is(
     assert not _fits_apart([_new(0, 0, 10, 1), _new(1, 9, 20, 1)], capacity=4)
     assert not _fits_apart([_new(0, 0, 30, 1), _new(1, 10, 20, 1), _new(2, 40, 50, 1)], capacity=4)
     assert not _fits_apart([_new(0, 0, 10, 5), _new(1, 10, 20, 1)], capacity=4)
+
+
+# The leases of their own a batch reports in order are decided without a chain object or the sweep:
+# whatever the records, the answer is the general check's (each lease's group swept against its cards and
+# what it stored: a record ending at its frontier), but for the lone in-order record the general check
+# never sweeps either (cards_over_lease has refused it if it holds too many cards).
+_group = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 8), st.integers(1, 5)), min_size=1, max_size=5)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    groups=st.lists(
+        st.tuples(
+            st.sampled_from([None, 0, 5, 12]),
+            st.sampled_from(["running", "ended"]),
+            st.integers(1, 4),
+            _group,
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    interleave=st.booleans(),
+)
+def test_the_per_lease_shortcut_decides_as_the_general_check(
+    groups: list[tuple[int | None, str, int, list[tuple[int, int, int]]]],
+    interleave: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    capacity = 4
+    leases = {
+        lease_id: usage_overlap.LeaseFacts(lease_id, capacity, state, None, frontier)
+        for lease_id, (frontier, state, _, _) in enumerate(groups, start=1)
+    }
+    stored = {
+        lease_id: [] if frontier is None else [(lease_id, frontier - 10, frontier, cards)]
+        for lease_id, (frontier, _, cards, _) in enumerate(groups, start=1)
+    }
+    pieces = [
+        (lease_id, start, start + length, cards)
+        for lease_id, (_, _, _, group) in enumerate(groups, start=1)
+        for start, length, cards in group
+    ]
+    if interleave:  # leases reported turn about, as an agent batching many leases does
+        pieces.sort(key=lambda p: (p[1], p[0]))
+    records = [
+        NewRecord(index, f"k{index}", lease_id, cards, start, end)
+        for index, (lease_id, start, end, cards) in enumerate(pieces)
+    ]
+    # What the late leases read, without a database; no key is stored already.
+    monkeypatch.setattr(
+        usage_overlap, "_stored_intervals", lambda *, operator_id, spans, roots: {r: stored[r] for r in spans}
+    )
+    monkeypatch.setattr(usage_overlap, "_stored_keys", lambda *, operator_id, keys: set())
+
+    expected = []
+    for lease_id, facts in leases.items():
+        group = [r for r in records if r.lease_id == lease_id]
+        frontier = facts.last_usage_end_us
+        if len(group) == 1 and (frontier is None or group[0].start_us >= frontier):
+            continue
+        chain = usage_overlap._Chain(root=lease_id, members=(facts,))
+        expected += usage_overlap._chain_overruns(
+            chain=chain, group=group, stored=stored[lease_id], stored_keys=set()
+        )
+    assert usage_overlap.usage_overruns(operator_id=1, leases=leases, records=records) == sorted(
+        expected, key=lambda o: o.index
+    )
 
 
 @pytest.mark.postgres
