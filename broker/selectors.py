@@ -217,9 +217,9 @@ def draw_pending_for(*, buyer_id: int, exclude_lease_ids: Sequence[int] = ()) ->
     summed (broker.services.draw_holds keeps the sum as leases are accepted, rated and end). One row per
     class, whatever the number of leases; without the open holds of ``exclude_lease_ids``."""
     alias = router.db_for_read(DrawPending)
-    connection = connections[alias]
     # Fixed text with bound values: every quote asks, and compiling the ORM query cost more than running it.
-    with connection.cursor() as cursor:
+    # Bound by PostgreSQL (prepared once per connection in production, core.db), so not planned each time.
+    with bound_cursor(alias) as cursor:
         cursor.execute(_DRAW_PENDING_SQL, [buyer_id])
         pending = dict(cursor.fetchall())
     if exclude_lease_ids:

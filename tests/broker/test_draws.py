@@ -99,12 +99,30 @@ def test_live_leases_are_set_aside_first_and_a_lease_sees_the_others(
     assert first.pk < second.pk
 
 
+@pytest.fixture(params=[None, 1], ids=["bound", "prepared"])
+def prepare_threshold(request: pytest.FixtureRequest):
+    """On PostgreSQL, psycopg's prepare threshold on the test connection: the fixed-text statements below
+    run bound on the server (None) or prepared at their first run (1), as production prepares them."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = request.param
+    yield request.param
+    raw.prepare_threshold = before
+
+
 def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
-    buyer: Organisation, east_cluster: Cluster
+    buyer: Organisation, east_cluster: Cluster, prepare_threshold: int | None
 ) -> None:
     """The fixed-text statement (draw_pending_for) returns each class's open holds: the live leases'
     expected draws (nothing rated yet), a cancelled one and another buyer's left out, and without the
-    excluded lease's hold when asked (a lease's own plan sets the others aside)."""
+    excluded lease's hold when asked (a lease's own plan sets the others aside). Bound by PostgreSQL and
+    prepared (every quote asks): the same answers run after run."""
     from broker.selectors import draw_pending_for, draw_pending_recompute
     from broker.services.leases import lease_lock, lease_transition
     from core.types import Actor
@@ -124,7 +142,8 @@ def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
     lease_transition(lease=lease_lock(lease_id=leases[4].pk), to_state="cancelled", actor=Actor.system("t"))
     other = BuyerFactory(slug="someone-else")
     make_lease(job=make_job(buyer=other), cluster=east_cluster, cards=1, start_at=now + timedelta(hours=2))
-    assert draw_pending_for(buyer_id=buyer.pk) == {A800: Decimal("7.500000")}
+    for _ in range(3):  # past the threshold: prepared, then run prepared
+        assert draw_pending_for(buyer_id=buyer.pk) == {A800: Decimal("7.500000")}
     assert draw_pending_for(buyer_id=buyer.pk) == draw_pending_recompute(buyer_id=buyer.pk)
     assert draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=[leases[1].pk]) == {
         A800: Decimal("5.375000")
@@ -134,9 +153,12 @@ def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
     }
 
 
-def test_the_usable_pack_balances_are_pack_list_for_s_rows(buyer: Organisation) -> None:
+def test_the_usable_pack_balances_are_pack_list_for_s_rows(
+    buyer: Organisation, prepare_threshold: int | None
+) -> None:
     """The fixed-text statement on PostgreSQL (the ORM elsewhere) returns the buyer's active packs not
-    expired at ``at``, earliest expiry first, with their ledger balances: what pack_list_for returns."""
+    expired at ``at``, earliest expiry first, with their ledger balances: what pack_list_for returns. On
+    PostgreSQL bound by the server and prepared (every quote asks), the same rows run after run."""
     from metering.models import Pack
     from metering.selectors.payments import pack_balances_usable, pack_list_for
     from tests.factories import BuyerFactory
@@ -153,5 +175,6 @@ def test_the_usable_pack_balances_are_pack_list_for_s_rows(buyer: Organisation) 
         for p in pack_list_for(buyer=buyer, status=Pack.Status.ACTIVE).filter(expires_at__gt=now)
     ]
     assert len(expected) == 3
-    assert pack_balances_usable(buyer_id=buyer.pk, at=now) == expected
+    for _ in range(3):  # past the threshold: prepared, then run prepared
+        assert pack_balances_usable(buyer_id=buyer.pk, at=now) == expected
     assert pack_balances_usable(buyer_id=buyer.pk, at=now + timedelta(days=20)) == expected[1:]
