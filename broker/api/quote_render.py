@@ -30,8 +30,10 @@ from broker.types import RELAXATION_KINDS
 
 _TRUE = BooleanField.TRUE_VALUES
 _FALSE = BooleanField.FALSE_VALUES
-# DecimalField's quantum: 10 ** -decimal_places (only its exponent matters to ``quantize``).
-_Q2, _Q3, _Q4, _Q6 = Decimal("1e-2"), Decimal("1e-3"), Decimal("1e-4"), Decimal("1e-6")
+# The fields' decimal places. DecimalField's quantum is 10 ** -decimal_places (only its exponent matters to
+# ``quantize``): one per number of places, made once.
+_Q2, _Q3, _Q4, _Q6 = 2, 3, 4, 6
+_QUANTA = {places: Decimal(1).scaleb(-places) for places in (_Q2, _Q3, _Q4, _Q6)}
 _RELAXATION_KINDS = {kind: kind for kind in RELAXATION_KINDS}
 _DRAW_UNITS = {"standard_card_hours": "standard_card_hours", "chip_card_hours": "chip_card_hours"}
 
@@ -191,7 +193,9 @@ def _context(base: Context, precision: int) -> Context:
 _PLAIN = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)")
 
 
-def _dec(value: Any, quantum: Decimal, context: Context) -> str | None:
+def _dec(value: Any, places: int, context: Context) -> str | None:
+    """``DecimalField(decimal_places=places).to_representation(value)`` in ``context`` (the field's
+    max_digits as its precision)."""
     if value is None:
         return None
     if value.__class__ is str:
@@ -202,12 +206,15 @@ def _dec(value: Any, quantum: Decimal, context: Context) -> str | None:
         plain = _PLAIN.fullmatch(value)
         if (
             plain is not None
-            and len(plain[2]) == -quantum.as_tuple().exponent  # type: ignore[operator]
-            and len(plain[1].lstrip("0")) + len(plain[2]) <= context.prec
+            and len(plain[2]) == places
+            and len(plain[1].lstrip("0")) + places <= context.prec
         ):
             return value
     if not isinstance(value, Decimal):
         value = Decimal(str(value).strip())
+    quantum = _QUANTA.get(places)
+    if quantum is None:
+        quantum = Decimal(1).scaleb(-places)
     return f"{value.quantize(quantum, context=context):f}"
 
 

@@ -254,7 +254,7 @@ def test_a_decimal_string_renders_as_the_serializer_field_renders_it(
     except Exception as error:
         expected = type(error)
     try:
-        got: Any = _dec(text, Decimal(1).scaleb(-places), Context.copy(context))
+        got: Any = _dec(text, places, Context.copy(context))
     except Exception as error:
         got = type(error)
     assert got == expected
