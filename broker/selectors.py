@@ -90,13 +90,20 @@ class _PreparedJobQuery:
         self.start, self.end = fields[0], fields[-1] + 1
         self.init_list = [column[0].target.attname for column in select[self.start : self.end]]
         self.populators = get_related_populators(klass_info, select, alias)
+        # The row converters results_iter would look up on every call (a tenth of the job lookup's CPU):
+        # found once, applied as results_iter applies them.
+        columns = [column[0] for column in select[0 : self.compiler.col_count]]
+        self.converters = self.compiler.get_converters(columns)
+        assert not self.compiler.has_composite_fields(columns)
 
     def get(self, *, buyer_id: int, job_id: int) -> Job | None:
         values = {"buyer": buyer_id, "job": job_id}
         with bound_cursor(self.alias) as cursor:  # prepared once per connection in production (core.db)
             cursor.execute(self.sql, [values[name] for name in self.order])
             rows = cursor.fetchall()
-        for row in self.compiler.results_iter(results=[rows]):
+        if self.converters:
+            rows = list(self.compiler.apply_converters(rows, self.converters))
+        for row in rows:
             job = Job.from_db(self.alias, self.init_list, row[self.start : self.end])
             for populator in self.populators:
                 populator.populate(row, job)
