@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection
@@ -58,6 +58,22 @@ def _reference_data(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture(params=[None, 1], ids=["bound", "prepared"])
+def prepare_threshold(request: pytest.FixtureRequest) -> Iterator[int | None]:
+    """On PostgreSQL, psycopg's prepare threshold on the test connection, for statements run through
+    core.db.bound_cursor: bound on the server and never prepared (None, as in the other tests), or prepared
+    at their first run (1), as production prepares them (at its threshold). Elsewhere nothing changes."""
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+    raw.prepare_threshold = request.param
+    yield request.param
+    raw.prepare_threshold = before
 
 
 @pytest.fixture

@@ -99,23 +99,6 @@ def test_live_leases_are_set_aside_first_and_a_lease_sees_the_others(
     assert first.pk < second.pk
 
 
-@pytest.fixture(params=[None, 1], ids=["bound", "prepared"])
-def prepare_threshold(request: pytest.FixtureRequest):
-    """On PostgreSQL, psycopg's prepare threshold on the test connection: the fixed-text statements below
-    run bound on the server (None) or prepared at their first run (1), as production prepares them."""
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        yield None
-        return
-    connection.ensure_connection()
-    raw = connection.connection
-    before = raw.prepare_threshold
-    raw.prepare_threshold = request.param
-    yield request.param
-    raw.prepare_threshold = before
-
-
 def test_the_pending_draws_are_the_live_leases_expected_draws_less_the_excluded(
     buyer: Organisation, east_cluster: Cluster, prepare_threshold: int | None
 ) -> None:

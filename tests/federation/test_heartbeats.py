@@ -56,6 +56,28 @@ def test_older_heartbeat_is_acknowledged_but_ignored(api, operator):
     assert Island.objects.get(cpi=f"{CPI}:isl-01").available_cards == 40
 
 
+def test_beats_give_the_same_answers_when_their_statements_are_prepared(api, operator, prepare_threshold):
+    """The lock and the write of a beat are bound by PostgreSQL, and production prepares them: run past the
+    threshold, beats still apply, the older one is still ignored, and an unknown island still refused."""
+    make_cluster(operator=operator, islands=[("isl-01", 64), ("isl-02", 32)])
+    for second, free in ((10, 40), (20, 30), (30, 20)):
+        response = beat(
+            api,
+            sent_at=f"2026-11-21T10:00:{second}+08:00",
+            islands=[{"name": "isl-01", "available_cards": free, "unhealthy_cards": 1}],
+        )
+        assert response.status_code == 200 and response.json()["applied"] is True
+    late = beat(api, sent_at="2026-11-21T10:00:15+08:00", islands=[{"name": "isl-01", "available_cards": 1}])
+    assert late.status_code == 200 and late.json()["applied"] is False
+    unknown = beat(
+        api, sent_at="2026-11-21T10:00:40+08:00", islands=[{"name": "isl-99", "available_cards": 1}]
+    )
+    assert unknown.status_code == 400 and unknown.json()["code"] == "unknown_island"
+    island = Island.objects.get(cpi=f"{CPI}:isl-01")
+    assert (island.available_cards, island.unhealthy_cards) == (20, 1)
+    assert Cluster.objects.get(cpi=CPI).available_cards == 20 + 32
+
+
 BAD_BEATS = [
     ("naive time", {"sent_at": "2026-11-21T10:00:00"}, "invalid"),
     ("unknown health", {"health": "great"}, "invalid"),
