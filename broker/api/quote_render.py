@@ -188,9 +188,12 @@ def _context(base: Context, precision: int) -> Context:
     return context
 
 
-# A decimal string as ``str(Decimal)`` writes one at a fixed number of places: sign, integer part without
-# leading zeros, fraction (ASCII digits only: ``\d`` would take other scripts' digits, which Decimal reads).
-_PLAIN = re.compile(r"-?(0|[1-9][0-9]*)\.([0-9]+)")
+# A decimal string as ``str(Decimal)`` writes one in plain notation: sign, integer part without leading
+# zeros, an optional fraction (ASCII digits only: ``\d`` would take other scripts' digits, which Decimal
+# reads).
+_PLAIN = re.compile(r"-?(0|[1-9][0-9]*)(?:\.([0-9]+))?")
+# What quantizing an exact string to more places appends, by the number of places missing ("" for none).
+_ZEROS = ["", *("." + "0" * count for count in range(1, 8))]
 
 
 def _dec(value: Any, places: int, context: Context) -> str | None:
@@ -198,19 +201,28 @@ def _dec(value: Any, places: int, context: Context) -> str | None:
     max_digits as its precision)."""
     if value is None:
         return None
-    if value.__class__ is str:
-        # Most of a quote's decimals are stored in its breakdown as strings already at the field's places
-        # ("12.50" for a cost): quantizing one changes nothing and ``:f`` gives the string back, so it is
-        # returned as is — when it has exactly the places and no more digits than the precision allows
-        # (counting leading fraction zeros, which only sends a few strings the long way round).
+    cls = value.__class__
+    if cls is str:
+        # Most of a quote's decimals are stored in its breakdown as exact strings with at most the field's
+        # places ("12.50" or "12.5" for a cost, "1" for a factor): quantizing one rounds nothing, only
+        # appends zeros, and ``:f`` writes the digits back, so the string is returned with the missing
+        # zeros appended — when it has no more places than the field and no more digits than the
+        # precision allows (counting leading fraction zeros, which only sends a few strings the long way
+        # round, where quantize raises as the field raises).
         plain = _PLAIN.fullmatch(value)
-        if (
-            plain is not None
-            and len(plain[2]) == places
-            and len(plain[1].lstrip("0")) + places <= context.prec
-        ):
-            return value
-    if not isinstance(value, Decimal):
+        if plain is not None and len(plain[1].lstrip("0")) + places <= context.prec:
+            fraction = plain[2]
+            if fraction is None:
+                if places < len(_ZEROS):
+                    return value + _ZEROS[places]
+            else:
+                missing = places - len(fraction)
+                if missing == 0:
+                    return value
+                if 0 < missing < len(_ZEROS):
+                    return value + _ZEROS[missing][1:]
+        value = Decimal(value.strip())
+    elif cls is not Decimal and not isinstance(value, Decimal):
         value = Decimal(str(value).strip())
     quantum = _QUANTA.get(places)
     if quantum is None:

@@ -234,6 +234,25 @@ def test_the_endpoint_answers_the_serializers_rendering(
         "0.0000010",
         "1.000000",
         "123456789012345678901.000000",
+        "1",
+        "-1",
+        "0",
+        "-0",
+        "12.",
+        ".5",
+        "1.5",
+        "-12.5",
+        "0.1",
+        "-0.1",
+        "0.001",
+        "1.0000",
+        "12345678901234",
+        "123456789012345",
+        "1234567890123456",
+        "99999999999999.9",
+        "999999999999999.9",
+        "12345678901234567890",
+        "0.0000001",
     ],
 )
 @pytest.mark.parametrize(("places", "max_digits"), [(2, 16), (3, 6), (4, 8), (6, 20), (6, 16)])
@@ -258,3 +277,68 @@ def test_a_decimal_string_renders_as_the_serializer_field_renders_it(
     except Exception as error:
         got = type(error)
     assert got == expected
+
+
+def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_them() -> None:
+    """_dec's fast path (an exact string padded with zeros to the field's places) against DecimalField over
+    generated strings: signs, integer parts of every length about each precision, fractions shorter,
+    equal to and longer than the places, leading fraction zeros, in the default and a ROUND_DOWN
+    context."""
+    from decimal import Context, getcontext
+
+    from broker.api.quote_render import _dec
+
+    integers = (
+        ["0", "1", "7", "10", "99", "100"]
+        + ["9" * n for n in range(3, 23)]
+        + ["1" + "0" * n for n in range(3, 23)]
+    )
+    fractions = [
+        None,
+        "0",
+        "5",
+        "05",
+        "50",
+        "000",
+        "125",
+        "0001",
+        "9999",
+        "00000",
+        "000001",
+        "123456",
+        "1234567",
+    ]
+    texts = [
+        sign + integer + ("" if fraction is None else "." + fraction)
+        for sign in ("", "-")
+        for integer in integers
+        for fraction in fractions
+    ]
+    for rounding in (None, ROUND_DOWN):
+        for places, max_digits in [(0, 6), (2, 16), (3, 6), (3, 14), (4, 8), (4, 12), (6, 16), (6, 20)]:
+            field = serializers.DecimalField(max_digits=max_digits, decimal_places=places)
+            with localcontext() as local:
+                if rounding is not None:
+                    local.rounding = rounding
+                context = getcontext().copy()
+                context.prec = max_digits
+                for text in texts:
+                    try:
+                        expected: Any = field.to_representation(text)
+                    except Exception as error:
+                        expected = type(error)
+                    try:
+                        got: Any = _dec(text, places, Context.copy(context))
+                    except Exception as error:
+                        got = type(error)
+                    assert got == expected, (text, places, max_digits, rounding)
+                    number = Decimal(text)
+                    try:
+                        expected = field.to_representation(number)
+                    except Exception as error:
+                        expected = type(error)
+                    try:
+                        got = _dec(number, places, Context.copy(context))
+                    except Exception as error:
+                        got = type(error)
+                    assert got == expected, (number, places, max_digits, rounding)
