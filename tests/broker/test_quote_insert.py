@@ -125,3 +125,36 @@ def test_quotes_are_built_as_the_keyword_constructor_builds_them(
         assert quote._state.db == "default" and not quote._state.adding
     with pytest.raises(TypeError, match="not fields of Quote"):
         _quote_new(job, **{**values, "no_such_field": 1})
+
+
+def test_a_new_quote_is_the_object_the_constructor_builds(buyer: Organisation, east_cluster: Cluster) -> None:
+    """_quote_new fills a new object's __dict__ without Model.__init__: the same attributes, the same
+    (new, unsaved) state, and a save that inserts it; with a post_init receiver on Quote, the constructor
+    runs so the receiver sees the object."""
+    from django.db.models.signals import post_init
+
+    job = make_job(buyer=buyer, cards=4)
+    quote_set = quote_create(job=job, limit=1)
+    values = {name: getattr(quote_set.quotes[0], name) for name in FIELDS if name not in ("job_id", "id")}
+    fast = _quote_new(job, **dict(values))
+    keyword = Quote(job=job, **values)
+    assert fast.__dict__.keys() == keyword.__dict__.keys()
+    assert {key: value for key, value in fast.__dict__.items() if key != "_state"} == {
+        key: value for key, value in keyword.__dict__.items() if key != "_state"
+    }
+    assert (fast._state.adding, fast._state.db) == (True, None)
+    assert fast.pk is None and fast.job is job and fast.replaces is None
+    fast.save()
+    assert Quote.objects.filter(pk=fast.pk, job=job, cost=values["cost"]).exists()
+
+    seen: list[Quote] = []
+
+    def receiver(sender: type, instance: Quote, **kwargs: object) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Quote)
+    try:
+        observed = _quote_new(job, **dict(values))
+    finally:
+        post_init.disconnect(receiver, sender=Quote)
+    assert seen == [observed]
