@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker import selectors
-from broker.api.quote_render import quote_set_render
+from broker.api.quote_render import quote_set_response
 from broker.draws import lease_draw_plan
 from broker.models import HOLDING_STATES, BuyerNotice, Gang, Job, Lease, LeaseState, Preference, Quote
 from broker.services import jobs as job_services
@@ -601,7 +601,7 @@ class JobQuoteApi(APIView):
             quote_set = quote_services.quote_create(job=job, limit=data.validated_data["limit"])
         # What QuoteSetOutput (the declared answer) renders, written by hand at a fraction of its cost
         # (broker.api.quote_render; tests/broker/test_quote_render.py holds the two equal).
-        return Response(quote_set_render(quote_set), status=status.HTTP_201_CREATED)
+        return quote_set_response(quote_set, request)  # type: ignore[return-value]  # JSON bytes
 
 
 def quote_set_body(quote_set: quote_services.QuoteSet) -> dict[str, Any]:

@@ -342,3 +342,57 @@ def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_t
                     except Exception as error:
                         got = type(error)
                     assert got == expected, (number, places, max_digits, rounding)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        [],
+        {"a": None, "b": True, "c": False, "d": 0, "e": -1, "f": 2**62, "g": "", "h": [[], {}]},
+        {"text": "上海 ümlaut é ☃ 😀", "controls": "".join(chr(n) for n in range(32)) + '"\\/\x7f'},
+        {"separators": "\u2028 and \u2029 inside", "\u2028key": "\u2029"},
+        {"money": ["12.50", "-0.00", "123456789012345.67"], "nested": {"deep": [{"x": [1, "2", None]}]}},
+    ],
+)
+def test_the_fast_encoder_writes_the_json_renderers_bytes(data: Any) -> None:
+    """quote_render._json_bytes (pydantic-core) gives byte for byte what the API's JSONRenderer gives."""
+    from rest_framework.renderers import JSONRenderer
+
+    from broker.api.quote_render import _json_bytes
+
+    assert _json_bytes(data) == JSONRenderer().render(data)
+
+
+def test_the_endpoint_writes_the_json_renderers_bytes_and_honours_an_indent(
+    funded_buyer: Organisation, market: dict[str, Cluster]
+) -> None:
+    """The quote request's answer is the bytes JSONRenderer writes for quote_set_render's answer, with the
+    same status and headers as a DRF Response; a client asking for ``indent`` gets DRF's indented JSON."""
+    from rest_framework.renderers import JSONRenderer
+
+    from broker.api.quote_render import quote_set_json
+    from core.services import api_token_create
+
+    _, raw = api_token_create(organisation=funded_buyer, name="t")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    job = _job(funded_buyer, market, {"earliest_start_at": timezone.now() + timedelta(minutes=5)})
+    job.deadline_at = job.earliest_start_at + timedelta(days=1)
+    job.save(update_fields=["deadline_at"])
+    response = client.post(f"/api/v1/jobs/{job.pk}/quotes", {"limit": 5}, format="json")
+    assert response.status_code == 201
+    assert response["Content-Type"] == "application/json"
+    assert "Allow" in response and "Accept" in response.get("Vary", "")
+    answer = json.loads(response.content)
+    assert answer["quotes"]
+    quote_set = quote_create(job=job, limit=5)
+    assert quote_set_json(quote_set) == JSONRenderer().render(quote_set_render(quote_set))
+    assert json.loads(quote_set_json(quote_set)) == json.loads(json.dumps(quote_set_render(quote_set)))
+
+    indented = client.post(
+        f"/api/v1/jobs/{job.pk}/quotes", {"limit": 5}, format="json", HTTP_ACCEPT="application/json; indent=2"
+    )
+    assert indented.status_code == 201
+    assert indented.content.startswith(b'{\n  "job"')
+    assert json.loads(indented.content)["job"] == job.pk
