@@ -600,8 +600,10 @@ class JobQuoteApi(APIView):
         with QUOTE_SECONDS.time():
             quote_set = quote_services.quote_create(job=job, limit=data.validated_data["limit"])
         # What QuoteSetOutput (the declared answer) renders, written by hand at a fraction of its cost
-        # (broker.api.quote_render; tests/broker/test_quote_render.py holds the two equal).
-        return quote_set_response(quote_set, request)  # type: ignore[return-value]  # JSON bytes
+        # (broker.api.quote_render; tests/broker/test_quote_render.py holds the two equal), encoded into
+        # JSONRenderer's bytes by pydantic-core when plain JSON was negotiated (an HttpResponse, not a
+        # Response: hence the ignore).
+        return quote_set_response(quote_set, request)  # type: ignore[return-value]
 
 
 def quote_set_body(quote_set: quote_services.QuoteSet) -> dict[str, Any]:

@@ -8,7 +8,7 @@ OpenAPI schema is generated from them); this module writes the same JSON directl
 same order, each value converted the way its serializer field converts it (``DecimalField`` quantises in a
 copy of the thread's decimal context with ``max_digits`` as its precision and formats with ``:f``;
 ``DateTimeField`` converts an aware time to the current time zone, gives ISO 8601 with ``Z`` for UTC and
-passes a string through; a missing nullable value is null). tests/broker/api/test_quote_render.py renders
+passes a string through; a missing nullable value is null). tests/broker/test_quote_render.py renders
 varied quote sets both ways and asserts that the results are equal, so a field added to one and not the
 other fails there.
 """

@@ -308,7 +308,7 @@ def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_t
         "123456",
         "1234567",
     ]
-    texts = [
+    texts: list[Any] = [
         sign + integer + ("" if fraction is None else "." + fraction)
         for sign in ("", "-")
         for integer in integers
