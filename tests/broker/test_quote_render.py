@@ -209,6 +209,22 @@ def test_the_endpoint_answers_the_serializers_rendering(
         assert quote == json.loads(json.dumps(reference.to_representation(quote_body(stored[quote["id"]]))))
 
 
+def _dec_and_field(value: Any, field: serializers.DecimalField, context: Any) -> tuple[Any, Any]:
+    """(quote_render._dec's string, the field's) for ``value`` in ``context`` (the field's precision), each
+    the type of the exception raised instead when one is."""
+    from broker.api.quote_render import _dec
+
+    try:
+        got: Any = _dec(value, field.decimal_places, context)
+    except Exception as error:
+        got = type(error)
+    try:
+        expected: Any = field.to_representation(value)
+    except Exception as error:
+        expected = type(error)
+    return got, expected
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -263,19 +279,10 @@ def test_a_decimal_string_renders_as_the_serializer_field_renders_it(
     must give what DecimalField gives for any string, or fail as it fails."""
     from decimal import Context, getcontext
 
-    from broker.api.quote_render import _dec
-
     field = serializers.DecimalField(max_digits=max_digits, decimal_places=places)
     context = getcontext().copy()
     context.prec = max_digits
-    try:
-        expected: Any = field.to_representation(text)
-    except Exception as error:
-        expected = type(error)
-    try:
-        got: Any = _dec(text, places, Context.copy(context))
-    except Exception as error:
-        got = type(error)
+    got, expected = _dec_and_field(text, field, Context.copy(context))
     assert got == expected
 
 
@@ -285,8 +292,6 @@ def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_t
     equal to and longer than the places, leading fraction zeros, in the default and a ROUND_DOWN
     context."""
     from decimal import Context, getcontext
-
-    from broker.api.quote_render import _dec
 
     integers = (
         ["0", "1", "7", "10", "99", "100"]
@@ -323,25 +328,9 @@ def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_t
                 context = getcontext().copy()
                 context.prec = max_digits
                 for text in texts:
-                    try:
-                        expected: Any = field.to_representation(text)
-                    except Exception as error:
-                        expected = type(error)
-                    try:
-                        got: Any = _dec(text, places, Context.copy(context))
-                    except Exception as error:
-                        got = type(error)
-                    assert got == expected, (text, places, max_digits, rounding)
-                    number = Decimal(text)
-                    try:
-                        expected = field.to_representation(number)
-                    except Exception as error:
-                        expected = type(error)
-                    try:
-                        got = _dec(number, places, Context.copy(context))
-                    except Exception as error:
-                        got = type(error)
-                    assert got == expected, (number, places, max_digits, rounding)
+                    for value in (text, Decimal(text)):
+                        got, expected = _dec_and_field(value, field, Context.copy(context))
+                        assert got == expected, (value, places, max_digits, rounding)
 
 
 @pytest.mark.parametrize(

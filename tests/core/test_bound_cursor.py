@@ -15,18 +15,7 @@ from tests.factories import BuyerFactory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(params=[None, 1], ids=["bound", "prepared"])
-def threshold(request: pytest.FixtureRequest):
-    """psycopg's prepare threshold on the test connection (None: bound on the server, never prepared)."""
-    connection.ensure_connection()
-    raw = connection.connection
-    before = raw.prepare_threshold
-    raw.prepare_threshold = request.param
-    yield request.param
-    raw.prepare_threshold = before
-
-
-def test_a_bound_cursor_reads_what_djangos_cursor_reads(threshold) -> None:
+def test_a_bound_cursor_reads_what_djangos_cursor_reads(prepare_threshold) -> None:
     buyer = BuyerFactory()
     sql = 'SELECT "id", "slug", "created_at" FROM "core_organisation" WHERE "id" = %s'
     with connection.cursor() as cursor:
@@ -40,7 +29,7 @@ def test_a_bound_cursor_reads_what_djangos_cursor_reads(threshold) -> None:
     assert len(queries) == 4
 
 
-def test_the_token_lookup_finds_a_live_token_again_and_again(threshold) -> None:
+def test_the_token_lookup_finds_a_live_token_again_and_again(prepare_threshold) -> None:
     buyer = BuyerFactory()
     token, _raw = api_token_create(organisation=buyer, name="t")
     for _ in range(4):
@@ -52,7 +41,7 @@ def test_the_token_lookup_finds_a_live_token_again_and_again(threshold) -> None:
     assert _active_token_by_prefix(prefix=token.prefix) is None  # revocation is seen at once
 
 
-def test_a_bound_cursor_writes_in_the_callers_transaction_and_errors_are_djangos(threshold) -> None:
+def test_a_bound_cursor_writes_in_the_callers_transaction_and_errors_are_djangos(prepare_threshold) -> None:
     buyer = BuyerFactory()
     with transaction.atomic():
         with bound_cursor() as cursor:
