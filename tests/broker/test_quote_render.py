@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from broker.api.buyer import QuoteSetOutput, quote_body, quote_set_body
 from broker.api.quote_render import quote_set_render
-from broker.models import Quote
+from broker.models import Job, Quote
 from broker.services.quotes import QuoteSet, quote_create
 from core.models import Organisation
 from federation.models import Cluster
@@ -185,17 +185,23 @@ def test_a_field_on_one_side_only_is_caught(funded_buyer: Organisation, market: 
     assert widened != by_hand
 
 
+def _client_and_job(buyer: Organisation, market: dict[str, Cluster]) -> tuple[APIClient, Job]:
+    """A client with a token of ``buyer`` and a job of it starting in five minutes, a day long."""
+    from core.services import api_token_create
+
+    _, raw = api_token_create(organisation=buyer, name="t")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    job = _job(buyer, market, {"earliest_start_at": timezone.now() + timedelta(minutes=5)})
+    job.deadline_at = job.earliest_start_at + timedelta(days=1)
+    job.save(update_fields=["deadline_at"])
+    return client, job
+
+
 def test_the_endpoint_answers_the_serializers_rendering(
     funded_buyer: Organisation, market: dict[str, Cluster]
 ) -> None:
-    from core.services import api_token_create
-
-    _, raw = api_token_create(organisation=funded_buyer, name="t")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    job = _job(funded_buyer, market, {"earliest_start_at": timezone.now() + timedelta(minutes=5)})
-    job.deadline_at = job.earliest_start_at + timedelta(days=1)
-    job.save(update_fields=["deadline_at"])
+    client, job = _client_and_job(funded_buyer, market)
     response = client.post(f"/api/v1/jobs/{job.pk}/quotes", {"limit": 4}, format="json")
     assert response.status_code == 201, response.content
     assert response["Content-Type"] == "application/json"
@@ -361,14 +367,8 @@ def test_the_endpoint_writes_the_json_renderers_bytes_and_honours_an_indent(
     from rest_framework.renderers import JSONRenderer
 
     from broker.api.quote_render import quote_set_json
-    from core.services import api_token_create
 
-    _, raw = api_token_create(organisation=funded_buyer, name="t")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
-    job = _job(funded_buyer, market, {"earliest_start_at": timezone.now() + timedelta(minutes=5)})
-    job.deadline_at = job.earliest_start_at + timedelta(days=1)
-    job.save(update_fields=["deadline_at"])
+    client, job = _client_and_job(funded_buyer, market)
     response = client.post(f"/api/v1/jobs/{job.pk}/quotes", {"limit": 5}, format="json")
     assert response.status_code == 201
     assert response["Content-Type"] == "application/json"
