@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
@@ -171,3 +172,90 @@ def test_an_insert_racing_a_delete_waits_for_it_and_is_refused() -> None:
     assert isinstance(error, IntegrityError)
     assert not UsageRecord.objects.exists()
     assert cluster.pk and card.pk
+
+
+def insert_many(rows: list[dict[str, int]]) -> None:
+    """One statement of several usage rows (as the batch service writes them: one statement per batch)."""
+    values = ", ".join(
+        ["(nextval('metering_usagerecord_id_seq'), %s, %s, %s, 8, %s, %s, %s, %s, '', '', %s)"] * len(rows)
+    )
+    params: list[object] = []
+    for n, row in enumerate(rows):
+        params += [row["operator_id"], row["cluster_id"], row["buyer_id"], NOW - timedelta(hours=2),
+                   NOW - timedelta(hours=1), row["price_card_id"], f"many-{n}", NOW]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO metering_usagerecord (id, operator_id, cluster_id, buyer_id, cards, start_at, end_at,"  # noqa: S608
+            " price_card_id, idempotency_key, reference, body_hash, received_at) VALUES " + values,
+            params,
+        )  # placeholders only: the values are parameters
+
+
+@pytest.mark.django_db
+def test_a_statement_naming_several_missing_rows_names_each_once_in_order_and_writes_nothing() -> None:
+    seller, cluster, card, buyer = world()
+    good = {
+        "operator_id": seller.pk,
+        "cluster_id": cluster.pk,
+        "buyer_id": buyer.pk,
+        "price_card_id": card.pk,
+    }
+    rows = [
+        good,
+        {**good, "cluster_id": 999_998},
+        {**good, "cluster_id": 999_997},
+        {**good, "cluster_id": 999_998},
+    ]
+    with pytest.raises(IntegrityError, match=r"names no cluster 999997, 999998(\n|$)"), transaction.atomic():
+        insert_many(rows)
+    rows = [good, {**good, "buyer_id": 999_996}, {**good, "operator_id": 999_995}]
+    with (
+        pytest.raises(IntegrityError, match=r"names no organisation 999995, 999996(\n|$)"),
+        transaction.atomic(),
+    ):
+        insert_many(rows)
+    assert not UsageRecord.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_parent_checks_probe_each_named_row_by_its_key_in_id_order() -> None:
+    """The check's statements, as PostgreSQL ran them (auto_explain, nested statements, as notices): on
+    every parent table a primary-key probe per distinct id, in the order of the sorted ids, never a read of
+    the whole table (0015 hashed the statement's rows against a Seq Scan of each parent, then sorted)."""
+    seller, cluster, card, _ = world()
+    clusters = [cluster] + [
+        make_cluster(operator=seller, hub="gz", name=f"gy-{n:02d}", islands=[("i", 8)]) for n in range(5)
+    ]
+    cards = [card] + [make_price_card(cluster=c) for c in clusters[1:]]
+    buyers = [BuyerFactory(slug=f"b{n}", name=f"Buyer {n}") for n in range(4)]
+    rows = [
+        {"operator_id": seller.pk, "cluster_id": c.pk, "buyer_id": b.pk, "price_card_id": p.pk}
+        for c, p in zip(clusters, cards, strict=True)
+        for b in buyers
+    ]
+    notices: list[str] = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        try:
+            with transaction.atomic():
+                cursor.execute("LOAD 'auto_explain'")
+        except Exception as error:  # a server without the module, or a role that may not load it
+            pytest.skip(f"auto_explain cannot be loaded here: {error}")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+            cursor.execute(f"SET LOCAL auto_explain.{setting}")
+
+        def keep(diagnostic: Any) -> None:
+            notices.append(diagnostic.message_primary or "")
+
+        connection.connection.add_notice_handler(keep)
+        try:
+            insert_many(rows)
+        finally:
+            connection.connection.remove_notice_handler(keep)
+    assert UsageRecord.objects.count() == len(rows)
+    for table in ("core_organisation", "federation_cluster", "metering_pricecard"):
+        plans = [n for n in notices if "FOR KEY SHARE" in n and f"FROM {table}" in n]
+        assert len(plans) == 1, (table, notices)
+        text = plans[0].split("FOR KEY SHARE", 1)[1]  # the plan, after the statement's text
+        assert "Seq Scan" not in text and "Hash" not in text and "Sort" not in text, text
+        assert f"Index Scan using {table}_pkey" in text, text
+        assert text.index("Function Scan") < text.index("LockRows"), text  # locks follow the sorted ids
