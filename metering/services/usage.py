@@ -472,12 +472,39 @@ def _validate_of_leases(*, records: Sequence[UsageRecordOfLease], now: datetime)
 # transaction may have left rows: a DELETE of an empty table costs less than TRUNCATE's new file. The table is
 # not remembered per connection: a rolled-back transaction drops one it created.
 _STAGE_PREPARE = """
-    CREATE TEMP TABLE IF NOT EXISTS metering_usage_stage (
-        cluster_id bigint, buyer_id bigint, cards integer, start_at timestamptz, end_at timestamptz,
+    CREATE TEMP TABLE IF NOT EXISTS metering_usage_staged (
+        cluster_id bigint, buyer_id bigint, cards integer, start_us bigint, end_us bigint,
         price_card_id bigint, idempotency_key text, reference text, body_hash text
     ) ON COMMIT DELETE ROWS;
-    DELETE FROM metering_usage_stage
+    DELETE FROM metering_usage_staged
 """
+
+
+# COPY's text format escapes these in a value (psycopg's own text formatter escapes the same set).
+_COPY_ESCAPES = str.maketrans(
+    {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f", "\r": "\\r", "\\": "\\\\"}
+)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _stage_text(rows: list[_Validated]) -> str:
+    """The rows as one block of COPY text (tab-separated, a line each) for the staging table: a third of
+    the CPU of ``copy.write_row``, which looks up a dumper and runs a regular expression for each of the
+    nine values. Integers and the body hash (hex) need no escaping; times travel as integer microseconds
+    since the epoch (exact: what a timestamptz holds), a fifth of the cost of their ISO text; the two texts
+    an operator chose (key, reference) are escaped as COPY's text format requires."""
+    escapes, epoch, micro = _COPY_ESCAPES, _EPOCH, _MICROSECOND
+    return "".join(
+        [
+            f"{r.cluster_id}\t{r.buyer_id}\t{r.cards}\t{(r.start - epoch) // micro}\t"
+            f"{(r.end - epoch) // micro}\t{r.price_card_id}\t{r.key.translate(escapes)}\t"
+            f"{r.reference.translate(escapes)}\t{r.hash}\n"
+            for r in rows
+        ]
+    )
 
 
 def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at: datetime) -> dict[str, int]:
@@ -491,23 +518,10 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
     with connection.cursor() as cursor:
         cursor.execute(_STAGE_PREPARE)
         with cursor.copy(
-            "COPY metering_usage_stage (cluster_id, buyer_id, cards, start_at, end_at, price_card_id,"
+            "COPY metering_usage_staged (cluster_id, buyer_id, cards, start_us, end_us, price_card_id,"
             " idempotency_key, reference, body_hash) FROM STDIN"
         ) as copy:
-            for r in rows:
-                copy.write_row(
-                    (
-                        r.cluster_id,
-                        r.buyer_id,
-                        r.cards,
-                        r.start,
-                        r.end,
-                        r.price_card_id,
-                        r.key,
-                        r.reference,
-                        r.hash,
-                    )
-                )
+            copy.write(_stage_text(rows))
         # The keys, then — for the keys this statement won — the records and their pending-rating queue
         # rows (metering.models.UsagePending), in one statement: a record is never stored without its key
         # and the row that gets it rated. The record's id is drawn with its key (the key table arbitrates
@@ -516,16 +530,18 @@ def _insert_postgresql(*, operator_id: int, rows: list[_Validated], received_at:
             """
             WITH keyed AS (
                 INSERT INTO metering_usagekey (usage_record_id, operator_id, idempotency_key, start_at)
-                SELECT nextval('metering_usagerecord_id_seq'), %s, idempotency_key, start_at
-                  FROM metering_usage_stage
+                SELECT nextval('metering_usagerecord_id_seq'), %s, idempotency_key,
+                       TIMESTAMPTZ 'epoch' + start_us * INTERVAL '1 microsecond'
+                  FROM metering_usage_staged
                 ON CONFLICT (operator_id, idempotency_key) DO NOTHING
-                RETURNING usage_record_id, idempotency_key
+                RETURNING usage_record_id, idempotency_key, start_at
             ), inserted AS (
                 INSERT INTO metering_usagerecord (id, operator_id, cluster_id, buyer_id, cards, start_at,
                     end_at, price_card_id, idempotency_key, reference, body_hash, received_at)
-                SELECT k.usage_record_id, %s, s.cluster_id, s.buyer_id, s.cards, s.start_at, s.end_at,
+                SELECT k.usage_record_id, %s, s.cluster_id, s.buyer_id, s.cards, k.start_at,
+                       TIMESTAMPTZ 'epoch' + s.end_us * INTERVAL '1 microsecond',
                        s.price_card_id, s.idempotency_key, s.reference, s.body_hash, %s
-                  FROM keyed k JOIN metering_usage_stage s ON s.idempotency_key = k.idempotency_key
+                  FROM keyed k JOIN metering_usage_staged s ON s.idempotency_key = k.idempotency_key
                 RETURNING id, operator_id, cluster_id, buyer_id, price_card_id, cards, start_at, end_at,
                           idempotency_key
             ), queued AS (

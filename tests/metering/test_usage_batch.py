@@ -9,6 +9,8 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.models import Organisation
 from federation.models import Cluster
@@ -337,3 +339,70 @@ def test_the_staging_table_is_emptied_for_the_next_batch_committed_or_not(world:
     assert [o.status for o in two.outcomes] == ["created", "duplicate"]
     assert sorted(UsageRecord.objects.values_list("idempotency_key", flat=True)) == ["s-1", "s-2", "s-3"]
     assert UsagePending.objects.count() == 3
+
+
+# Every character COPY's text format escapes, a NUL-free control character it does not, a COPY end marker,
+# and non-ASCII: the staged rows are written as one block of text (metering.services.usage._stage_text).
+HOSTILE = [
+    "tab\there",
+    "line\nbreak",
+    "cr\rlf\r\n",
+    "back\\slash\\",
+    "\\.",
+    "\b\v\f",
+    "\x01\x1f\x7f",
+    "东数西算 ✓",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_keys_and_references_are_stored_exactly_whatever_they_hold(world: Organisation, text: str) -> None:
+    records = [
+        record(f"k-{text}", reference=f"ref-{text}"),
+        record(text, reference=text, start_at=local(3, 9), end_at=local(3, 10)),
+    ]
+    result = usage_record_create_batch(operator=world, records=records)
+
+    assert [o.status for o in result.outcomes] == ["created", "created"]
+    stored = {r.idempotency_key: r for r in UsageRecord.objects.all()}
+    assert stored.keys() == {f"k-{text}", text}
+    assert stored[f"k-{text}"].reference == f"ref-{text}" and stored[text].reference == text
+    assert stored[text].start_at == local(3, 9)
+    again = usage_record_create_batch(operator=world, records=records)
+    assert [o.status for o in again.outcomes] == ["duplicate", "duplicate"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.text(st.characters(blacklist_characters="\x00"), max_size=12), min_size=2, max_size=2),
+    micros=st.integers(min_value=0, max_value=999_999),
+    hours=st.integers(min_value=-12, max_value=14),
+)
+def test_the_staged_text_reads_back_as_the_values_it_was_made_of(
+    texts: list[str], micros: int, hours: int
+) -> None:
+    from django.db import connection
+
+    from metering.services.usage import _stage_text, _Validated
+
+    zone = timezone.get_fixed_timezone(hours * 60)
+    start = datetime(2026, 3, 8, 1, 59, 59, micros, tzinfo=zone)
+    row = _Validated(texts[0], 2**40, 7, 8, start, start + timedelta(hours=1), 9, texts[1])
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS stage_check (cluster_id bigint, buyer_id bigint, cards integer,"
+            " start_us bigint, end_us bigint, price_card_id bigint, idempotency_key text, reference text,"
+            " body_hash text)"
+        )
+        cursor.execute("DELETE FROM stage_check")
+        with cursor.copy("COPY stage_check FROM STDIN") as copy:
+            copy.write(_stage_text([row, row]))
+        cursor.execute(  # the staged times as the usage insert reads them
+            "SELECT cluster_id, buyer_id, cards, TIMESTAMPTZ 'epoch' + start_us * INTERVAL '1 microsecond',"
+            " TIMESTAMPTZ 'epoch' + end_us * INTERVAL '1 microsecond', price_card_id, idempotency_key,"
+            " reference, body_hash FROM stage_check"
+        )
+        back = cursor.fetchall()
+    assert back == [(2**40, 7, 8, start, start + timedelta(hours=1), 9, texts[0], texts[1], row.hash)] * 2
