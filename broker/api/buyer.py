@@ -516,7 +516,11 @@ def quote_body(quote: Quote) -> dict[str, Any]:
             "rate_per_card_hour": extra["rate_per_card_hour"],
             "tariff": extra["tariff"],
         },
-        "earliest_feasible_start_at": extra.get("earliest_feasible_start_at"),
+        # Stored as ISO text in the breakdown: read back as an instant, so that it is shown in the zone of
+        # the answer's other times, not in the zone it was written in.
+        "earliest_feasible_start_at": parse_datetime(extra["earliest_feasible_start_at"])
+        if extra.get("earliest_feasible_start_at")
+        else None,
         "earliest_feasible_cost": extra.get("earliest_feasible_cost", quote.cost + quote.saving),
         "saving": quote.saving,
         "expected_draw": quote.expected_draw,

@@ -64,8 +64,8 @@ class _Render:
     def time(self, value: datetime | str | None) -> str | None:
         if not value:
             return None
-        if isinstance(value, str):
-            return value
+        if isinstance(value, str):  # an instant stored as ISO text (a breakdown's): shown in this zone too
+            value = datetime.fromisoformat(value)
         if timezone.is_aware(value):
             text = value.astimezone(self.zone).isoformat()
         else:

@@ -304,6 +304,38 @@ def test_the_search_is_bounded(buyer: Organisation, east_cluster: Cluster, west_
     assert len(runs) == MAX_TRIES == 10
 
 
+@pytest.mark.parametrize("accept", ["application/json", "application/json; indent=2"])
+def test_every_time_in_a_quote_answer_is_given_in_one_zone(
+    funded_buyer: Organisation, east_cluster: Cluster, token_client, accept: str
+) -> None:
+    """The earliest feasible start is kept as text in the quote's breakdown; it is shown in the answer's
+    zone like every other time (it came out in UTC beside +08:00 starts), by the hand-written answer and
+    by DRF's (an ``indent`` asks for DRF's)."""
+    from django.utils import timezone
+
+    client: APIClient = token_client(funded_buyer)
+    now = timezone.now()
+    job = client.post(
+        "/api/v1/jobs",
+        {
+            "name": "zones",
+            "cards": 8,
+            "origin_hub": "yrd",
+            "latency_budget_ms": 100,
+            "deadline_at": (now + timedelta(hours=30)).isoformat(),
+            "duration_seconds": 7200,
+        },
+        format="json",
+    ).json()
+    answer = client.post(f"/api/v1/jobs/{job['id']}/quotes", {}, format="json", HTTP_ACCEPT=accept).json()
+    (quote,) = answer["quotes"]
+    times = [quote[k] for k in ("start_at", "end_at", "earliest_feasible_start_at", "expires_at")]
+    times += [answer["window"]["start_at"], answer["window"]["end_at"], answer["expires_at"]]
+    assert {t[-6:] for t in times} == {"+08:00"}, times
+    earliest = datetime.fromisoformat(quote["earliest_feasible_start_at"])
+    assert earliest <= datetime.fromisoformat(quote["start_at"])
+
+
 # --- The earliest possible start, and the cost at every start ---------------------------------------------
 
 
