@@ -147,9 +147,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="an experiment: the timed batches with session_replication_role = replica (no foreign-key checks)",
     )
+    parser.add_argument(
+        "--production",
+        action="store_true",
+        help="the production settings and environment the benchmark's servers run with (else the test settings)",
+    )
+    parser.add_argument(
+        "--rating-on-arrival",
+        action="store_true",
+        help="queue rating on arrival after each batch, as the servers do (off: only the report's own cost)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    django_setup(database_url=args.database_url, conn_max_age=600)
+    if args.production:
+        import tempfile
+
+        from benchmarks.prodserver import production_env
+
+        os.environ.update(production_env(database_url=args.database_url, port=0))
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cardhour-metrics-"))
+        os.environ["DATABASE_CONN_MAX_AGE"] = "600"
+        import django
+
+        django.setup()
+    else:
+        django_setup(database_url=args.database_url, conn_max_age=600)
     from django.conf import settings
     from django.db import connection
     from django.test import Client
@@ -158,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from core.models import Organisation
     from core.services import api_token_create
 
-    settings.CARDHOUR_RATING_ON_ARRIVAL = False
+    settings.CARDHOUR_RATING_ON_ARRIVAL = args.rating_on_arrival
     usage_reset()
     leases = running_leases()
     if args.leases_per_batch:
