@@ -1,0 +1,28 @@
+"""A new server process's first-request costs, paid before it serves (config/gunicorn.conf.py).
+
+Django imports the URLconf, and with it every view module, DRF, drf-spectacular and pydantic, on the first
+request a process resolves; Django's Redis cache client imports ``redis`` on its first use (the API's
+throttles count every request there). At design size that is ~0.4 s of CPU, paid by whichever request
+comes first after a worker starts, at boot and again after every ``max_requests`` recycle: a quote that
+normally costs ~10 ms took ~450 ms, and the requests queued behind it in that worker waited too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def request_path_warm() -> None:
+    """Import the URLconf (every view) and open the default cache's client, so that a new process's first
+    request costs what any other does. A cache that cannot be reached is logged, not raised: the process
+    still starts, and its requests meet the cache as they would have without this."""
+    from django.core.cache import cache
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018  # imports the URLconf and every module it names
+    try:
+        cache.get("cardhour:warmup")
+    except Exception:
+        logger.warning("warming the cache client failed; the first request will try again", exc_info=True)
