@@ -41,12 +41,14 @@ def post_worker_init(worker: object) -> None:
     # The app is loaded (Django is set up): load the matcher's catalogue and hold book in the background
     # now, so that a new worker's first quote (at start, and after every max_requests recycle) does not.
     from broker.catalog import market
-    from core.warmup import request_path_warm
+    from core.warmup import request_path_warm, startup_objects_freeze
 
     market.warm_in_background()
     # And the first request's imports (the URLconf, the cache client): ~0.4 s of CPU that the worker's first
-    # request would pay, here, before the worker serves.
+    # request would pay, here, before the worker serves. Then what is loaded so far is left out of the
+    # garbage collector's full collections.
     request_path_warm()
+    startup_objects_freeze()
 
 
 def child_exit(server: object, worker: object) -> None:

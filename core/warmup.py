@@ -9,6 +9,7 @@ normally costs ~10 ms took ~450 ms, and the requests queued behind it in that wo
 
 from __future__ import annotations
 
+import gc
 import logging
 
 logger = logging.getLogger(__name__)
@@ -26,3 +27,13 @@ def request_path_warm() -> None:
         cache.get("cardhour:warmup")
     except Exception:
         logger.warning("warming the cache client failed; the first request will try again", exc_info=True)
+
+
+def startup_objects_freeze() -> None:
+    """Leave the objects a process holds once it is set up (modules, classes, the URLconf: ~190,000 at
+    design size) out of the cyclic garbage collector's full collections (``gc.freeze``). They live as long
+    as the process, yet each full collection walked them all: ~90 ms with every thread of the process
+    stopped, about once every thousand quotes, which is a quote's p99. Objects made later are collected as
+    before, and frozen ones are still freed when nothing refers to them."""
+    gc.collect()
+    gc.freeze()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from core.warmup import request_path_warm
+from core.warmup import request_path_warm, startup_objects_freeze
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ import django
 django.setup()
 views = ("broker.api.buyer", "broker.api.operator", "federation.api.views", "metering.api.payments")
 print(sum(name in sys.modules for name in views))
-from core.warmup import request_path_warm
+from core.warmup import request_path_warm, startup_objects_freeze
 request_path_warm()
 print(sum(name in sys.modules for name in views))
 """
@@ -53,3 +53,16 @@ def test_an_unreachable_cache_is_logged_and_the_process_still_starts(
     with caplog.at_level(logging.WARNING, logger="core.warmup"):
         request_path_warm()
     assert "warming the cache client failed" in caplog.text
+
+
+def test_the_objects_loaded_at_start_are_left_out_of_full_collections() -> None:
+    import gc
+
+    try:
+        startup_objects_freeze()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1_000  # the modules, classes and settings a set-up process holds
+        gc.collect()
+        assert gc.get_freeze_count() == frozen  # a full collection neither walks nor thaws them
+    finally:
+        gc.unfreeze()
