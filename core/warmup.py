@@ -1,10 +1,13 @@
-"""A new server process's first-request costs, paid before it serves (config/gunicorn.conf.py).
+"""What a new server process pays once, paid before it serves (config/gunicorn.conf.py post_worker_init).
 
-Django imports the URLconf, and with it every view module, DRF, drf-spectacular and pydantic, on the first
-request a process resolves; Django's Redis cache client imports ``redis`` on its first use (the API's
-throttles count every request there). At design size that is ~0.4 s of CPU, paid by whichever request
-comes first after a worker starts, at boot and again after every ``max_requests`` recycle: a quote that
-normally costs ~10 ms took ~450 ms, and the requests queued behind it in that worker waited too.
+- **The first request's imports.** Django imports the URLconf, and with it every view module, DRF,
+  drf-spectacular and pydantic, on the first request a process resolves; Django's Redis cache client
+  imports ``redis`` on its first use (the API's throttles count every request there). At design size that
+  is ~0.4 s of CPU, paid by whichever request came first after a worker started, at boot and again after
+  every ``max_requests`` recycle: a quote that normally costs ~10 ms took ~450 ms, and the requests queued
+  behind it in that worker waited too.
+- **Full garbage collections.** What the process holds once set up lives as long as the process, yet every
+  full collection walked it (see ``startup_objects_freeze``).
 """
 
 from __future__ import annotations
