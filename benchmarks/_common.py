@@ -129,6 +129,23 @@ def django_setup(*, database_url: str, conn_max_age: int, migrate: bool = True) 
         call_command("migrate", interactive=False, verbosity=0)
 
 
+def django_setup_production(*, database_url: str) -> None:
+    """Configure Django in this process as the benchmarks' production servers run (benchmarks.prodserver's
+    environment, production settings), with connections kept: a profile of the path they serve."""
+    import tempfile
+
+    from benchmarks.prodserver import production_env
+
+    os.environ.update(production_env(database_url=database_url, port=0))
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cardhour-metrics-"))
+    os.environ["DATABASE_CONN_MAX_AGE"] = "600"
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT))
+    import django
+
+    django.setup()
+
+
 def close_django_connections() -> None:
     if "django.db" in sys.modules:
         from django.db import connections

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks._common import django_setup
+from benchmarks._common import django_setup, django_setup_production
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,17 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     if args.production:
-        import os
-        import tempfile
-
-        from benchmarks.prodserver import production_env
-
-        os.environ.update(production_env(database_url=args.database_url, port=0))
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="cardhour-metrics-"))
-        os.environ["DATABASE_CONN_MAX_AGE"] = "600"
-        import django
-
-        django.setup()
+        django_setup_production(database_url=args.database_url)
     else:
         django_setup(database_url=args.database_url, conn_max_age=600, migrate=False)
     from django.conf import settings

@@ -23,102 +23,51 @@ The cost is now a probe per distinct parent a statement names. ``tests/metering/
 holds both the rule and the plan (no Seq Scan, Hash or Sort on a parent table).
 """
 
+from importlib import import_module
+
 from django.db import migrations
 
 # NULL ids are left out, as a foreign key lets NULL through (the columns are NOT NULL in any case).
-BY_KEY = """
+_CHECK = """
+    ids := ARRAY(SELECT DISTINCT n.id FROM ({named}) AS n(id) WHERE n.id IS NOT NULL ORDER BY n.id);
+    PERFORM 1 FROM unnest(ids) AS wanted(id)
+     CROSS JOIN LATERAL (SELECT 1 FROM {table} p WHERE p.id = wanted.id FOR KEY SHARE) AS held;
+    GET DIAGNOSTICS locked = ROW_COUNT;
+    IF locked < cardinality(ids) THEN
+        SELECT string_agg(w.id::text, ', ' ORDER BY w.id) INTO missing FROM unnest(ids) AS w(id)
+         WHERE NOT EXISTS (SELECT 1 FROM {table} p WHERE p.id = w.id);
+        RAISE EXCEPTION 'usage record names no {noun} %', missing
+            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
+    END IF;
+"""
+_PARENTS = (
+    (
+        "SELECT operator_id FROM new_rows UNION ALL SELECT buyer_id FROM new_rows",
+        "core_organisation",
+        "organisation",
+    ),
+    ("SELECT cluster_id FROM new_rows", "federation_cluster", "cluster"),
+    ("SELECT price_card_id FROM new_rows", "metering_pricecard", "price card"),
+)
+_BODY = "".join(_CHECK.format(named=named, table=table, noun=noun) for named, table, noun in _PARENTS)
+# Fixed text: this schema's table and column names, no values.
+BY_KEY = f"""
 CREATE OR REPLACE FUNCTION metering_usage_parents_check() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ids bigint[];
     locked bigint;
     missing text;
-BEGIN
-    ids := ARRAY(SELECT DISTINCT n.id
-                   FROM (SELECT operator_id FROM new_rows UNION ALL SELECT buyer_id FROM new_rows) AS n(id)
-                  WHERE n.id IS NOT NULL ORDER BY n.id);
-    PERFORM 1 FROM unnest(ids) AS wanted(id)
-     CROSS JOIN LATERAL (SELECT 1 FROM core_organisation p WHERE p.id = wanted.id FOR KEY SHARE) AS held;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < cardinality(ids) THEN
-        SELECT string_agg(w.id::text, ', ' ORDER BY w.id) INTO missing FROM unnest(ids) AS w(id)
-         WHERE NOT EXISTS (SELECT 1 FROM core_organisation p WHERE p.id = w.id);
-        RAISE EXCEPTION 'usage record names no organisation %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-
-    ids := ARRAY(SELECT DISTINCT n.id FROM (SELECT cluster_id FROM new_rows) AS n(id)
-                  WHERE n.id IS NOT NULL ORDER BY n.id);
-    PERFORM 1 FROM unnest(ids) AS wanted(id)
-     CROSS JOIN LATERAL (SELECT 1 FROM federation_cluster p WHERE p.id = wanted.id FOR KEY SHARE) AS held;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < cardinality(ids) THEN
-        SELECT string_agg(w.id::text, ', ' ORDER BY w.id) INTO missing FROM unnest(ids) AS w(id)
-         WHERE NOT EXISTS (SELECT 1 FROM federation_cluster p WHERE p.id = w.id);
-        RAISE EXCEPTION 'usage record names no cluster %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-
-    ids := ARRAY(SELECT DISTINCT n.id FROM (SELECT price_card_id FROM new_rows) AS n(id)
-                  WHERE n.id IS NOT NULL ORDER BY n.id);
-    PERFORM 1 FROM unnest(ids) AS wanted(id)
-     CROSS JOIN LATERAL (SELECT 1 FROM metering_pricecard p WHERE p.id = wanted.id FOR KEY SHARE) AS held;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < cardinality(ids) THEN
-        SELECT string_agg(w.id::text, ', ' ORDER BY w.id) INTO missing FROM unnest(ids) AS w(id)
-         WHERE NOT EXISTS (SELECT 1 FROM metering_pricecard p WHERE p.id = w.id);
-        RAISE EXCEPTION 'usage record names no price card %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-
+BEGIN{_BODY}
     RETURN NULL;
 END
 $$;
 """
 
-# 0015's function, restored when this migration is reversed.
-BY_SCAN = """
-CREATE OR REPLACE FUNCTION metering_usage_parents_check() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    wanted bigint;
-    locked bigint;
-    missing text;
-BEGIN
-    SELECT count(*) INTO wanted FROM (SELECT operator_id FROM new_rows UNION SELECT buyer_id FROM new_rows) ids;
-    PERFORM 1 FROM core_organisation
-      WHERE id IN (SELECT operator_id FROM new_rows UNION SELECT buyer_id FROM new_rows)
-      ORDER BY id FOR KEY SHARE;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < wanted THEN
-        SELECT string_agg(DISTINCT id::text, ', ') INTO missing
-          FROM (SELECT operator_id AS id FROM new_rows UNION SELECT buyer_id FROM new_rows) ids
-         WHERE NOT EXISTS (SELECT 1 FROM core_organisation o WHERE o.id = ids.id);
-        RAISE EXCEPTION 'usage record names no organisation %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-
-    SELECT count(DISTINCT cluster_id) INTO wanted FROM new_rows;
-    PERFORM 1 FROM federation_cluster WHERE id IN (SELECT cluster_id FROM new_rows) ORDER BY id FOR KEY SHARE;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < wanted THEN
-        SELECT string_agg(DISTINCT n.cluster_id::text, ', ') INTO missing FROM new_rows n
-         WHERE NOT EXISTS (SELECT 1 FROM federation_cluster c WHERE c.id = n.cluster_id);
-        RAISE EXCEPTION 'usage record names no cluster %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-
-    SELECT count(DISTINCT price_card_id) INTO wanted FROM new_rows;
-    PERFORM 1 FROM metering_pricecard WHERE id IN (SELECT price_card_id FROM new_rows) ORDER BY id FOR KEY SHARE;
-    GET DIAGNOSTICS locked = ROW_COUNT;
-    IF locked < wanted THEN
-        SELECT string_agg(DISTINCT n.price_card_id::text, ', ') INTO missing FROM new_rows n
-         WHERE NOT EXISTS (SELECT 1 FROM metering_pricecard p WHERE p.id = n.price_card_id);
-        RAISE EXCEPTION 'usage record names no price card %', missing
-            USING ERRCODE = 'foreign_key_violation', TABLE = 'metering_usagerecord';
-    END IF;
-    RETURN NULL;
-END
-$$;
-"""
+# 0015's function (its text without the triggers, which stay), restored when this migration is reversed.
+_0015 = import_module("metering.migrations.0015_usage_parent_checks_per_statement")
+BY_SCAN = _0015.PARENTS_CHECK.split("CREATE TRIGGER", 1)[0].replace(
+    "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
+)
 
 
 def _by_key(apps, schema_editor):

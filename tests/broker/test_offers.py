@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -43,6 +44,24 @@ def summary_of(relaxation):  # type: ignore[no-untyped-def]
 
 
 # --- Pinning a cluster ------------------------------------------------------------------------------------
+
+
+def job_posted(
+    client: APIClient, name: str, *, latency_budget_ms: int, hours: int, duration_seconds: int
+) -> dict[str, Any]:
+    """A job of 8 cards from the Yangtze delta, due ``hours`` from now, created over the API."""
+    from django.utils import timezone
+
+    body = {
+        "name": name,
+        "cards": 8,
+        "origin_hub": "yrd",
+        "latency_budget_ms": latency_budget_ms,
+        "deadline_at": (timezone.now() + timedelta(hours=hours)).isoformat(),
+        "duration_seconds": duration_seconds,
+    }
+    job: dict[str, Any] = client.post("/api/v1/jobs", body, format="json").json()
+    return job
 
 
 def test_a_pinned_job_is_quoted_only_on_its_cluster(
@@ -141,21 +160,7 @@ def test_the_job_keeps_its_latest_quote_summary_and_the_api_returns_it(
     funded_buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster, token_client
 ) -> None:
     client: APIClient = token_client(funded_buyer)
-    from django.utils import timezone
-
-    now = timezone.now()
-    job = client.post(
-        "/api/v1/jobs",
-        {
-            "name": "near",
-            "cards": 8,
-            "origin_hub": "yrd",
-            "latency_budget_ms": 10,
-            "deadline_at": (now + timedelta(hours=6)).isoformat(),
-            "duration_seconds": 3600,
-        },
-        format="json",
-    ).json()
+    job = job_posted(client, "near", latency_budget_ms=10, hours=6, duration_seconds=3600)
     assert client.get(f"/api/v1/jobs/{job['id']}").json()["quote_summary"] is None
     quoted = client.post(f"/api/v1/jobs/{job['id']}/quotes", {}, format="json").json()
     detail = client.get(f"/api/v1/jobs/{job['id']}").json()["quote_summary"]
@@ -311,22 +316,8 @@ def test_every_time_in_a_quote_answer_is_given_in_one_zone(
     """The earliest feasible start is kept as text in the quote's breakdown; it is shown in the answer's
     zone like every other time (it came out in UTC beside +08:00 starts), by the hand-written answer and
     by DRF's (an ``indent`` asks for DRF's)."""
-    from django.utils import timezone
-
     client: APIClient = token_client(funded_buyer)
-    now = timezone.now()
-    job = client.post(
-        "/api/v1/jobs",
-        {
-            "name": "zones",
-            "cards": 8,
-            "origin_hub": "yrd",
-            "latency_budget_ms": 100,
-            "deadline_at": (now + timedelta(hours=30)).isoformat(),
-            "duration_seconds": 7200,
-        },
-        format="json",
-    ).json()
+    job = job_posted(client, "zones", latency_budget_ms=100, hours=30, duration_seconds=7200)
     answer = client.post(f"/api/v1/jobs/{job['id']}/quotes", {}, format="json", HTTP_ACCEPT=accept).json()
     (quote,) = answer["quotes"]
     times = [quote[k] for k in ("start_at", "end_at", "earliest_feasible_start_at", "expires_at")]
