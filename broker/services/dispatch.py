@@ -52,6 +52,8 @@ from broker.models import (
 )
 from broker.services import leases, usage_overlap
 from core.errors import ConflictError
+from core.instants import EPOCH, MICROSECOND, at_epoch_micros
+from core.instants import epoch_micros as _micros
 from core.models import Organisation
 from core.net import UnsafeEndpointError, post_pinned
 from core.types import Actor
@@ -370,20 +372,12 @@ class _LeaseRow(NamedTuple):
     replaces_id: int | None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _micros(value: datetime) -> int:
-    return (value - _EPOCH) // _MICROSECOND
-
-
 def _micros_or_none(value: datetime | None) -> int | None:
     return None if value is None else _micros(value)
 
 
 def _at_micros(value: int) -> str:
-    return iso_datetime(_EPOCH + timedelta(microseconds=value)) or ""
+    return iso_datetime(at_epoch_micros(value)) or ""
 
 
 @dataclass(frozen=True)
@@ -417,7 +411,7 @@ def _usage_spans(records: Sequence[LeaseUsageInput]) -> list[tuple[int, int] | N
         start, end = record.start_at, record.end_at
         if type(start) is datetime and type(end) is datetime and start.tzinfo is UTC and end.tzinfo is UTC:
             # What the API passes (core.api.typed answers datetime.UTC): no offset to ask for.
-            spans.append(((start - _EPOCH) // _MICROSECOND, (end - _EPOCH) // _MICROSECOND))
+            spans.append(((start - EPOCH) // MICROSECOND, (end - EPOCH) // MICROSECOND))
         elif (
             isinstance(start, datetime)
             and isinstance(end, datetime)

@@ -38,31 +38,23 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import NamedTuple, Protocol
 
 from django.db import connection
 from django.db.models import QuerySet
 
 from broker.models import Lease, LeaseState
+from core.instants import at_epoch_micros as at_micros
+from core.instants import epoch_micros as micros
 from metering.models import UsageRecord
 from metering.selectors.usage_keys import usage_keys_stored
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 # Any 64-bit key distinct from other advisory locks of the platform: the chain lock's class.
 _CHAIN_LOCK_CLASS = 0x4C43  # "LC"
 
 CODE = "usage_over_lease"
 _INTERRUPTED = LeaseState.INTERRUPTED
-
-
-def micros(value: datetime) -> int:
-    return (value - _EPOCH) // _MICROSECOND
-
-
-def at_micros(value: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=value)
 
 
 class LeaseLike(Protocol):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +35,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from core.instants import EPOCH, MICROSECOND
 from core.models import Organisation
 from federation.models import Cluster
 from metering.errors import UsageBatchInvalidError, UsageBatchTooLargeError
@@ -52,11 +53,9 @@ USAGE_MAX_CLOCK_SKEW = timedelta(minutes=5)
 IDEMPOTENCY_KEY_MAX_LENGTH = 200
 REFERENCE_MAX_LENGTH = 200
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 def epoch_seconds(value: datetime) -> int:
-    return (value - _EPOCH) // timedelta(seconds=1)
+    return (value - EPOCH) // timedelta(seconds=1)
 
 
 def usage_body_hash(
@@ -486,17 +485,13 @@ _COPY_ESCAPES = str.maketrans(
 )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
 def _stage_text(rows: list[_Validated]) -> str:
     """The rows as one block of COPY text (tab-separated, a line each) for the staging table: a third of
     the CPU of ``copy.write_row``, which looks up a dumper and runs a regular expression for each of the
     nine values. Integers and the body hash (hex) need no escaping; times travel as integer microseconds
     since the epoch (exact: what a timestamptz holds), a fifth of the cost of their ISO text; the two texts
     an operator chose (key, reference) are escaped as COPY's text format requires."""
-    escapes, epoch, micro = _COPY_ESCAPES, _EPOCH, _MICROSECOND
+    escapes, epoch, micro = _COPY_ESCAPES, EPOCH, MICROSECOND
     return "".join(
         [
             f"{r.cluster_id}\t{r.buyer_id}\t{r.cards}\t{(r.start - epoch) // micro}\t"
