@@ -3,13 +3,16 @@
 Quoting is the hot path (hundreds per second over 100,000 islands), so each process keeps:
 
 - a **catalogue** of islands, clusters, chips, hubs and price cards in numpy arrays, reloaded when older
-  than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change). A full reload
+  than ``CARDHOUR_BROKER_CATALOG_TTL_SECONDS`` (0 in tests: every quote sees every change). A whole read
   reads every island (on PostgreSQL as packed columns, no Python object per island but its CPI: about
-  0.1–0.2 s of CPU at 100,000 islands), so no request waits for one: the first quote
-  that finds the catalogue stale starts a reload in a background thread and is answered from the old
-  catalogue, which is replaced when the new one is ready. Only the first quote of a process, and a quote
-  that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background reloads failing or stuck),
-  reload inline; a TTL of 0 always reloads inline;
+  0.1–0.2 s of CPU, and as much of PostgreSQL's, at 100,000 islands). On PostgreSQL a reload is
+  normally a refresh instead: the island and cluster rows written since the last read's snapshot are
+  found by their ``xmin`` (see ``CatalogueSource``) and patched in; a change a patch cannot follow
+  exactly (a new island, a price card, a retired cluster…) reads whole. No request waits for either:
+  the first quote that finds the catalogue stale starts a reload in a background thread and is
+  answered from the old catalogue, which is replaced when the new one is ready. Only the first quote
+  of a process, and a quote that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background
+  reloads failing or stuck), reload inline; a TTL of 0 always reads whole, inline;
 - a **hold book**: every active capacity hold, followed incrementally. Each lease change writes a
   LeaseTransition row; before a quote the book reads the transitions after the last id it has seen and
   reloads the holds of those leases (at most every ``_HOLDS_REFRESH_SECONDS`` with a TTL; before every
@@ -28,22 +31,28 @@ island's occupancy under row locks in the database, which is what guarantees no 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 from django.conf import settings
-from django.db import connections, router
-from django.db.models import Q
+from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model, Q
 from django.utils import timezone
 
 from broker.models import CapacityHold, ClusterReliability, LeaseTransition
+from federation.models import Accelerator, Cluster, Hub, HubLatency, Island, StandardCard
 from federation.selectors import catalog_rows, heartbeat_report_ttl
+from metering.models import PriceCard, Tariff, TariffVersion
 from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
 from metering.sla import SlaTier, sla_credit_fraction
 
@@ -59,6 +68,14 @@ _STALE_LIMIT_TTLS = 6
 _HOLDS_REFRESH_SECONDS = 0.2
 
 logger = logging.getLogger(__name__)
+
+
+_FABRIC_CODES = {fabric: i for i, fabric in enumerate(FABRICS)}
+
+
+def _fabric_code(fabric: str) -> int:
+    """A fabric's position in ``FABRICS``; one past the end for a fabric the matcher does not know."""
+    return _FABRIC_CODES.get(fabric, len(FABRICS))
 
 
 def epoch(value: datetime) -> int:
@@ -111,6 +128,9 @@ class Catalogue:
     # Empty: no credit anywhere.
     cluster_credit_fraction: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
     cluster_credit: list[Decimal] = field(default_factory=list)  # the same fractions, exact
+    # What the catalogue was read from, to bring it up to date by reading only what changed since (see
+    # ``_refreshed``). None: read elsewhere than PostgreSQL, or built by hand; the next load reads whole.
+    source: CatalogueSource | None = None
 
     @property
     def reliability_e3(self) -> np.ndarray:
@@ -327,9 +347,157 @@ def _credit_fractions(prices: list[PriceCardRow | None], reliability_e3: np.ndar
     return out
 
 
-def _load_catalogue() -> Catalogue:
+@dataclass(frozen=True)
+class CatalogueSource:
+    """What a catalogue was read from on PostgreSQL: the snapshot and the raw figures it patches.
+
+    ``xid_floor``: the snapshot's xmin (a 64-bit transaction id). Every row version the reads did not see
+    was written by a transaction with an id at or above it (one in progress at the snapshot, or begun
+    after), so the rows changed since are among those whose ``xmin`` is at or above it: a filter on a
+    scan, no column, trigger or index to maintain on the operators' hot rows (heartbeats).
+    A deleted row leaves nothing to find: the tables' deletions are recorded in one row (migration broker
+    0012), and a catalogue that finds it written since reads whole.
+    ``next_effective_at``: the earliest price card or standard-card version not yet in force, which
+    changes the catalogue at that instant without a write."""
+
+    xid_floor: int
+    next_effective_at: datetime | None
+    report_ttl: int
+    # Per cluster, catalogue order: (id, CPI, operator id, hub code, chip slug), what a patch may not change.
+    cluster_keys: list[tuple[int, str, int, str, str]]
+    report_until: np.ndarray  # per cluster: last heartbeat + report TTL, epoch seconds; 0: never beat
+    island_cards: np.ndarray  # per island, catalogue order
+    island_unhealthy: np.ndarray
+    island_available: np.ndarray
+
+    @property
+    def cluster_position(self) -> dict[int, int]:
+        positions = self.__dict__.get("_cluster_position")
+        if positions is None:
+            positions = {key[0]: i for i, key in enumerate(self.cluster_keys)}
+            object.__setattr__(self, "_cluster_position", positions)
+        return positions
+
+
+# Every table a catalogue is read from. Islands and clusters are patched row by row (``_refreshed``); a
+# change of any other (prices, tariffs, chips, hubs, latencies, the standard card, reliability scores:
+# rare, or hourly) has the catalogue read whole. A table added to the load must be added here.
+_PATCHED: tuple[type[Model], ...] = (Island, Cluster)
+_WATCHED: tuple[type[Model], ...] = (
+    *_PATCHED,
+    PriceCard,
+    TariffVersion,
+    Tariff,
+    Accelerator,
+    Hub,
+    HubLatency,
+    StandardCard,
+    ClusterReliability,
+)
+# One row, written by a trigger on each watched table after any DELETE or TRUNCATE (migration broker 0012).
+_DELETIONS_TABLE = "broker_catalogue_deletions"
+# A refresh spanning more transaction ids than this reads whole: 32-bit xids compare by ``age``, which is
+# exact within 2³¹ of now.
+_XID_SPAN_LIMIT = 2**30
+
+
+@contextmanager
+def _one_snapshot(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """On PostgreSQL, outside any transaction: the catalogue's reads in one read-only REPEATABLE READ
+    transaction, so that they, the counts and the xid floor all describe one instant. Inside a
+    transaction (tests) the reads run as they are."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic(using=connection.alias):
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
+def _xid_floor(connection: BaseDatabaseWrapper) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        return int(cursor.fetchone()[0])
+
+
+def _changed_since(alias: str, floor: int) -> str:
+    """A condition on ``alias``'s row: written by a transaction at or after ``floor`` (64-bit). ``age``
+    compares 32-bit ids modulo 2³² from one "now" in the transaction: exact within ``_XID_SPAN_LIMIT``.
+    A frozen row (xmin 2) is infinitely old. The floor is an integer, formatted here."""
+    return f"age({alias}.xmin) <= age('{int(floor) % 2**32}'::xid)"
+
+
+def _written_elsewhere(connection: BaseDatabaseWrapper, floor: int) -> bool:
+    """Whether a row of a watched table that is not patched, or the deletions row, was written at or after
+    ``floor``: one statement, each scan stopping at its first such row."""
+    tables = [model._meta.db_table for model in _WATCHED if model not in _PATCHED] + [_DELETIONS_TABLE]
+    # Table names from the models' metadata and an integer: no value from outside.
+    probes = " OR ".join(
+        f"EXISTS (SELECT 1 FROM {connection.ops.quote_name(table)} t WHERE {_changed_since('t', floor)})"  # noqa: S608
+        for table in tables
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {probes}")
+        return bool(cursor.fetchone()[0])
+
+
+def _next_effective_at(at: datetime) -> datetime | None:
+    """The earliest price card or standard-card version that comes into force after ``at``."""
+    upcoming = [
+        model.objects.filter(effective_from__gt=at)
+        .order_by("effective_from")
+        .values_list("effective_from", flat=True)
+        .first()
+        for model in (PriceCard, StandardCard)
+    ]
+    return min((when for when in upcoming if when is not None), default=None)
+
+
+def _report_until(
+    clusters: list[tuple[int, str, int, str, str, str, datetime | None]], ttl: int
+) -> np.ndarray:
+    return np.fromiter(
+        (epoch(row[6]) + ttl if row[6] is not None else 0 for row in clusters),
+        dtype=np.int64,
+        count=len(clusters),
+    )
+
+
+def _withheld(
+    *,
+    cards: np.ndarray,
+    unhealthy: np.ndarray,
+    available: np.ndarray,
+    island_cluster: np.ndarray,
+    report_until: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(islands, cards, until): what each island's last heartbeat keeps from sale, while the report
+    binds (federation.selectors). Expired reports are kept (a quote compares each expiry with its own
+    first start); offline clusters' islands are never candidates anyway."""
+    withheld = cards - unhealthy - available
+    until = report_until[island_cluster] if len(island_cluster) else np.zeros(0, dtype=np.int64)
+    islands = np.nonzero((withheld > 0) & (until > 0))[0]
+    return islands, withheld[islands], until[islands]
+
+
+def _load_catalogue(previous: Catalogue | None = None) -> Catalogue:
+    """The catalogue as the database has it now: ``previous`` brought up to date by reading only the
+    rows changed since it was read, where that is possible (``_refreshed``), else read whole."""
+    connection = connections[router.db_for_read(Island)]
+    with _one_snapshot(connection):
+        if previous is not None and previous.source is not None:
+            refreshed = _refreshed(previous, connection)
+            if refreshed is not None:
+                return refreshed
+        return _read_whole(connection)
+
+
+def _read_whole(connection: BaseDatabaseWrapper) -> Catalogue:
+    floor = _xid_floor(connection) if connection.vendor == "postgresql" else None
+    now = timezone.now()
     rows = catalog_rows()
-    prices = price_cards_in_force()
+    prices = price_cards_in_force(at=now)
     chips = sorted(rows.accelerators, key=lambda row: row[0])
     chip_index = {slug: i for i, (slug, _, _) in enumerate(chips)}
     hub_codes = sorted({code for row in rows.clusters for code in (row[3],)} | {r[0] for r in rows.latencies})
@@ -349,10 +517,7 @@ def _load_catalogue() -> Catalogue:
     cards = columns.cards[by_id]
     unhealthy = columns.unhealthy_cards[by_id]
     available = columns.available_cards[by_id]
-    fabric_index = {fabric: i for i, fabric in enumerate(FABRICS)}
-    fabric_codes = np.array(
-        [fabric_index.get(fabric, len(FABRICS)) for fabric in columns.fabric], dtype=np.int64
-    )[by_id]
+    fabric_codes = np.array([_fabric_code(fabric) for fabric in columns.fabric], dtype=np.int64)[by_id]
     cluster_ids = np.fromiter((row[0] for row in clusters), dtype=np.int64, count=len(clusters))
     cluster_order = np.argsort(cluster_ids, kind="stable")
     island_cluster_id = columns.cluster_id[by_id]
@@ -368,18 +533,15 @@ def _load_catalogue() -> Catalogue:
     island_cluster = cluster_order[at] if len(clusters) else np.zeros(0, dtype=np.int64)
     if len(island_cluster) and not bool((cluster_ids[island_cluster] == island_cluster_id).all()):
         raise LookupError("an island's cluster is missing from the catalogue rows")
-    # What each island's last heartbeat keeps from sale, while the report binds (federation.selectors).
     ttl = int(heartbeat_report_ttl().total_seconds())
-    report_until = np.fromiter(
-        (epoch(row[6]) + ttl if row[6] is not None else 0 for row in clusters),
-        dtype=np.int64,
-        count=len(clusters),
+    report_until = _report_until(clusters, ttl)
+    withheld_island, withheld_cards, withheld_until = _withheld(
+        cards=cards,
+        unhealthy=unhealthy,
+        available=available,
+        island_cluster=island_cluster,
+        report_until=report_until,
     )
-    withheld = cards - unhealthy - available
-    until = report_until[island_cluster] if len(island_id) else np.zeros(0, dtype=np.int64)
-    # Expired reports are kept (a quote compares each expiry with its own first start); offline clusters'
-    # islands are never candidates anyway.
-    withheld_island = np.nonzero((withheld > 0) & (until > 0))[0]
     prior_e3 = int(Decimal(settings.CARDHOUR_RELIABILITY_PRIOR_PERCENT) * 1000)
     reliability_e3, scores = _reliability([row[0] for row in clusters], prior_e3)
     credit = _credit_fractions(cluster_price, reliability_e3)
@@ -414,17 +576,192 @@ def _load_catalogue() -> Catalogue:
         latency_ms=latency,
         latency_dec=latency_dec,
         withheld_island=withheld_island,
-        withheld_cards=withheld[withheld_island],
-        withheld_until=until[withheld_island],
+        withheld_cards=withheld_cards,
+        withheld_until=withheld_until,
         cluster_reliability_e3=reliability_e3,
         cluster_reliability=scores,
         prior_reliability_e3=prior_e3,
         cluster_credit=credit,
         cluster_credit_fraction=np.array([float(f) for f in credit], dtype=np.float64),
+        source=None
+        if floor is None
+        else CatalogueSource(
+            xid_floor=floor,
+            next_effective_at=_next_effective_at(now),
+            report_ttl=ttl,
+            cluster_keys=[(row[0], row[1], row[2], row[3], row[5]) for row in clusters],
+            report_until=report_until,
+            island_cards=cards,
+            island_unhealthy=unhealthy,
+            island_available=available,
+        ),
     )
 
 
-def _load_catalogue_quietly() -> Catalogue:
+# Derived arrays (Catalogue properties) that depend only on which islands and clusters there are, their
+# fabrics and prices, and those that depend on the islands' capacity as well.
+_STRUCTURE_DERIVED = ("_islands_by_cluster", "_fabric_counts", "_tariff_groups", "_lookup_array")
+_CAPACITY_DERIVED = ("_capacity_keys", "_below_cache")
+
+
+def _refreshed(old: Catalogue, connection: BaseDatabaseWrapper) -> Catalogue | None:
+    """``old`` brought up to date from the island and cluster rows written since its snapshot (a filter
+    on one scan of each; nothing else is read when nothing changed), or None where a patch could not be
+    exact and the catalogue must be read whole: a row of another watched table written or deleted, an
+    island or cluster added or deleted, an island that changed cluster, CPI or fabric, a cluster that
+    changed CPI, operator, hub or chip, was retired or came back, a price card or standard card that came
+    into force, a changed report TTL, or more than ``_XID_SPAN_LIMIT`` transactions since. What is
+    patched: islands' cards, unhealthy and available cards (heartbeats), clusters' status and last
+    heartbeat."""
+    source = old.source
+    if source is None or connection.vendor != "postgresql":
+        return None
+    if source.next_effective_at is not None and timezone.now() >= source.next_effective_at:
+        return None
+    ttl = int(heartbeat_report_ttl().total_seconds())
+    if ttl != source.report_ttl:
+        return None
+    floor = _xid_floor(connection)
+    if floor - source.xid_floor >= _XID_SPAN_LIMIT:
+        return None
+    if _written_elsewhere(connection, source.xid_floor):
+        return None
+
+    # Clusters: status and last heartbeat patched; anything else is a whole read.
+    cluster_status, cluster_active, report_until = old.cluster_status, old.cluster_active, source.report_until
+    positions = source.cluster_position
+    patches: dict[int, tuple[str, int]] = {}
+    for cluster_id, cpi, operator_id, hub, status, chip, heartbeat in _clusters_written_since(
+        connection, source.xid_floor
+    ):
+        at = positions.get(cluster_id)
+        if at is None:
+            if status == "retired":  # retired before the catalogue was read: not in it, nor to be
+                continue
+            return None
+        if status == "retired" or (cluster_id, cpi, operator_id, hub, chip) != source.cluster_keys[at]:
+            return None
+        until = heartbeat + ttl if heartbeat is not None else 0
+        if status != cluster_status[at] or until != report_until[at]:
+            patches[at] = (status, until)
+    if patches:
+        cluster_status, cluster_active, report_until = (
+            list(cluster_status),
+            cluster_active.copy(),
+            report_until.copy(),
+        )
+        for at, (status, until) in patches.items():
+            cluster_status[at], cluster_active[at], report_until[at] = status, status == "active", until
+
+    # Islands: cards, unhealthy and available cards patched.
+    cards, unhealthy, available = source.island_cards, source.island_unhealthy, source.island_available
+    written = _islands_written_since(connection, source.xid_floor)
+    if written is not None:
+        ids, cluster_ids, new_cards, new_unhealthy, new_available, fabric_codes, cpis = written
+        size = old.size
+        place = np.minimum(np.searchsorted(old.island_id, ids), max(size - 1, 0))
+        found = (old.island_id[place] == ids) if size else np.zeros(len(ids), dtype=bool)
+        # An island of a cluster outside the catalogue is of a retired cluster (an added or returned cluster
+        # was a whole read above): skipped if the catalogue does not have it, a move if it does.
+        in_catalogue = np.isin(cluster_ids, old.cluster_id)
+        if (found != in_catalogue).any():
+            return None
+        place, rows = place[found], np.flatnonzero(found)
+        if (
+            not np.array_equal(old.cluster_id[old.island_cluster[place]], cluster_ids[rows])
+            or not np.array_equal(fabric_codes[rows], old.island_fabric[place])
+            or [cpis[i] for i in rows.tolist()] != [old.island_cpi[i] for i in place.tolist()]
+        ):
+            return None
+        cards, unhealthy, available = cards.copy(), unhealthy.copy(), available.copy()
+        cards[place], unhealthy[place], available[place] = (
+            new_cards[rows],
+            new_unhealthy[rows],
+            new_available[rows],
+        )
+
+    capacity = np.maximum(cards - unhealthy, 0)
+    if np.array_equal(capacity, old.island_capacity):
+        capacity = old.island_capacity  # keeps the derived arrays that depend on it
+    withheld_island, withheld_cards, withheld_until = _withheld(
+        cards=cards,
+        unhealthy=unhealthy,
+        available=available,
+        island_cluster=old.island_cluster,
+        report_until=report_until,
+    )
+    fresh_source = dataclasses.replace(
+        source,
+        xid_floor=floor,
+        report_until=report_until,
+        island_cards=cards,
+        island_unhealthy=unhealthy,
+        island_available=available,
+    )
+    object.__setattr__(fresh_source, "_cluster_position", positions)  # the same clusters, same places
+    fresh = dataclasses.replace(
+        old,
+        loaded_at=time.monotonic(),
+        island_capacity=capacity,
+        cluster_status=cluster_status,
+        cluster_active=cluster_active,
+        withheld_island=withheld_island,
+        withheld_cards=withheld_cards,
+        withheld_until=withheld_until,
+        source=fresh_source,
+    )
+    kept = _STRUCTURE_DERIVED + (_CAPACITY_DERIVED if capacity is old.island_capacity else ())
+    fresh.__dict__.update({key: old.__dict__[key] for key in kept if key in old.__dict__})
+    return fresh
+
+
+def _clusters_written_since(
+    connection: BaseDatabaseWrapper, floor: int
+) -> list[tuple[int, str, int, str, str, str, int | None]]:
+    """Every cluster row (retired too) written at or after ``floor``, as ``catalog_rows`` gives them but
+    for the last heartbeat, in epoch seconds (no datetime to build per row)."""
+    quote = connection.ops.quote_name
+    sql = (
+        "SELECT c.id, c.cpi, c.operator_id, h.code, c.status, a.slug, "  # noqa: S608 (names, an integer)
+        "floor(extract(epoch FROM c.last_heartbeat_at))::bigint "
+        f"FROM {quote(Cluster._meta.db_table)} c JOIN {quote(Hub._meta.db_table)} h ON h.id = c.hub_id "
+        f"JOIN {quote(Accelerator._meta.db_table)} a ON a.id = c.accelerator_id "
+        f"WHERE {_changed_since('c', floor)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+
+def _islands_written_since(
+    connection: BaseDatabaseWrapper, floor: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
+    """(ids, cluster ids, cards, unhealthy, available, fabric codes (``_fabric_code``), CPIs) of every
+    island (in any cluster) written at or after ``floor``, as packed columns
+    (federation.selectors._island_columns); None if none."""
+    table = connection.ops.quote_name(Island._meta.db_table)
+
+    def ints(expression: str) -> str:
+        return f"string_agg(int8send(({expression})::bigint), ''::bytea)"
+
+    fabric_code = f"coalesce(array_position(%s::text[], i.fabric::text), {len(FABRICS) + 1}) - 1"
+    sql = (
+        f"SELECT {ints('i.id')}, {ints('i.cluster_id')}, {ints('i.cards')}, {ints('i.unhealthy_cards')}, "  # noqa: S608
+        f"{ints('i.available_cards')}, {ints(fabric_code)}, string_agg(i.cpi, E'\\n') "
+        f"FROM {table} i WHERE {_changed_since('i', floor)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [list(FABRICS)])
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    ids, cluster_ids, cards, unhealthy, available, fabric_codes = (
+        np.frombuffer(column, dtype=">i8").astype(np.int64) for column in row[:6]
+    )
+    return ids, cluster_ids, cards, unhealthy, available, fabric_codes, row[6].split("\n")
+
+
+def _load_catalogue_quietly(previous: Catalogue | None = None) -> Catalogue:
     """``_load_catalogue`` with the cyclic garbage collector paused (process-wide, for the ~0.2 s of the
     load). The load makes a few hundred thousand short-lived row tuples; with the collector running they
     survive long enough to be promoted to the oldest generation and soon set off a full collection,
@@ -433,7 +770,7 @@ def _load_catalogue_quietly() -> Catalogue:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load_catalogue()
+        return _load_catalogue(previous)
     finally:
         if was_enabled:  # another thread that paused it concurrently leaves it to us (or we to it)
             gc.enable()
@@ -687,7 +1024,7 @@ class Market:
                 or ttl <= 0
                 or time.monotonic() - catalogue.loaded_at >= ttl * _STALE_LIMIT_TTLS
             ):
-                catalogue = self.catalogue = _load_catalogue_quietly()
+                catalogue = self.catalogue = _load_catalogue_quietly(catalogue if ttl > 0 else None)
             elif time.monotonic() - catalogue.loaded_at >= ttl:
                 self._reload_in_background()
             if ttl <= 0:  # tests: nothing carried from one quote to the next
@@ -743,7 +1080,7 @@ class Market:
 
     def _reload(self) -> None:
         try:
-            catalogue = _load_catalogue_quietly()
+            catalogue = _load_catalogue_quietly(self.catalogue)
             _derive(catalogue)
             with self.lock:
                 if self.catalogue is None or self.catalogue.loaded_at < catalogue.loaded_at:

@@ -122,7 +122,7 @@ def test_a_stale_catalogue_is_reloaded_in_the_background(
     fresh = _fake_catalogue("fresh")
     started, release = threading.Event(), threading.Event()
 
-    def slow_load() -> Catalogue:
+    def slow_load(previous: Catalogue | None = None) -> Catalogue:
         started.set()
         assert release.wait(10)
         return fresh
@@ -146,7 +146,7 @@ def test_a_failed_background_reload_keeps_the_old_catalogue(
     market = Market()
     first, _ = market.view(start=0, end=1)
 
-    def broken() -> Catalogue:
+    def broken(previous: Catalogue | None = None) -> Catalogue:
         raise RuntimeError("database went away")
 
     monkeypatch.setattr(catalog_module, "_load_catalogue", broken)
@@ -166,7 +166,7 @@ def test_a_catalogue_past_the_limit_is_reloaded_inline(east_cluster: Cluster, se
     market = Market()
     first, _ = market.view(start=0, end=1)
     fresh = _fake_catalogue("fresh")
-    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: fresh)
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda previous=None: fresh)
     first.loaded_at -= 5.0 * _STALE_LIMIT_TTLS
     assert market.view(start=0, end=1)[0] is fresh
 
@@ -193,7 +193,7 @@ def test_a_zero_ttl_reloads_on_every_quote(east_cluster: Cluster, settings, monk
     market = Market()
     market.view(start=0, end=1)
     fresh = _fake_catalogue("fresh")
-    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: fresh)
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda previous=None: fresh)
     assert market.view(start=0, end=1)[0] is fresh
     assert market._reloader is None
 
@@ -203,7 +203,7 @@ def test_the_catalogue_is_loaded_with_the_collector_paused(monkeypatch) -> None:
     collector runs again afterwards, also when the load fails."""
     seen = []
 
-    def load() -> Catalogue:
+    def load(previous: Catalogue | None = None) -> Catalogue:
         seen.append(gc.isenabled())
         raise RuntimeError("database went away")
 
@@ -272,7 +272,9 @@ def test_a_warmed_market_answers_its_first_quote_without_loading(
     make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=start)
     loads = []
     real = catalog_module._load_catalogue
-    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: loads.append(1) or real())
+    monkeypatch.setattr(
+        catalog_module, "_load_catalogue", lambda previous=None: loads.append(1) or real(previous)
+    )
     market = Market()
     market.warm()
     assert loads == [1]
@@ -288,7 +290,7 @@ def test_a_warmed_market_answers_its_first_quote_without_loading(
 
 def test_warming_with_a_zero_ttl_loads_nothing(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0
-    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda: pytest.fail("loaded"))
+    monkeypatch.setattr(catalog_module, "_load_catalogue", lambda previous=None: pytest.fail("loaded"))
     market = Market()
     market.warm()
     assert market.catalogue is None
