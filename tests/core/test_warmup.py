@@ -66,19 +66,3 @@ def test_the_objects_loaded_at_start_are_left_out_of_full_collections() -> None:
         assert gc.get_freeze_count() == frozen  # a full collection neither walks nor thaws them
     finally:
         gc.unfreeze()
-
-
-def test_each_process_of_a_celery_prefork_pool_freezes_what_it_holds() -> None:
-    """celery sends ``worker_process_init`` in each pool process once it is set up (config.celery_app)."""
-    import gc
-
-    from celery.signals import worker_process_init
-
-    import config.celery_app  # noqa: F401  # connects the receiver
-
-    gc.unfreeze()
-    try:
-        worker_process_init.send(sender=None)
-        assert gc.get_freeze_count() > 1_000
-    finally:
-        gc.unfreeze()
