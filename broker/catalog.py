@@ -50,6 +50,7 @@ from django.db.models import Model, Q
 from django.utils import timezone
 
 from broker.models import CapacityHold, ClusterReliability, LeaseTransition
+from core.packed import packed_ints, unpacked_ints
 from federation.models import Accelerator, Cluster, Hub, HubLatency, Island, StandardCard
 from federation.selectors import catalog_rows, heartbeat_report_ttl
 from metering.models import PriceCard, Tariff, TariffVersion
@@ -738,16 +739,12 @@ def _islands_written_since(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]] | None:
     """(ids, cluster ids, cards, unhealthy, available, fabric codes (``_fabric_code``), CPIs) of every
     island (in any cluster) written at or after ``floor``, as packed columns
-    (federation.selectors._island_columns); None if none."""
+    (core.packed); None if none."""
     table = connection.ops.quote_name(Island._meta.db_table)
-
-    def ints(expression: str) -> str:
-        return f"string_agg(int8send(({expression})::bigint), ''::bytea)"
-
     fabric_code = f"coalesce(array_position(%s::text[], i.fabric::text), {len(FABRICS) + 1}) - 1"
+    expressions = ("i.id", "i.cluster_id", "i.cards", "i.unhealthy_cards", "i.available_cards", fabric_code)
     sql = (
-        f"SELECT {ints('i.id')}, {ints('i.cluster_id')}, {ints('i.cards')}, {ints('i.unhealthy_cards')}, "  # noqa: S608
-        f"{ints('i.available_cards')}, {ints(fabric_code)}, string_agg(i.cpi, E'\\n') "
+        f"SELECT {', '.join(packed_ints(expression) for expression in expressions)}, string_agg(i.cpi, E'\\n') "  # noqa: S608
         f"FROM {table} i WHERE {_changed_since('i', floor)}"
     )
     with connection.cursor() as cursor:
@@ -756,7 +753,7 @@ def _islands_written_since(
     if row is None or row[0] is None:
         return None
     ids, cluster_ids, cards, unhealthy, available, fabric_codes = (
-        np.frombuffer(column, dtype=">i8").astype(np.int64) for column in row[:6]
+        unpacked_ints(column) for column in row[:6]
     )
     return ids, cluster_ids, cards, unhealthy, available, fabric_codes, row[6].split("\n")
 
@@ -785,16 +782,19 @@ def _active_holds(floor: datetime) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     if connection.vendor == "postgresql":
         table = connection.ops.quote_name(CapacityHold._meta.db_table)
 
-        # One row of five columns: no Python object per hold (a new process's first quote waits for
-        # this). Aggregates of one scan see its rows in one order, so the columns are aligned. The table name
-        # comes from the model's metadata; the one value is a bound parameter.
-        def ints(expression: str) -> str:  # one string of 8-byte big-endian integers
-            return f"string_agg(int8send(({expression})::bigint), ''::bytea)"
-
+        # One row of five packed columns (core.packed): no Python object per hold (a new process's first
+        # quote waits for this). The table name comes from the model's metadata; the one value is a bound
+        # parameter.
+        expressions = (
+            "lease_id",
+            "island_id",
+            "floor(extract(epoch FROM start_at))",
+            "floor(extract(epoch FROM end_at))",
+            "cards",
+        )
         sql = (
-            f"SELECT {ints('lease_id')}, {ints('island_id')}, "  # noqa: S608
-            f"{ints('floor(extract(epoch FROM start_at))')}, {ints('floor(extract(epoch FROM end_at))')}, "
-            f"{ints('cards')} FROM {table} WHERE active AND end_at > %s"
+            f"SELECT {', '.join(packed_ints(expression) for expression in expressions)} "  # noqa: S608
+            f"FROM {table} WHERE active AND end_at > %s"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [floor])
@@ -802,9 +802,7 @@ def _active_holds(floor: datetime) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         if columns is None or columns[0] is None:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, empty, empty, empty
-        lease, island, start, end, cards = (
-            np.frombuffer(column, dtype=">i8").astype(np.int64) for column in columns
-        )
+        lease, island, start, end, cards = (unpacked_ints(column) for column in columns)
         return lease, island, start, end, cards
     rows = [
         (lease_id, island_id, epoch(start_at), epoch(end_at), cards)

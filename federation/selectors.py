@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from core.models import Organisation
+from core.packed import packed_ints, unpacked_ints
 from federation import identifiers
 from federation.errors import (
     AcceleratorAmbiguousError,
@@ -722,11 +723,10 @@ def _island_columns() -> IslandColumns:
         island = connection.ops.quote_name(Island._meta.db_table)
         cluster = connection.ops.quote_name(Cluster._meta.db_table)
 
-        # Aggregates of one scan see its rows in one order, so the columns are aligned. Integers come as
-        # one string of 8-byte big-endian values each (no Python object per value); CPIs and fabric
-        # codes never hold a line break or a comma (federation.identifiers, Island.Fabric).
+        # Integers as packed columns (core.packed), aligned; CPIs and fabric codes joined in the same scan
+        # never hold a line break or a comma (federation.identifiers, Island.Fabric).
         def ints(column: str) -> str:
-            return f"string_agg(int8send(i.{column}::bigint), ''::bytea)"
+            return packed_ints(f"i.{column}")
 
         sql = (
             f"SELECT {ints('id')}, string_agg(i.cpi, E'\\n'), {ints('cluster_id')}, {ints('cards')}, "  # noqa: S608
@@ -739,17 +739,14 @@ def _island_columns() -> IslandColumns:
         if ids is None:
             return _island_columns_of([])
 
-        def unpack(raw: bytes) -> np.ndarray:
-            return np.frombuffer(raw, dtype=">i8").astype(np.int64)
-
         return IslandColumns(
-            unpack(ids),
+            unpacked_ints(ids),
             cpis.split("\n"),
-            unpack(clusters),
-            unpack(cards),
-            unpack(unhealthy),
+            unpacked_ints(clusters),
+            unpacked_ints(cards),
+            unpacked_ints(unhealthy),
             fabrics.split(","),
-            unpack(available),
+            unpacked_ints(available),
         )
     rows = list(
         Island.objects.exclude(cluster__status="retired")
