@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the production settings and environment the benchmark's servers run with (else the test settings)",
     )
+    parser.add_argument("--dump", help="also write the profile to this file (pstats: callers, callees)")
     parser.add_argument("--catalog-ttl", type=float, default=3600.0, help="long: no reload while profiled")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -88,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.requests):
         quote(i)
     profiler.disable()
+    if args.dump:
+        profiler.dump_stats(args.dump)
     for order in ("cumulative", "tottime"):
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(args.top)

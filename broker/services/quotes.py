@@ -217,10 +217,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
         for rank, (placement, plan) in enumerate(zip(result.placements, plans, strict=True), start=1)
     ]
     summary = quote_summary_of(result=result, relaxations=relaxations, quoted_at=now, expires_at=expires_at)
-    # One transaction: the quotes and the summary that counts them are stored together, with one commit.
-    with transaction.atomic(using=router.db_for_write(Quote)):
-        _quotes_insert(quotes)
-        _job_quote_summary_set(job_id=job.pk, summary=summary)
+    _quotes_store(quotes, job_id=job.pk, summary=summary)
     job.quote_summary = summary
     return QuoteSet(job=job, quotes=quotes, result=result, expires_at=expires_at, relaxations=relaxations)
 
@@ -306,6 +303,26 @@ def _job_quote_summary_set(*, job_id: int, summary: dict[str, object]) -> None:
         cursor.execute(_job_quote_summary_sql(), [value, job_id])
 
 
+def _quotes_store(quotes: list[Quote], *, job_id: int, summary: dict[str, object]) -> None:
+    """Store a quote request's quotes and the job's summary that counts them, together: both or neither.
+
+    On PostgreSQL, one statement (the quotes' insert with the job's update in a data-modifying ``WITH``,
+    which PostgreSQL runs to completion whether or not the outer query reads it): a single statement is
+    atomic on its own, so the request makes one round trip where ``BEGIN``, the insert, the update and
+    ``COMMIT`` made four. Elsewhere (or with the two models on different databases), the insert and the
+    update in one transaction."""
+    alias = router.db_for_write(Quote)
+    if quotes and connections[alias].vendor == "postgresql" and router.db_for_write(Job) == alias:
+        _quotes_insert_recordset(quotes, alias, summary=(job_id, summary))
+        return
+    if not quotes:
+        _job_quote_summary_set(job_id=job_id, summary=summary)  # one statement: atomic by itself
+        return
+    with transaction.atomic(using=alias):
+        _quotes_insert(quotes)
+        _job_quote_summary_set(job_id=job_id, summary=summary)
+
+
 def _quotes_insert(quotes: list[Quote]) -> None:
     """Store ``quotes``, setting their ids: the rows ``Quote.objects.bulk_create`` writes, at a fraction of
     its cost.
@@ -359,6 +376,20 @@ def _recordset_insert_sql() -> tuple[str, tuple[tuple[Field, str], ...]]:
     return sql, tuple(kinds)
 
 
+@cache
+def _recordset_insert_with_summary_sql() -> str:
+    """_recordset_insert_sql's insert and the job's quote summary update as one statement: the rows, then
+    the summary and the job's id, as bound parameters; the quotes' ids come back in the order of the rows
+    (the ``WITH``'s rows are read in the order its ``RETURNING`` gave them)."""
+    connection = connections[router.db_for_write(Quote)]
+    quote = connection.ops.quote_name
+    insert, _ = _recordset_insert_sql()
+    return (
+        f"WITH inserted AS ({insert}), summarised AS ({_job_quote_summary_sql()}) "
+        f"SELECT {quote(str(Quote._meta.pk.column))} FROM inserted"
+    )
+
+
 _AS_IS: dict[str, type] = {
     "ForeignKey": int,
     "IntegerField": int,
@@ -396,14 +427,24 @@ def _recordset_value(quote: Quote, field: Field, kind: str) -> object:
     return value
 
 
-def _quotes_insert_recordset(quotes: list[Quote], alias: str) -> None:
+def _quotes_insert_recordset(
+    quotes: list[Quote], alias: str, *, summary: tuple[int, dict[str, object]] | None = None
+) -> None:
+    """The PostgreSQL insert; with ``summary`` (the job's id and quote summary), the job's update in the
+    same statement."""
     sql, kinds = _recordset_insert_sql()
     rows = [{field.column: _recordset_value(quote, field, kind) for field, kind in kinds} for quote in quotes]
+    # pydantic-core's encoder: a third of the CPU of json.dumps for these rows (their breakdowns make them
+    # ~2 KB each); PostgreSQL reads the same document from either (non-ASCII as UTF-8, not \u escapes).
+    # Every value here is already JSON's (the breakdown is built of str, int, bool and None).
+    params: list[object] = [to_json(rows).decode()]
+    if summary is not None:
+        job_id, document = summary
+        sql = _recordset_insert_with_summary_sql()
+        value = Job._meta.get_field("quote_summary").get_db_prep_save(document, connections[alias])
+        params += [value, job_id]
     with bound_cursor(alias) as cursor:  # prepared once per connection in production (core.db)
-        # pydantic-core's encoder: a third of the CPU of json.dumps for these rows (their breakdowns make
-        # them ~2 KB each); PostgreSQL reads the same document from either (non-ASCII as UTF-8, not \u
-        # escapes). Every value here is already JSON's (the breakdown is built of str, int, bool and None).
-        cursor.execute(sql, [to_json(rows).decode()])
+        cursor.execute(sql, params)
         ids = [pk for (pk,) in cursor.fetchall()]
     for quote, pk in zip(quotes, ids, strict=True):
         quote.pk = pk

@@ -158,3 +158,52 @@ def test_a_new_quote_is_the_object_the_constructor_builds(buyer: Organisation, e
     finally:
         post_init.disconnect(receiver, sender=Quote)
     assert seen == [observed]
+
+
+def test_quotes_and_their_summary_are_stored_with_one_statement(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    """A quote request's quotes and the job's quote summary are one write. On PostgreSQL that is one
+    statement with no transaction of its own (no BEGIN, COMMIT or savepoint round trips); elsewhere one
+    transaction."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    job = make_job(buyer=buyer, cards=4)
+    with CaptureQueriesContext(connection) as captured:
+        quote_set = quote_create(job=job, limit=4)
+    statements = [str(query["sql"]) for query in captured.captured_queries]
+    writes = [sql for sql in statements if "broker_quote" in sql and "INSERT" in sql.upper()]
+    assert len(writes) == 1, statements
+    if connection.vendor == "postgresql":
+        assert 'UPDATE "broker_job"' in writes[0], statements
+        assert not [sql for sql in statements if sql.split()[0].upper() in ("SAVEPOINT", "BEGIN")], statements
+    stored = Quote.objects.filter(job=job).order_by("rank")
+    assert [quote.pk for quote in stored] == [quote.pk for quote in quote_set.quotes]
+    job.refresh_from_db()
+    assert job.quote_summary["offers"] == len(quote_set.quotes) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_quotes_and_their_summary_are_stored_both_or_neither(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    """With no transaction around the call (autocommit, as a request runs): a summary the database refuses
+    leaves no quote stored either (PostgreSQL's jsonb has no \\u0000; SQLite takes it, so there a quote
+    whose job does not exist, which the foreign key check refuses at commit)."""
+    from django.db import DataError, IntegrityError, connection
+
+    from broker.models import Job
+    from broker.services.quotes import _quotes_store
+
+    job = make_job(buyer=buyer, cards=4)
+    quote_set = quote_create(job=job, limit=4)
+    assert connection.get_autocommit()
+    again = _copies(quote_set.quotes, 1)
+    summary = {**Job.objects.get(pk=job.pk).quote_summary, "offers": 99, "note": "\x00"}
+    if connection.vendor != "postgresql":
+        again[-1].job_id = 10**12
+    with pytest.raises((DataError, IntegrityError)):
+        _quotes_store(again, job_id=job.pk, summary=summary)
+    assert Quote.objects.count() == 2
+    assert Job.objects.get(pk=job.pk).quote_summary["offers"] == 2
