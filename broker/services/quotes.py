@@ -438,7 +438,7 @@ def _quotes_insert_recordset(
     # pydantic-core's encoder: a third of the CPU of json.dumps for these rows (their breakdowns make them
     # ~2 KB each); PostgreSQL reads the same document from either (non-ASCII as UTF-8, not \u escapes).
     # Every value here is already JSON's (the breakdown is built of str, int, bool and None).
-    params: list[object] = [to_json(rows).decode()]
+    params: list[Any] = [to_json(rows).decode()]
     if summary is not None:
         job_id, document = summary
         sql = _recordset_insert_with_summary_sql()
