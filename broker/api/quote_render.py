@@ -34,6 +34,7 @@ from broker.models import Quote
 from broker.services.quotes import QuoteSet
 from broker.types import RELAXATION_KINDS
 
+_MISSING: Any = object()
 _TRUE = BooleanField.TRUE_VALUES
 _FALSE = BooleanField.FALSE_VALUES
 # The fields' decimal places. DecimalField's quantum is 10 ** -decimal_places (only its exponent matters to
@@ -47,7 +48,7 @@ _DRAW_UNITS = {"standard_card_hours": "standard_card_hours", "chip_card_hours": 
 class _Render:
     """One answer's conversions: the thread's decimal context and time zone read once per answer."""
 
-    __slots__ = ("c6", "c8", "c12", "c14", "c16", "c20", "zone")
+    __slots__ = ("c6", "c8", "c12", "c14", "c16", "c20", "decimals", "times", "zone")
 
     def __init__(self) -> None:
         base = getcontext()
@@ -60,21 +61,45 @@ class _Render:
             _context(base, 20),
         )
         self.zone = timezone.get_current_timezone()
+        # What this answer has already written, by value: ten quotes repeat most of their figures (the
+        # bands' multipliers and hours, the draw plan's prices, the expiry), ~300 decimal conversions of
+        # ~40 distinct values. Only values equal exactly when they convert alike: decimal strings and
+        # Decimals (equal Decimals quantise to the same digits), ISO strings and aware times (equal
+        # instants are written in the same zone).
+        self.decimals: dict[tuple[Any, int, int], str | None] = {}
+        self.times: dict[datetime | str, str | None] = {}
+
+    def dec(self, value: Any, places: int, context: Context) -> str | None:
+        """``_dec(value, places, context)``, remembered within this answer."""
+        cls = value.__class__
+        if cls is not str and cls is not Decimal:
+            return _dec(value, places, context)
+        key = (value, places, context.prec)
+        text = self.decimals.get(key, _MISSING)
+        if text is _MISSING:
+            text = self.decimals[key] = _dec(value, places, context)
+        return text
 
     def time(self, value: datetime | str | None) -> str | None:
         if not value:
             return None
+        text = self.times.get(value, _MISSING)
+        if text is not _MISSING:
+            return text
+        key = value
         if isinstance(value, str):  # an instant stored as ISO text (a breakdown's): shown in this zone too
             value = datetime.fromisoformat(value)
         if timezone.is_aware(value):
             text = value.astimezone(self.zone).isoformat()
-        else:
+        else:  # not remembered: a naive time's fold is not part of its equality
             text = timezone.make_aware(value, self.zone).isoformat()
-        return text[:-6] + "Z" if text.endswith("+00:00") else text
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        text = self.times[key] = text[:-6] + "Z" if text.endswith("+00:00") else text
+        return text
 
     def quote(self, quote: Quote) -> dict[str, Any]:
         extra = quote.breakdown
-        c16, c20 = self.c16, self.c20
+        c16, c20, dec = self.c16, self.c20, self.dec
         plan = extra.get("draw_plan")
         reliability = extra.get("reliability")
         earliest_cost = extra.get("earliest_feasible_cost", quote.cost + quote.saving)
@@ -90,70 +115,70 @@ class _Render:
             "cards": _int(quote.cards),
             "start_at": self.time(quote.start_at),
             "end_at": self.time(quote.end_at),
-            "cost": _dec(quote.cost, _Q2, c16),
+            "cost": dec(quote.cost, _Q2, c16),
             "currency": "CNY",
             "bands": [
                 {
                     "band": _str(band["band"]),
-                    "multiplier": _dec(band["multiplier"], _Q4, self.c8),
+                    "multiplier": dec(band["multiplier"], _Q4, self.c8),
                     "card_seconds": _int(band["card_seconds"]),
-                    "card_hours": _dec(band["card_hours"], _Q6, c20),
-                    "cost": _dec(band["cost"], _Q2, c16),
+                    "card_hours": dec(band["card_hours"], _Q6, c20),
+                    "cost": dec(band["cost"], _Q2, c16),
                 }
                 for band in extra["bands"]
             ],
-            "latency_ms": _dec(quote.latency_ms, _Q3, self.c8),
+            "latency_ms": dec(quote.latency_ms, _Q3, self.c8),
             "price_card": {
                 "version": _int(extra["price_card_version"]),
-                "rate_per_card_hour": _dec(extra["rate_per_card_hour"], _Q4, self.c12),
+                "rate_per_card_hour": dec(extra["rate_per_card_hour"], _Q4, self.c12),
                 "tariff": _str(extra["tariff"]),
             },
             "earliest_feasible_start_at": self.time(extra.get("earliest_feasible_start_at")),
-            "earliest_feasible_cost": _dec(earliest_cost, _Q2, c16),
-            "saving": _dec(quote.saving, _Q2, c16),
-            "expected_draw": _dec(quote.expected_draw, _Q6, c20),
+            "earliest_feasible_cost": dec(earliest_cost, _Q2, c16),
+            "saving": dec(quote.saving, _Q2, c16),
+            "expected_draw": dec(quote.expected_draw, _Q6, c20),
             "draw_class": _str(quote.draw_class),
-            "standard_card_factor": _dec(extra["standard_card_factor"], _Q4, self.c8),
-            "expected_standard_draw": _dec(extra["expected_standard_draw"], _Q6, c20),
+            "standard_card_factor": dec(extra["standard_card_factor"], _Q4, self.c8),
+            "expected_standard_draw": dec(extra["expected_standard_draw"], _Q6, c20),
             "draw_plan": None if plan is None else self.draw_plan(plan),
             "balance_sufficient": _bool(quote.balance_sufficient),
             "reliability": None
             if reliability is None
             else {
-                "percent": _dec(reliability.get("percent"), _Q3, self.c6),
+                "percent": dec(reliability.get("percent"), _Q3, self.c6),
                 "prior": _bool(reliability["prior"]),
-                "interruptions_per_1000_card_hours": _dec(
+                "interruptions_per_1000_card_hours": dec(
                     reliability.get("interruptions_per_1000_card_hours"), _Q3, self.c14
                 ),
             },
-            "expected_credit": _dec(extra.get("expected_credit"), _Q2, c16),
-            "adjusted_cost": _dec(extra.get("adjusted_cost"), _Q2, c16),
+            "expected_credit": dec(extra.get("expected_credit"), _Q2, c16),
+            "adjusted_cost": dec(extra.get("adjusted_cost"), _Q2, c16),
             "expires_at": self.time(quote.expires_at),
         }
 
     def draw_plan(self, plan: dict[str, Any]) -> dict[str, Any]:
-        c16, c20 = self.c16, self.c20
+        c16, c20, dec = self.c16, self.c20, self.dec
         return {
             "chip": _str(plan["chip"]),
-            "expected_draw_chip_card_hours": _dec(plan["expected_draw_chip_card_hours"], _Q6, c20),
-            "standard_card_factor": _dec(plan.get("standard_card_factor"), _Q4, self.c8),
+            "expected_draw_chip_card_hours": dec(plan["expected_draw_chip_card_hours"], _Q6, c20),
+            "standard_card_factor": dec(plan.get("standard_card_factor"), _Q4, self.c8),
             "paid_by": [
                 {
                     "pack_class": _str(part["pack_class"]),
                     "unit": _choice(part["unit"], _DRAW_UNITS),
-                    "card_hours": _dec(part["card_hours"], _Q6, c20),
-                    "chip_card_hours": _dec(part["chip_card_hours"], _Q6, c20),
-                    "standard_card_factor": _dec(part.get("standard_card_factor"), _Q4, self.c8),
-                    "price_per_card_hour": _dec(part["price_per_card_hour"], _Q6, c16),
-                    "value": _dec(part["value"], _Q2, c16),
+                    "card_hours": dec(part["card_hours"], _Q6, c20),
+                    "chip_card_hours": dec(part["chip_card_hours"], _Q6, c20),
+                    "standard_card_factor": dec(part.get("standard_card_factor"), _Q4, self.c8),
+                    "price_per_card_hour": dec(part["price_per_card_hour"], _Q6, c16),
+                    "value": dec(part["value"], _Q2, c16),
                 }
                 for part in plan["paid_by"]
             ],
-            "uncovered_chip_card_hours": _dec(plan["uncovered_chip_card_hours"], _Q6, c20),
-            "arrears_value": _dec(plan["arrears_value"], _Q2, c16),
-            "value": _dec(plan["value"], _Q2, c16),
-            "effective_price_per_card_hour": _dec(plan["effective_price_per_card_hour"], _Q2, c16),
-            "operator_rate_per_card_hour": _dec(plan["operator_rate_per_card_hour"], _Q6, c16),
+            "uncovered_chip_card_hours": dec(plan["uncovered_chip_card_hours"], _Q6, c20),
+            "arrears_value": dec(plan["arrears_value"], _Q2, c16),
+            "value": dec(plan["value"], _Q2, c16),
+            "effective_price_per_card_hour": dec(plan["effective_price_per_card_hour"], _Q2, c16),
+            "operator_rate_per_card_hour": dec(plan["operator_rate_per_card_hour"], _Q6, c16),
         }
 
 

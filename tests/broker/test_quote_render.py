@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from decimal import ROUND_DOWN, Decimal, localcontext
+from decimal import ROUND_DOWN, Decimal, InvalidOperation, localcontext
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -337,6 +337,49 @@ def test_decimal_strings_of_every_shape_render_as_the_serializer_fields_render_t
                     for value in (text, Decimal(text)):
                         got, expected = _dec_and_field(value, field, Context.copy(context))
                         assert got == expected, (value, places, max_digits, rounding)
+
+
+def test_an_answer_remembers_only_what_converts_alike() -> None:
+    """quote_render._Render remembers each decimal and time it wrote within one answer. A remembered
+    value must be one that converts alike: the same string at other places or another precision, an
+    equal Decimal with another exponent, a string and a Decimal of the same digits, an equal instant in
+    another zone or as ISO text, and a naive time (not remembered) — each as converted afresh."""
+    from decimal import getcontext
+
+    from broker.api.quote_render import _dec, _Render
+
+    render = _Render()
+    cases = [
+        ("0.5", 2, render.c16),
+        ("0.5", 4, render.c8),
+        ("0.5", 2, render.c16),
+        (Decimal("1.5"), 2, render.c16),
+        (Decimal("1.50"), 2, render.c16),
+        (Decimal("1.500000"), 6, render.c20),
+        ("1.5", 2, render.c16),
+        ("12345678901234.678", 2, render.c16),  # rounds: the long way, remembered too
+        ("12345678901234.678", 2, render.c16),
+        (None, 2, render.c16),
+    ]
+    for value, places, context in cases:
+        assert render.dec(value, places, context) == _dec(value, places, context), (value, places)
+    assert render.dec("12345678901234.678", 2, render.c16) == "12345678901234.68"
+    for _ in range(2):  # the field's own error (quantize's), raised each time it is asked
+        with pytest.raises(InvalidOperation):
+            render.dec("1" * 30, 2, render.c16)
+    assert getcontext().prec == 28  # the thread's own context untouched
+
+    utc = datetime(2026, 11, 27, 2, 0, tzinfo=ZoneInfo("UTC"))
+    shanghai = utc.astimezone(ZoneInfo("Asia/Shanghai"))
+    naive = datetime(2026, 11, 27, 2, 0)
+    with timezone.override(ZoneInfo("Asia/Shanghai")):
+        render = _Render()
+        for value in (utc, shanghai, utc.isoformat(), shanghai.isoformat(), naive, naive, utc, naive):
+            expected = "2026-11-27T02:00:00+08:00" if value is naive else "2026-11-27T10:00:00+08:00"
+            assert render.time(value) == _Render().time(value) == expected, value
+    with timezone.override(ZoneInfo("UTC")):
+        render = _Render()
+        assert [render.time(v) for v in (shanghai, utc, naive)] == ["2026-11-27T02:00:00Z"] * 3
 
 
 @pytest.mark.parametrize(
