@@ -67,6 +67,33 @@ def test_cache_objects_of_different_threads_share_one_pool(redis_cache: SharedPo
     assert len({id(pool) for pool in [*pools, redis_cache._cache._get_connection_pool(True)]}) == 1
 
 
+def test_cache_objects_share_one_client_per_pool_and_it_serves_threads(
+    redis_cache: SharedPoolRedisCache,
+) -> None:
+    """One redis client per pool, not one per call (building one copies its response callbacks): every
+    cache object's get_client returns it, it is the pool's, and threads using it at once each read their
+    own answers."""
+    client = redis_cache._cache.get_client(write=True)
+    other = caches.create_connection("default")._cache.get_client(write=False)
+    assert client is other
+    assert client.connection_pool is redis_cache._cache._get_connection_pool(True)
+    errors: list[str] = []
+
+    def in_thread(n: int) -> None:
+        backend = caches.create_connection("default")
+        for i in range(200):
+            backend.set(f"t{n}", i)
+            if backend.get(f"t{n}") != i:
+                errors.append(f"thread {n} read another value at {i}")
+
+    threads = [threading.Thread(target=in_thread, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
 def test_count_in_window_counts_and_reads_the_previous_window(redis_cache: SharedPoolRedisCache) -> None:
     assert redis_cache.count_in_window(key="w:2", previous_key="w:1", timeout=60) == (1, 0)
     assert redis_cache.count_in_window(key="w:2", previous_key="w:1", timeout=60) == (2, 0)
