@@ -1053,6 +1053,11 @@ class Market:
                 if not self.holds.loaded:
                     self.holds.refresh()
                     self._holds_refreshed_at = time.monotonic()
+            # The matcher's compiled loop, compiled or loaded from numba's cache here (outside the lock,
+            # so that nothing waits on it but a quote that needs it).
+            from broker import matching_kernel
+
+            matching_kernel.warm()
         except Exception:
             logger.exception("warming the broker market failed")
 

@@ -777,8 +777,9 @@ def _blocked(
     window, not to islands × slots, nor to islands: only the islands the holds name are looked at.
 
     Most islands a hold names have that one hold in the window: it blocks the starts whose run touches
-    its slots, ``[first − run + 1, last)``, with no edges to sort (``_one_hold_ranges``); only the islands
-    with several holds (or a report) go through the edge sweep (``_short_ranges``).
+    its slots, ``[first − run + 1, last)``, with no edges to sort; only the islands with several holds (or
+    a report) go through the edge sweep. Both are done per island in one compiled pass over the rows
+    (broker.matching_kernel).
 
     ``reports`` (binding heartbeat reports, of candidate islands) are holds over ``[t0, expiry)``. A
     report that ends within the first slot (always, with the default settings: it expires within 90 s,
@@ -792,7 +793,6 @@ def _blocked(
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
-    need_of = _uniform(cluster_need)  # one need for every cluster: no gather per island below
     index = c.island_index(hold_island)
     # The holds of candidate islands (positions in the hold arrays). Every hold's island is known but
     # for one registered since the catalogue's load: then only the known ones are tested.
@@ -835,144 +835,32 @@ def _blocked(
     if len(index) > 1 and not bool((index[1:] >= index[:-1]).all()):
         order = np.argsort(index, kind="stable")
         index, cards, rows = index[order], cards[order], rows[order]
-    new = np.ones(len(index), dtype=bool)
-    new[1:] = index[1:] != index[:-1]
-    head = np.flatnonzero(new)
-    named = index[head]
-    # Only islands whose holds (and reports) together could leave too few cards: per island, the sum
-    # of their cards, over the islands named (never a pass over all).
-    held = np.add.reduceat(cards, head) if len(head) else empty
-    count = np.diff(np.append(head, len(index)))
-    tight = held + (cluster_need[c.island_cluster[named]] if need_of is None else need_of) > capacity[named]
-    alone = tight & (count == 1)
-    if len(r_island):
-        alone &= ~_within(np.sort(r_island), named)
-    if len(first_only):
-        alone &= ~_within(first_only, named)
-    one = np.flatnonzero(alone)  # islands (in ``named``) with one row: its row is the island's first
-    one_island, one_a, one_b = _one_hold_ranges(
-        window, named[one], starts[rows[head[one]]], ends[rows[head[one]]]
+    # Per island: whether its rows together could leave too few cards, then its blocked ranges (one hold
+    # directly, several by an edge sweep) and whether they cover the window: one compiled pass over the
+    # rows (broker.matching_kernel.blocked_ranges states the rules). Imported here: numba (and LLVM,
+    # ~130 MB of memory) only in the processes that quote, not in every process that imports the matcher.
+    from broker.matching_kernel import blocked_ranges
+
+    blocked_island, a, b, full = blocked_ranges(
+        index,
+        cards,
+        rows,
+        starts,
+        ends,
+        np.sort(r_island),
+        first_only,
+        cluster_need,
+        c.island_cluster,
+        capacity,
+        window.t0,
+        window.step,
+        window.duration,
+        window.starts,
+        -(-(window.last_end - window.t0) // window.step),
     )
-    several = np.repeat(tight & ~alone, count)
-    several_rows = rows[several]
-    several_index = index[several]
-    blocked_island, a, b = _short_ranges(
-        c,
-        window,
-        cluster_need[c.island_cluster[several_index]] if need_of is None else need_of,
-        several_index,
-        starts[several_rows],
-        ends[several_rows],
-        cards[several],
-    )
-    if len(first_only):
-        # The first start of these islands too (a range may repeat one above: harmless), kept in order
-        # by island, then a.
-        blocked_island = np.concatenate([blocked_island, first_only])
-        a = np.concatenate([a, np.zeros(len(first_only), dtype=np.int64)])
-        b = np.concatenate([b, np.ones(len(first_only), dtype=np.int64)])
-        order = np.lexsort((a, blocked_island))
-        blocked_island, a, b = blocked_island[order], a[order], b[order]
-    # An island with one range is full when the range is the whole window; others: _full.
-    full = _full(blocked_island, a, b, window.starts)
-    if len(one_island):
-        one_full = one_island[(one_a == 0) & (one_b == window.starts)]
-        full = np.sort(np.concatenate([one_full, full])) if len(full) else one_full
-        if len(blocked_island):
-            # The two sets of islands are disjoint and each in order: a stable sort merges them, keeping
-            # each island's ranges in order of a.
-            blocked_island = np.concatenate([one_island, blocked_island])
-            order = np.argsort(blocked_island, kind="stable")
-            blocked_island = blocked_island[order]
-            a, b = np.concatenate([one_a, a])[order], np.concatenate([one_b, b])[order]
-        else:
-            blocked_island, a, b = one_island, one_a, one_b
     if not len(blocked_island):
         return none
     return BlockedStarts(blocked_island, a, b, full, window.starts)
-
-
-def _full(island: np.ndarray, a: np.ndarray, b: np.ndarray, starts: int) -> np.ndarray:
-    """The islands (ascending) whose blocked ranges ``[a, b)`` (sorted by island, then a) cover every
-    start ``[0, starts)``: the ranges are walked with a running maximum of their ends (offset per island
-    so one pass serves all islands)."""
-    if not len(island):
-        return island
-    offset = island * (starts + 1)
-    reach = np.maximum.accumulate(b + offset) - offset
-    first_of_island = np.concatenate([[True], island[1:] != island[:-1]])
-    last_of_island = np.concatenate([island[1:] != island[:-1], [True]])
-    previous_reach = np.concatenate([[0], reach[:-1]])
-    gap = np.where(first_of_island, a > 0, a > previous_reach) | (last_of_island & (reach < starts))
-    group = np.cumsum(first_of_island) - 1  # each range's island, counted from 0
-    has_gap = np.bincount(group[gap], minlength=int(group[-1]) + 1) > 0
-    return island[first_of_island][~has_gap]
-
-
-def _one_hold_ranges(
-    window: Window, index: np.ndarray, hold_start: np.ndarray, hold_end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_short_ranges`` for islands with one hold each, every one of which leaves too few cards: the
-    hold's slots ``[first, last)`` (rounded outward) block the starts ``[first − run + 1, last)``, within
-    the window. No edges, no sort: ``index`` is in order, so the ranges are too."""
-    first, last, _slots = _hold_slots(window, hold_start, hold_end)
-    run = -(-window.duration // window.step)
-    a = np.maximum(first - run + 1, 0)
-    b = np.minimum(last, window.starts)
-    useful = (first < last) & (a < b)
-    return index[useful], a[useful], b[useful]
-
-
-def _short_ranges(
-    c: Catalogue,
-    window: Window,
-    need: np.ndarray | int,
-    index: np.ndarray,
-    hold_start: np.ndarray,
-    hold_end: np.ndarray,
-    hold_cards: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(island, a, b): the start ranges ``[a, b)`` that the holds (catalogue positions ``index``, each
-    with the cards its island needs free in ``need``, or one ``need`` for all) make infeasible, sorted by
-    island, then a (the edges are sorted by island and slot, and a grows with slot)."""
-    if not len(index):
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty
-    first, last, _slots = _hold_slots(window, hold_start, hold_end)
-    islands = np.concatenate([index, index])
-    slots = np.concatenate([first, last])
-    cards = np.concatenate([hold_cards, hold_cards])
-    take = np.zeros(len(islands), dtype=np.int64)
-    take[: len(index)] = 1
-    # One sort key: island, then slot, then releases before takes at the same slot edge (the order of
-    # edges within one slot edge does not matter: only the level after the last of them is read).
-    key = (islands * (_slots + 2) + slots) * 2 + take
-    width = max(int(cards.max()), 1).bit_length()
-    needs: np.ndarray | int
-    if isinstance(need, int) and int(cards.min()) >= 0 and (int(key.max()) + 1) << width < 2**62:
-        # One need for all, and the cards packed under the key: one sort of plain integers, no argsort
-        # and gathers.
-        packed = np.sort((key << width) | cards, kind="stable")  # two runs, nearly in order: a merge
-        cards = packed & ((1 << width) - 1)
-        key = packed >> width
-        islands, slots = np.divmod(key >> 1, _slots + 2)
-        deltas = np.where(key & 1 == 1, cards, -cards)
-        needs = need
-    else:
-        order = np.argsort(key, kind="stable")
-        islands, slots, take, cards = islands[order], slots[order], take[order], cards[order]
-        deltas = np.where(take == 1, cards, -cards)
-        needs = need if isinstance(need, int) else np.concatenate([need, need])[order]
-    level = np.cumsum(deltas)  # each island's edges sum to zero, so the running sum restarts per island
-    next_slot = np.concatenate([slots[1:], [0]])
-    same = np.concatenate([islands[1:] == islands[:-1], [False]])
-    short = same & (next_slot > slots) & (level > c.island_capacity[islands] - needs)
-    run = -(-window.duration // window.step)
-    a = np.maximum(slots[short] - run + 1, 0)
-    b = np.minimum(next_slot[short], window.starts)
-    blocked_island = islands[short]
-    useful = a < b
-    return blocked_island[useful], a[useful], b[useful]
 
 
 def _match_spanning(

@@ -15,7 +15,6 @@ from broker.matching import (
     _first_feasible_each,
     _live_members,
     _live_members_of,
-    _short_ranges,
     window_of,
 )
 from tests.broker.test_matching_property import NOW, STEP, _hold_arrays, _spec, catalogue
@@ -87,33 +86,6 @@ def test_live_members_of_many_clusters_is_each_clusters_own(
     for j, cl in enumerate(clusters):
         expected = _live_members(cat, cl, lambda positions: is_live[positions], own_sorted)
         assert islands[bounds[j] : bounds[j + 1]].tolist() == expected.tolist()
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    holds=st.lists(
-        st.tuples(
-            st.integers(0, 3), st.integers(-3600, 30 * 3600), st.integers(60, 10 * 3600), st.integers(1, 8)
-        ),
-        max_size=25,
-    ),
-    cards=st.integers(1, 10),
-    duration=st.integers(600, 6 * 3600),
-)
-def test_short_ranges_with_one_need_for_all_equals_a_need_per_hold(
-    holds: list[tuple[int, int, int, int]], cards: int, duration: int
-) -> None:
-    """The packed-integer sort (one need for every island) and the argsort (a need per hold) give the
-    same ranges."""
-    cat = catalogue([4, 8, 12, 16])
-    window = window_of(_spec(cards=cards, duration=duration), now=NOW, step=STEP)
-    island, start, end, held = _hold_arrays(holds, int(NOW.timestamp()))
-    index = cat.island_index(island)
-    order = np.argsort(index, kind="stable")
-    args = (index[order], start[order], end[order], held[order])
-    one = _short_ranges(cat, window, cards, *args)
-    each = _short_ranges(cat, window, np.full(len(index), cards, dtype=np.int64), *args)
-    assert [x.tolist() for x in one] == [x.tolist() for x in each]
 
 
 def test_blocked_starts_with_no_holds_in_the_window_blocks_nothing() -> None:

@@ -642,38 +642,6 @@ def test_rejection_counts_per_cluster_match_a_count_per_island(
     assert placed == {cat.island_cpi[i] for i in feasible}
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    holds=st.lists(
-        st.tuples(st.integers(-2 * 3600, 30 * 3600), st.integers(0, 10 * 3600), st.integers(1, 8)),
-        min_size=1,
-        max_size=30,
-    ),
-    capacity=st.integers(1, 16),
-    cards=st.integers(1, 10),
-    duration=st.integers(600, 6 * 3600),
-)
-def test_one_hold_ranges_are_the_edge_sweeps(
-    holds: list[tuple[int, int, int]], capacity: int, cards: int, duration: int
-) -> None:
-    """An island with one hold that leaves too few cards gets its blocked starts without the edge sweep:
-    they must be the sweep's, for holds inside, across and outside the window (of any length, zero too)."""
-    from broker.matching import _one_hold_ranges, _short_ranges
-
-    n = len(holds)
-    t0 = int(NOW.timestamp())
-    cat = catalogue([capacity] * n)
-    window = window_of(_spec(cards=cards, duration=duration), now=NOW, step=STEP)
-    index = np.arange(n, dtype=np.int64)  # one hold per island
-    starts = np.array([t0 + s for s, _, _ in holds], dtype=np.int64)
-    ends = starts + np.array([length for _, length, _ in holds], dtype=np.int64)
-    held = np.array([c for _, _, c in holds], dtype=np.int64)
-    tight = held + cards > capacity
-    swept = _short_ranges(cat, window, np.full(n, cards), index, starts, ends, held)
-    direct = _one_hold_ranges(window, index[tight], starts[tight], ends[tight])
-    assert [x.tolist() for x in direct] == [x.tolist() for x in swept]
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     islands_per_cluster=st.lists(st.integers(1, 5), min_size=1, max_size=6),

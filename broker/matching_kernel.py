@@ -1,0 +1,184 @@
+"""The matcher's one loop over a quote's holds, compiled (numba): per island, the starts its holds block.
+
+Every quote looks at every hold in its window (tens of thousands at design load) to find, per island, the
+start ranges where too few cards are free, and the islands left with no start at all (the count of
+capacity rejections and the feasible total depend on them). As numpy operations over those rows the work
+took ~25 passes, each allocating a temporary as large as the holds: about 1.7 ms of CPU per quote, the
+largest single part of a quote. Here it is one pass in compiled code over the holds, grouped by island,
+with nothing allocated per row. broker.matching._blocked prepares the rows (which holds, in island order)
+and states the rules; tests/broker/test_matching_property.py holds the whole matcher to a brute force over
+every slot, and tests/broker/test_matching_kernel.py this loop to a plain Python one.
+
+The function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
+it is writable, else in the user's cache directory (``NUMBA_CACHE_DIR`` picks another), where a process
+loads it in ~0.1 s. With no writable place at all it is compiled in each process instead of failing. A
+server compiles or loads it while warming up (broker.catalog.Market.warm), not in its first quote.
+``nogil``: a request thread runs it without holding the interpreter lock, so the server's other threads
+go on meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+
+def _compiled(function: Callable[..., Any]) -> Any:
+    try:
+        return njit(cache=True, nogil=True)(function)
+    except RuntimeError:  # numba found no writable cache directory ("no locator available")
+        return njit(nogil=True)(function)
+
+
+@_compiled
+def blocked_ranges(
+    index: np.ndarray,
+    cards: np.ndarray,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    reported: np.ndarray,
+    first_only: np.ndarray,
+    cluster_need: np.ndarray,
+    island_cluster: np.ndarray,
+    capacity: np.ndarray,
+    t0: int,
+    step: int,
+    duration: int,
+    n_starts: int,
+    slots: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """(island, a, b, full): the start ranges ``[a, b)`` that holds block, sorted by island, then ``a``,
+    and the islands (ascending) whose ranges cover every start ``[0, n_starts)``.
+
+    The rows: ``index[i]`` (catalogue positions, grouped by island in ascending order) holds ``cards[i]``
+    cards over ``[starts[rows[i]], ends[rows[i]])``, epoch seconds. ``reported`` (ascending) are islands
+    some of whose rows are heartbeat reports; ``first_only`` (ascending) islands whose first start a report
+    blocks, whether or not they have rows. An island's need is ``cluster_need[island_cluster[island]]``.
+
+    Per island: its rows together leave too few cards (held + need > capacity) or nothing is blocked.
+    Then a single hold (not a report, nor a ``first_only`` island) blocks the starts whose run touches its
+    slots, rounded outward, ``[first − run + 1, last)``; several rows are swept as edges sorted by slot
+    (releases before takes at one slot edge), each stretch between two slot edges where the running level
+    leaves too few cards blocking ``[slot − run + 1, next slot)``; every range clipped to the window and
+    empty ones dropped. A ``first_only`` island also gets ``[0, 1)``, placed after its ranges that start
+    at 0. An island is full when its ranges, walked in order with the furthest end so far, leave no gap
+    from 0 to ``n_starts``."""
+    n = len(index)
+    n_first = len(first_only)
+    n_reported = len(reported)
+    run = -(-duration // step)
+    # Room for the most there can be (two ranges per row, one per first_only island), allocated once:
+    # arrays never replaced inside the loop compile to plain loads and stores, and the pages of what is
+    # not written are never touched.
+    out_island = np.empty(2 * n + n_first, dtype=np.int64)
+    out_a = np.empty(2 * n + n_first, dtype=np.int64)
+    out_b = np.empty(2 * n + n_first, dtype=np.int64)
+    full = np.empty(n + n_first, dtype=np.int64)
+    edge_key = np.empty(2 * n, dtype=np.int64)  # slot * 2 + (1 for a take, 0 for a release)
+    edge_cards = np.empty(2 * n, dtype=np.int64)
+    m = 0  # ranges written
+    n_full = 0
+    i = 0  # the next row
+    f = 0  # the next first_only island
+    r = 0  # the next reported island
+    last_island = np.iinfo(np.int64).max
+    while i < n or f < n_first:
+        island = index[i] if i < n else last_island
+        if f < n_first and first_only[f] < island:
+            island = first_only[f]
+            j = i  # an island with no rows
+        else:
+            j = i + 1
+            while j < n and index[j] == island:
+                j += 1
+        has_first = f < n_first and first_only[f] == island
+        if has_first:
+            f += 1
+        while r < n_reported and reported[r] < island:
+            r += 1
+        is_reported = r < n_reported and reported[r] == island
+        begin = m
+        if j > i:
+            held = 0
+            for k in range(i, j):
+                held += cards[k]
+            room = capacity[island] - cluster_need[island_cluster[island]]
+            if held > room:
+                if j - i == 1 and not is_reported and not has_first:
+                    row = rows[i]
+                    first = min(max((starts[row] - t0) // step, 0), slots)
+                    last = min(max(-((t0 - ends[row]) // step), 0), slots)
+                    a = max(first - run + 1, 0)
+                    b = min(last, n_starts)
+                    if first < last and a < b:
+                        out_island[m] = island
+                        out_a[m] = a
+                        out_b[m] = b
+                        m += 1
+                else:
+                    edges = 2 * (j - i)
+                    e = 0
+                    for k in range(i, j):
+                        row = rows[k]
+                        edge_key[e] = min(max((starts[row] - t0) // step, 0), slots) * 2 + 1
+                        edge_cards[e] = cards[k]
+                        edge_key[e + 1] = min(max(-((t0 - ends[row]) // step), 0), slots) * 2
+                        edge_cards[e + 1] = -cards[k]
+                        e += 2
+                    for x in range(1, edges):  # insertion sort: an island has a handful of rows
+                        key = edge_key[x]
+                        value = edge_cards[x]
+                        y = x - 1
+                        while y >= 0 and edge_key[y] > key:
+                            edge_key[y + 1] = edge_key[y]
+                            edge_cards[y + 1] = edge_cards[y]
+                            y -= 1
+                        edge_key[y + 1] = key
+                        edge_cards[y + 1] = value
+                    level = 0
+                    for e in range(edges - 1):
+                        level += edge_cards[e]
+                        slot = edge_key[e] >> 1
+                        next_slot = edge_key[e + 1] >> 1
+                        if next_slot > slot and level > room:
+                            a = max(slot - run + 1, 0)
+                            b = min(next_slot, n_starts)
+                            if a < b:
+                                out_island[m] = island
+                                out_a[m] = a
+                                out_b[m] = b
+                                m += 1
+        if has_first:
+            at = begin
+            while at < m and out_a[at] == 0:
+                at += 1
+            for z in range(m, at, -1):
+                out_island[z] = out_island[z - 1]
+                out_a[z] = out_a[z - 1]
+                out_b[z] = out_b[z - 1]
+            out_island[at] = island
+            out_a[at] = 0
+            out_b[at] = 1
+            m += 1
+        # Full when the ranges, in order of a, reach n_starts with no gap: a gap stops the walk short
+        # of it (the gap's range starts before n_starts).
+        reach = 0
+        for z in range(begin, m):
+            if out_a[z] > reach:
+                break
+            reach = max(reach, out_b[z])
+        if reach >= n_starts:
+            full[n_full] = island
+            n_full += 1
+        i = j
+    return out_island[:m], out_a[:m], out_b[:m], full[:n_full]
+
+
+def warm() -> None:
+    """Compile (or load from the cache) the kernel now, with the argument types the matcher passes."""
+    empty = np.zeros(0, dtype=np.int64)
+    blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)

@@ -1,0 +1,160 @@
+"""broker.matching_kernel.blocked_ranges against a plain Python count of every slot: the same blocked
+starts per island and the same full islands, for any rows, needs, reports and windows; and the shape its
+callers read (ranges sorted by island, then start; full islands ascending)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.matching_kernel import blocked_ranges, warm
+
+T0 = 1_800_000_000
+STEP = 900
+
+
+def _slots(start: int, end: int, slots: int) -> tuple[int, int]:
+    first = min(max((start - T0) // STEP, 0), slots)
+    last = min(max(-(-(end - T0) // STEP), 0), slots)
+    return first, last
+
+
+def _reference(
+    rows: list[tuple[int, int, int, int]],
+    capacity: list[int],
+    need: list[int],
+    first_only: set[int],
+    duration: int,
+    n_starts: int,
+) -> tuple[dict[int, set[int]], list[int]]:
+    """Per island, its blocked starts, slot by slot: a start is blocked when a slot its run touches holds
+    more than the island's cards less its need (every row occupying its slots rounded outward), or it is
+    the first start of an island a short report blocks; and the islands with every start blocked."""
+    run = -(-duration // STEP)
+    slots = n_starts - 1 + run
+    blocked: dict[int, set[int]] = {}
+    for island in {row[0] for row in rows} | first_only:
+        occupied = [0] * slots
+        for row_island, start, end, cards in rows:
+            if row_island == island:
+                first, last = _slots(start, end, slots)
+                for slot in range(first, last):
+                    occupied[slot] += cards
+        short = {slot for slot in range(slots) if occupied[slot] > capacity[island] - need[island]}
+        starts = {k for k in range(n_starts) if any(slot in short for slot in range(k, k + run))}
+        if island in first_only:
+            starts.add(0)
+        if starts:
+            blocked[island] = starts
+    full = sorted(island for island, starts in blocked.items() if len(starts) == n_starts)
+    return blocked, full
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 7),  # island
+            st.integers(-3 * 3600, 40 * 3600),  # start, from T0
+            st.integers(0, 12 * 3600),  # length
+            st.integers(0, 9),  # cards
+        ),
+        max_size=40,
+    ),
+    capacity=st.lists(st.integers(0, 16), min_size=8, max_size=8),
+    need=st.lists(st.integers(0, 12), min_size=8, max_size=8),
+    first_only=st.sets(st.integers(0, 7), max_size=4),
+    reported=st.sets(st.integers(0, 7), max_size=4),
+    duration=st.integers(1, 10 * 3600),
+    n_starts=st.integers(1, 40),
+)
+def test_blocked_ranges_are_the_slot_by_slot_count(
+    rows: list[tuple[int, int, int, int]],
+    capacity: list[int],
+    need: list[int],
+    first_only: set[int],
+    reported: set[int],
+    duration: int,
+    n_starts: int,
+) -> None:
+    """``reported`` only chooses the path (an island with one row is swept, not taken directly): the
+    answer must be the same either way. Needs are at most the island's cards, as for the matcher's
+    candidates."""
+    need = [min(n, c) for n, c in zip(need, capacity, strict=True)]
+    rows = sorted(((island, T0 + start, T0 + start + length, cards) for island, start, length, cards in rows))
+    run = -(-duration // STEP)
+    slots = n_starts - 1 + run
+    island, start, end, cards = (np.array([row[k] for row in rows], dtype=np.int64) for k in range(4))
+    # One cluster per island, its need; the rows read through ``rows`` (here the identity, reversed
+    # arrays to show that the kernel reads starts and ends through it).
+    positions = np.arange(len(rows), dtype=np.int64)[::-1].copy()
+    starts, ends = np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.int64)
+    starts[positions], ends[positions] = start, end
+    got_island, a, b, full = blocked_ranges(
+        island,
+        cards,
+        positions,
+        starts,
+        ends,
+        np.array(sorted(reported), dtype=np.int64),
+        np.array(sorted(first_only), dtype=np.int64),
+        np.array(need, dtype=np.int64),
+        np.arange(8, dtype=np.int64),
+        np.array(capacity, dtype=np.int64),
+        T0,
+        STEP,
+        duration,
+        n_starts,
+        slots,
+    )
+    expected, expected_full = _reference(rows, capacity, need, first_only, duration, n_starts)
+    got: dict[int, set[int]] = {}
+    for i, lo, hi in zip(got_island.tolist(), a.tolist(), b.tolist(), strict=True):
+        assert 0 <= lo < hi <= n_starts
+        got.setdefault(i, set()).update(range(lo, hi))
+    assert got == expected
+    assert full.tolist() == expected_full
+    order = list(zip(got_island.tolist(), a.tolist(), strict=True))
+    assert order == sorted(order)
+
+
+def test_a_report_islands_first_start_goes_after_its_ranges_from_zero() -> None:
+    """``[0, 1)`` of an island a short report blocks sits after the island's other ranges that start at
+    0, where a stable sort by (island, start) of the holds' ranges, then the reports', puts it."""
+    # Island 0 (4 cards) holds 4 over the first two slots and 4 over slots 10–11: two ranges, one from 0.
+    rows = [(0, T0, T0 + 2 * STEP, 4), (0, T0 + 10 * STEP, T0 + 12 * STEP, 4)]
+    island, start, end, cards = (np.array([row[k] for row in rows], dtype=np.int64) for k in range(4))
+    got_island, a, b, full = blocked_ranges(
+        island,
+        cards,
+        np.arange(2, dtype=np.int64),
+        start,
+        end,
+        np.zeros(0, dtype=np.int64),
+        np.array([0, 3], dtype=np.int64),  # island 3 has no rows
+        np.ones(4, dtype=np.int64),
+        np.arange(4, dtype=np.int64),
+        np.full(4, 4, dtype=np.int64),
+        T0,
+        STEP,
+        3 * STEP,
+        20,
+        22,
+    )
+    assert list(zip(got_island.tolist(), a.tolist(), b.tolist(), strict=True)) == [
+        (0, 0, 2),
+        (0, 0, 1),
+        (0, 8, 12),
+        (3, 0, 1),
+    ]
+    assert full.tolist() == []
+
+
+def test_no_rows_block_nothing_and_warming_compiles() -> None:
+    warm()
+    empty = np.zeros(0, dtype=np.int64)
+    result = blocked_ranges(
+        empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, T0, STEP, 60, 5, 5
+    )
+    assert [len(part) for part in result] == [0, 0, 0, 0]
