@@ -179,7 +179,7 @@ class Catalogue:
 
     def island_index(self, island_ids: np.ndarray) -> np.ndarray:
         """Catalogue positions of ``island_ids``; -1 for an island the catalogue does not know (yet)."""
-        lookup = self._lookup
+        lookup = self.island_lookup
         if not len(island_ids):
             return np.zeros(0, dtype=np.int64)
         # Called on every hold in a quote's window (~30,000 at design size): when every id is within the
@@ -290,7 +290,8 @@ class Catalogue:
         return groups
 
     @property
-    def _lookup(self) -> np.ndarray:
+    def island_lookup(self) -> np.ndarray:
+        """Catalogue position by island id (-1: no such island), up to the largest id."""
         lookup = self.__dict__.get("_lookup_array")
         if lookup is None:
             top = int(self.island_id.max()) + 1 if len(self.island_id) else 1

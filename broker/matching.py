@@ -252,17 +252,13 @@ def match(
     candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
     candidates_of[ok_clusters] = allowed[ok_clusters] - below
 
-    need_of = _uniform(cluster_need)
-
-    def candidate(positions: np.ndarray) -> np.ndarray:
-        """Whether each island (catalogue positions) passes every check but the holds. Called on every
-        hold in the window: the fabric and per-cluster need are read only when they vary."""
-        of = c.island_cluster[positions]
-        ok = ok_cluster[of]
-        if allowed_fabrics is not None:
-            ok &= fabric_ok[c.island_fabric[positions]]
-        ok &= c.island_capacity[positions] >= (cluster_need[of] if need_of is None else need_of)
-        return ok
+    # Whether an island passes every check but the holds.
+    candidate = Candidates(
+        c,
+        cluster_ok=ok_cluster,
+        cluster_need=cluster_need,
+        fabric_ok=fabric_ok if allowed_fabrics is not None else None,
+    )
 
     reports = binding_reports(c, window, candidate)
     blocked = _blocked(c, holds, window, candidate, cluster_need, reports)
@@ -743,6 +739,44 @@ class BlockedStarts:
         return np.bincount(rows[hit], minlength=len(islands)) > 0
 
 
+class Candidates:
+    """The islands that pass every check but the holds: on a cluster ``cluster_ok`` accepts, with at least
+    their cluster's need in cards (``cluster_need``), on a fabric ``fabric_ok`` accepts and among
+    ``island_ok`` (each None: any). Called on catalogue positions; its arrays are also what the compiled
+    selection of a quote's holds reads (broker.matching_kernel.candidate_rows)."""
+
+    __slots__ = ("c", "cluster_need", "cluster_ok", "fabric_ok", "island_ok", "need_of")
+
+    def __init__(
+        self,
+        c: Catalogue,
+        *,
+        cluster_ok: np.ndarray,
+        cluster_need: np.ndarray,
+        fabric_ok: np.ndarray | None = None,
+        island_ok: np.ndarray | None = None,
+    ) -> None:
+        self.c = c
+        self.cluster_ok = cluster_ok
+        self.cluster_need = cluster_need
+        self.fabric_ok = fabric_ok
+        self.island_ok = island_ok
+        self.need_of = _uniform(cluster_need)  # one need for every cluster: no gather per island
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        c = self.c
+        of = c.island_cluster[positions]
+        ok = self.cluster_ok[of]
+        if self.fabric_ok is not None:
+            ok &= self.fabric_ok[c.island_fabric[positions]]
+        if self.island_ok is not None:
+            ok &= self.island_ok[positions]
+        ok &= c.island_capacity[positions] >= (
+            self.cluster_need[of] if self.need_of is None else self.need_of
+        )
+        return ok
+
+
 def _blocked_starts(
     c: Catalogue,
     holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -752,26 +786,28 @@ def _blocked_starts(
     reports: Reports | None = None,
 ) -> BlockedStarts:
     """``_blocked`` for the islands at catalogue positions ``candidates``, ``need`` cards per island
-    (aligned with the catalogue)."""
+    (aligned with the catalogue), each of which has at least its need in cards."""
     is_candidate = np.zeros(c.size, dtype=bool)
     is_candidate[candidates] = True
     by_cluster = np.zeros(len(c.cluster_id), dtype=np.int64)
     by_cluster[c.island_cluster[candidates]] = need[candidates]
     if not bool((need[candidates] == by_cluster[c.island_cluster[candidates]]).all()):
         raise ValueError("the islands of a cluster must need the same cards")
-    return _blocked(c, holds, window, lambda positions: is_candidate[positions], by_cluster, reports)
+    candidate = Candidates(
+        c, cluster_ok=np.ones(len(c.cluster_id), dtype=bool), cluster_need=by_cluster, island_ok=is_candidate
+    )
+    return _blocked(c, holds, window, candidate, by_cluster, reports)
 
 
 def _blocked(
     c: Catalogue,
     holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     window: Window,
-    candidate: Callable[[np.ndarray], np.ndarray],
+    candidate: Candidates,
     cluster_need: np.ndarray,
     reports: Reports | None = None,
 ) -> BlockedStarts:
-    """Sparse occupancy: per candidate island (those ``candidate`` accepts, a test of catalogue
-    positions), the hold edges (rounded outward to the slot grid) sorted and summed give the occupied
+    """Sparse occupancy: per candidate island (those ``candidate`` accepts), the hold edges (rounded outward to the slot grid) sorted and summed give the occupied
     card count between consecutive edges; each stretch where fewer than ``cluster_need`` (per cluster)
     cards are free blocks the starts whose run would touch it. Work is proportional to the holds in the
     window, not to islands × slots, nor to islands: only the islands the holds name are looked at.
@@ -793,54 +829,60 @@ def _blocked(
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
-    index = c.island_index(hold_island)
-    # The holds of candidate islands (positions in the hold arrays). Every hold's island is known but
-    # for one registered since the catalogue's load: then only the known ones are tested.
-    if len(index) and int(index.min()) >= 0:
-        selected = np.flatnonzero(candidate(index))
-    else:
-        known = np.flatnonzero(index >= 0)
-        selected = known[candidate(index[known])]
-    selected_index = index[selected]
-    first_only = r_island = r_cards = r_until = empty
+    # Imported here: numba (and LLVM, ~130 MB of memory) only in the processes that quote, not in every
+    # process that imports the matcher.
+    from broker.matching_kernel import blocked_ranges, candidate_rows
+
+    # The holds of candidate islands, in one compiled pass: catalogue position, cards and row in the
+    # hold arrays of each (an island registered since the catalogue's load is left out), and whether
+    # they come in island order.
+    no = np.zeros(0, dtype=bool)
+    index, cards, rows, ordered = candidate_rows(
+        hold_island,
+        hold_cards,
+        c.island_lookup,
+        c.island_cluster,
+        c.island_fabric,
+        capacity,
+        candidate.cluster_ok,
+        candidate.cluster_need,
+        no if candidate.fabric_ok is None else candidate.fabric_ok,
+        no if candidate.island_ok is None else candidate.island_ok,
+    )
+    starts, ends = hold_start, hold_end
+    first_only = r_island = empty
     if reports is not None:
         mine = candidate(reports.island)
         r_island, r_cards, r_until = reports.island[mine], reports.cards[mine], reports.until[mine]
         one_slot = r_until <= window.t0 + window.step
         if one_slot.any():
             island = r_island[one_slot]  # ascending: the catalogue lists them in position order
-            near = selected[
-                (hold_start[selected] < window.t0 + window.step) & (hold_end[selected] > window.t0)
-            ]
-            near_island, near_cards = index[near], hold_cards[near]
+            near = (hold_start[rows] < window.t0 + window.step) & (hold_end[rows] > window.t0)
+            near_island, near_cards = index[near], cards[near]
             row = np.minimum(np.searchsorted(island, near_island), len(island) - 1)
             on = island[row] == near_island
             touching = np.bincount(row[on], weights=near_cards[on], minlength=len(island))
             need_here = cluster_need[c.island_cluster[island]]
             first_only = island[r_cards[one_slot] + touching + need_here > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
-    # The rows to look at: ``index`` (catalogue positions) and ``cards`` of each, ``rows`` its row in
-    # ``starts`` and ``ends``, gathered only for the rows that turn out to matter.
-    index, cards, rows, starts, ends = selected_index, hold_cards[selected], selected, hold_start, hold_end
-    if len(r_island):
-        index = np.concatenate([index, r_island])
-        cards = np.concatenate([cards, r_cards])
-        starts = np.concatenate([hold_start[selected], np.full(len(r_island), window.t0, dtype=np.int64)])
-        ends = np.concatenate([hold_end[selected], r_until])
-        rows = np.arange(len(index))
+        if len(r_island):
+            # The other reports join the holds as rows of their own over [t0, expiry).
+            starts = np.concatenate([hold_start[rows], np.full(len(r_island), window.t0, dtype=np.int64)])
+            ends = np.concatenate([hold_end[rows], r_until])
+            index = np.concatenate([index, r_island])
+            cards = np.concatenate([cards, r_cards])
+            rows = np.arange(len(index))
+            ordered = False
     if not len(index) and not len(first_only):
         return none
     # Group the rows by island. The hold book hands them over in island order but for the holds added
-    # since its last sort, so this is usually a check, not a sort.
-    if len(index) > 1 and not bool((index[1:] >= index[:-1]).all()):
+    # since its last sort, so this is usually nothing to do.
+    if not ordered and len(index) > 1 and not bool((index[1:] >= index[:-1]).all()):
         order = np.argsort(index, kind="stable")
         index, cards, rows = index[order], cards[order], rows[order]
     # Per island: whether its rows together could leave too few cards, then its blocked ranges (one hold
     # directly, several by an edge sweep) and whether they cover the window: one compiled pass over the
-    # rows (broker.matching_kernel.blocked_ranges states the rules). Imported here: numba (and LLVM,
-    # ~130 MB of memory) only in the processes that quote, not in every process that imports the matcher.
-    from broker.matching_kernel import blocked_ranges
-
+    # rows (broker.matching_kernel.blocked_ranges states the rules).
     blocked_island, a, b, full = blocked_ranges(
         index,
         cards,

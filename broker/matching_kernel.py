@@ -1,15 +1,16 @@
-"""The matcher's one loop over a quote's holds, compiled (numba): per island, the starts its holds block.
+"""The matcher's loops over a quote's holds, compiled (numba): which holds belong to candidate islands
+(``candidate_rows``) and, per island, the starts they block (``blocked_ranges``).
 
 Every quote looks at every hold in its window (tens of thousands at design load) to find, per island, the
 start ranges where too few cards are free, and the islands left with no start at all (the count of
 capacity rejections and the feasible total depend on them). As numpy operations over those rows the work
 took ~25 passes, each allocating a temporary as large as the holds: about 1.7 ms of CPU per quote, the
-largest single part of a quote. Here it is one pass in compiled code over the holds, grouped by island,
-with nothing allocated per row. broker.matching._blocked prepares the rows (which holds, in island order)
-and states the rules; tests/broker/test_matching_property.py holds the whole matcher to a brute force over
-every slot, and tests/broker/test_matching_kernel.py this loop to a plain Python one.
+largest single part of a quote. Here it is two passes in compiled code over the holds (the selection,
+then the holds grouped by island), with nothing allocated per row. broker.matching._blocked calls them
+(and adds the heartbeat reports); tests/broker/test_matching_property.py holds the whole matcher to a
+brute force over every slot, and tests/broker/test_matching_kernel.py these loops to plain Python ones.
 
-The function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
+Each function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
 it is writable, else in the user's cache directory (``NUMBA_CACHE_DIR`` picks another), where a process
 loads it in ~0.1 s. With no writable place at all it is compiled in each process instead of failing. A
 server compiles or loads it while warming up (broker.catalog.Market.warm), not in its first quote.
@@ -178,7 +179,65 @@ def blocked_ranges(
     return out_island[:m], out_a[:m], out_b[:m], full[:n_full]
 
 
+@_compiled
+def candidate_rows(
+    hold_island: np.ndarray,
+    hold_cards: np.ndarray,
+    lookup: np.ndarray,
+    island_cluster: np.ndarray,
+    island_fabric: np.ndarray,
+    capacity: np.ndarray,
+    cluster_ok: np.ndarray,
+    cluster_need: np.ndarray,
+    fabric_ok: np.ndarray,
+    island_ok: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # pragma: no cover - compiled
+    """(index, cards, rows, ordered): the holds (``hold_island`` ids, ``hold_cards``) of candidate
+    islands, in the holds' order: each one's catalogue position (``lookup[id]``), its cards, its row in
+    the hold arrays, and whether the positions come out ascending (the hold book keeps its rows in island
+    order but for the ones added since its last sort).
+
+    A candidate island is known to the catalogue (an id past ``lookup`` or mapped to -1 is not), its
+    cluster passes ``cluster_ok``, its fabric ``fabric_ok`` and the island ``island_ok`` (each when not
+    empty), and it has at least its cluster's need in cards: broker.matching.Candidates' test."""
+    n = len(hold_island)
+    check_fabric = len(fabric_ok) > 0
+    check_island = len(island_ok) > 0
+    index = np.empty(n, dtype=np.int64)
+    cards = np.empty(n, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    m = 0
+    ordered = True
+    previous = -1
+    for i in range(n):
+        island_id = hold_island[i]
+        if island_id < 0 or island_id >= len(lookup):
+            continue
+        position = lookup[island_id]
+        if position < 0:
+            continue
+        cluster = island_cluster[position]
+        if not cluster_ok[cluster]:
+            continue
+        if check_fabric and not fabric_ok[island_fabric[position]]:
+            continue
+        if check_island and not island_ok[position]:
+            continue
+        if capacity[position] < cluster_need[cluster]:
+            continue
+        index[m] = position
+        cards[m] = hold_cards[i]
+        rows[m] = i
+        if position < previous:
+            ordered = False
+        previous = position
+        m += 1
+    return index[:m], cards[:m], rows[:m], ordered
+
+
 def warm() -> None:
     """Compile (or load from the cache) the kernel now, with the argument types the matcher passes."""
     empty = np.zeros(0, dtype=np.int64)
+    none = np.zeros(0, dtype=bool)
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)
+    candidate_rows(empty, empty, empty, empty, empty, empty, none, empty, none, none)

@@ -8,7 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.matching_kernel import blocked_ranges, warm
+from broker.matching import Candidates
+from broker.matching_kernel import blocked_ranges, candidate_rows, warm
+from tests.broker.test_matching_property import catalogue
 
 T0 = 1_800_000_000
 STEP = 900
@@ -158,3 +160,68 @@ def test_no_rows_block_nothing_and_warming_compiles() -> None:
         empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, T0, STEP, 60, 5, 5
     )
     assert [len(part) for part in result] == [0, 0, 0, 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holds=st.lists(st.tuples(st.integers(0, 14), st.integers(0, 9)), max_size=40),  # island id, cards
+    known=st.lists(st.integers(1, 12), min_size=1, max_size=10, unique=True),
+    clusters=st.lists(st.integers(0, 3), min_size=10, max_size=10),
+    capacity=st.lists(st.integers(0, 16), min_size=10, max_size=10),
+    fabric=st.lists(st.integers(0, 2), min_size=10, max_size=10),
+    cluster_ok=st.lists(st.booleans(), min_size=4, max_size=4),
+    need=st.lists(st.integers(0, 12), min_size=4, max_size=4),
+    fabric_ok=st.none() | st.lists(st.booleans(), min_size=3, max_size=3),
+    island_ok=st.none() | st.lists(st.booleans(), min_size=10, max_size=10),
+)
+def test_candidate_rows_are_the_candidate_test_on_known_islands(
+    holds: list[tuple[int, int]],
+    known: list[int],
+    clusters: list[int],
+    capacity: list[int],
+    fabric: list[int],
+    cluster_ok: list[bool],
+    need: list[int],
+    fabric_ok: list[bool] | None,
+    island_ok: list[bool] | None,
+) -> None:
+    """The compiled selection of a quote's holds keeps, in order, the holds whose island the catalogue
+    knows and broker.matching.Candidates accepts (ids the catalogue does not know, past its lookup or
+    inside it, are left out), and says whether their positions ascend."""
+    n = len(known)
+    cat = catalogue(capacity[:n])
+    cat.island_id = np.array(sorted(known), dtype=np.int64)
+    cat.island_cluster = np.array(clusters[:n], dtype=np.int64)
+    cat.island_fabric = np.array(fabric[:n], dtype=np.int64)
+    test = Candidates(
+        cat,
+        cluster_ok=np.array(cluster_ok),
+        cluster_need=np.array(need, dtype=np.int64),
+        fabric_ok=None if fabric_ok is None else np.array(fabric_ok),
+        island_ok=None if island_ok is None else np.array(island_ok[:n]),
+    )
+    hold_island = np.array([island for island, _ in holds], dtype=np.int64)
+    hold_cards = np.array([cards for _, cards in holds], dtype=np.int64)
+    none = np.zeros(0, dtype=bool)
+    index, cards, rows, ordered = candidate_rows(
+        hold_island,
+        hold_cards,
+        cat.island_lookup,
+        cat.island_cluster,
+        cat.island_fabric,
+        cat.island_capacity,
+        test.cluster_ok,
+        test.cluster_need,
+        none if test.fabric_ok is None else test.fabric_ok,
+        none if test.island_ok is None else test.island_ok,
+    )
+    positions = cat.island_index(hold_island)
+    expected_rows = [
+        i
+        for i, position in enumerate(positions.tolist())
+        if position >= 0 and bool(test(np.array([position]))[0])
+    ]
+    assert rows.tolist() == expected_rows
+    assert index.tolist() == positions[expected_rows].tolist()
+    assert cards.tolist() == hold_cards[expected_rows].tolist()
+    assert ordered == (index.tolist() == sorted(index.tolist()))
