@@ -8,6 +8,10 @@ import os
 import shutil
 import tempfile
 
+# Keep-alive connections spread over the workers: the shared counts are allocated here, in the master,
+# before any worker forks.
+from config import connection_balance
+
 # Metrics from every worker process are aggregated on scrape (prometheus_client's multiprocess mode): each
 # worker writes its samples under this directory, emptied when the server starts.
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -29,6 +33,14 @@ errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
 # Behind a TLS-terminating proxy that sets X-Forwarded-Proto; the addresses it is trusted from.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+
+
+def pre_fork(server: object, worker: object) -> None:
+    connection_balance.assign(worker)
+
+
+def post_fork(server: object, worker: object) -> None:
+    connection_balance.adopt(worker)
 
 
 def on_starting(server: object) -> None:
@@ -54,4 +66,5 @@ def post_worker_init(worker: object) -> None:
 def child_exit(server: object, worker: object) -> None:
     from prometheus_client import multiprocess
 
+    connection_balance.release(worker)
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]

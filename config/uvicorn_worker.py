@@ -21,6 +21,8 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
+from config import connection_balance
+
 
 class _CoalescingTransport:
     """A transport that hands the writes of one event-loop turn to ``transport`` as one write, at the end
@@ -73,10 +75,16 @@ class _CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over a ``_CoalescingTransport``."""
+    """uvicorn's httptools protocol over a ``_CoalescingTransport``, counting its worker's open connections
+    (config.connection_balance)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        connection_balance.opened()
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        connection_balance.closed()
+        super().connection_lost(exc)
 
 
 class CardhourUvicornWorker(UvicornWorker):

@@ -26,6 +26,8 @@ from typing import Any
 
 from a2wsgi.wsgi import Body, build_environ
 
+from config import connection_balance
+
 _StartResponse = tuple[int, list[tuple[bytes, bytes]]]
 
 
@@ -117,5 +119,11 @@ class WsgiOnThreads:
         if answer is None:  # streamed from the thread
             return
         (code, headers), body = answer
+        move = connection_balance.over_share()  # this worker holds more than its share: move the client
+        if move:
+            headers = [*headers, (b"connection", b"close")]
         await send({"type": "http.response.start", "status": code, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        if move:
+            # After the writes of this turn reach the socket (they are flushed by a callback queued first).
+            loop.call_soon(connection_balance.pause)
