@@ -776,6 +776,30 @@ class Candidates:
         )
         return ok
 
+    def rows_of(
+        self, hold_island: np.ndarray, hold_cards: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+        """The holds (island ids, cards) of candidate islands, in one compiled pass: each one's catalogue
+        position, cards and row in the hold arrays (an island registered since the catalogue's load is
+        left out), and whether the positions ascend (broker.matching_kernel.candidate_rows)."""
+        # Imported here: numba (and LLVM, ~130 MB of memory) only in the processes that quote, not in
+        # every process that imports the matcher.
+        from broker.matching_kernel import candidate_rows
+
+        c, no = self.c, np.zeros(0, dtype=bool)
+        return candidate_rows(
+            hold_island,
+            hold_cards,
+            c.island_lookup,
+            c.island_cluster,
+            c.island_fabric,
+            c.island_capacity,
+            self.cluster_ok,
+            self.cluster_need,
+            no if self.fabric_ok is None else self.fabric_ok,
+            no if self.island_ok is None else self.island_ok,
+        )
+
 
 def _blocked_starts(
     c: Catalogue,
@@ -829,26 +853,8 @@ def _blocked(
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
-    # Imported here: numba (and LLVM, ~130 MB of memory) only in the processes that quote, not in every
-    # process that imports the matcher.
-    from broker.matching_kernel import blocked_ranges, candidate_rows
-
-    # The holds of candidate islands, in one compiled pass: catalogue position, cards and row in the
-    # hold arrays of each (an island registered since the catalogue's load is left out), and whether
-    # they come in island order.
-    no = np.zeros(0, dtype=bool)
-    index, cards, rows, ordered = candidate_rows(
-        hold_island,
-        hold_cards,
-        c.island_lookup,
-        c.island_cluster,
-        c.island_fabric,
-        capacity,
-        candidate.cluster_ok,
-        candidate.cluster_need,
-        no if candidate.fabric_ok is None else candidate.fabric_ok,
-        no if candidate.island_ok is None else candidate.island_ok,
-    )
+    # The holds of candidate islands, in island order unless ``ordered`` says otherwise.
+    index, cards, rows, ordered = candidate.rows_of(hold_island, hold_cards)
     starts, ends = hold_start, hold_end
     first_only = r_island = empty
     if reports is not None:
@@ -882,7 +888,9 @@ def _blocked(
         index, cards, rows = index[order], cards[order], rows[order]
     # Per island: whether its rows together could leave too few cards, then its blocked ranges (one hold
     # directly, several by an edge sweep) and whether they cover the window: one compiled pass over the
-    # rows (broker.matching_kernel.blocked_ranges states the rules).
+    # rows (broker.matching_kernel.blocked_ranges states the rules; imported here, as in rows_of).
+    from broker.matching_kernel import blocked_ranges
+
     blocked_island, a, b, full = blocked_ranges(
         index,
         cards,

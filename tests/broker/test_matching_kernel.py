@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.matching import Candidates
-from broker.matching_kernel import blocked_ranges, candidate_rows, warm
+from broker.matching_kernel import blocked_ranges, warm
 from tests.broker.test_matching_property import catalogue
 
 T0 = 1_800_000_000
@@ -202,19 +202,7 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
     )
     hold_island = np.array([island for island, _ in holds], dtype=np.int64)
     hold_cards = np.array([cards for _, cards in holds], dtype=np.int64)
-    none = np.zeros(0, dtype=bool)
-    index, cards, rows, ordered = candidate_rows(
-        hold_island,
-        hold_cards,
-        cat.island_lookup,
-        cat.island_cluster,
-        cat.island_fabric,
-        cat.island_capacity,
-        test.cluster_ok,
-        test.cluster_need,
-        none if test.fabric_ok is None else test.fabric_ok,
-        none if test.island_ok is None else test.island_ok,
-    )
+    index, cards, rows, ordered = test.rows_of(hold_island, hold_cards)
     positions = cat.island_index(hold_island)
     expected_rows = [
         i

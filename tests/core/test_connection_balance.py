@@ -3,7 +3,6 @@ to reconnect, so a few long-lived connections end up spread over the production 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import http.client
 import shutil
@@ -18,7 +17,7 @@ import pytest
 
 from benchmarks.prodserver import free_port, production_env, production_server
 from config import connection_balance
-from config.wsgi_bridge import WsgiOnThreads
+from tests.core.test_wsgi_bridge import _serve
 
 
 @pytest.fixture
@@ -107,31 +106,7 @@ def test_outside_gunicorn_nothing_is_counted_or_moved(slots: None) -> None:
 
 
 def _answer(app: Any) -> list[tuple[bytes, bytes]]:
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/x",
-        "root_path": "",
-        "query_string": b"",
-        "http_version": "1.1",
-        "scheme": "http",
-        "server": ("127.0.0.1", 8000),
-        "client": ("127.0.0.1", 5000),
-        "headers": [],
-    }
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    bridge = WsgiOnThreads(app, workers=1)
-    try:
-        asyncio.run(bridge(scope, receive, send))
-    finally:
-        bridge.executor.shutdown()
+    sent = _serve(app, messages=[{"type": "http.request", "body": b"", "more_body": False}], method="GET")
     return list(sent[0]["headers"])
 
 
