@@ -261,7 +261,7 @@ def match(
     )
 
     reports = binding_reports(c, window, candidate)
-    blocked = _blocked(c, holds, window, candidate, cluster_need, reports)
+    blocked = _blocked(c, holds, window, candidate, reports)
     counts[_R["capacity"]] += len(blocked.full)
     members = candidates_of - np.bincount(c.island_cluster[blocked.full], minlength=m)
     feasible = int(members.sum())
@@ -820,7 +820,7 @@ def _blocked_starts(
     candidate = Candidates(
         c, cluster_ok=np.ones(len(c.cluster_id), dtype=bool), cluster_need=by_cluster, island_ok=is_candidate
     )
-    return _blocked(c, holds, window, candidate, by_cluster, reports)
+    return _blocked(c, holds, window, candidate, reports)
 
 
 def _blocked(
@@ -828,12 +828,12 @@ def _blocked(
     holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     window: Window,
     candidate: Candidates,
-    cluster_need: np.ndarray,
     reports: Reports | None = None,
 ) -> BlockedStarts:
-    """Sparse occupancy: per candidate island (those ``candidate`` accepts), the hold edges (rounded outward to the slot grid) sorted and summed give the occupied
-    card count between consecutive edges; each stretch where fewer than ``cluster_need`` (per cluster)
-    cards are free blocks the starts whose run would touch it. Work is proportional to the holds in the
+    """Sparse occupancy: per candidate island (those ``candidate`` accepts), the hold edges (rounded
+    outward to the slot grid) sorted and summed give the occupied card count between consecutive edges;
+    each stretch where fewer than the island's cluster's need (``candidate.cluster_need``) cards are free
+    blocks the starts whose run would touch it. Work is proportional to the holds in the
     window, not to islands × slots, nor to islands: only the islands the holds name are looked at.
 
     Most islands a hold names have that one hold in the window: it blocks the starts whose run touches
@@ -868,7 +868,7 @@ def _blocked(
             row = np.minimum(np.searchsorted(island, near_island), len(island) - 1)
             on = island[row] == near_island
             touching = np.bincount(row[on], weights=near_cards[on], minlength=len(island))
-            need_here = cluster_need[c.island_cluster[island]]
+            need_here = candidate.cluster_need[c.island_cluster[island]]
             first_only = island[r_cards[one_slot] + touching + need_here > capacity[island]]
             r_island, r_cards, r_until = r_island[~one_slot], r_cards[~one_slot], r_until[~one_slot]
         if len(r_island):
@@ -899,7 +899,7 @@ def _blocked(
         ends,
         np.sort(r_island),
         first_only,
-        cluster_need,
+        candidate.cluster_need,
         c.island_cluster,
         capacity,
         window.t0,
