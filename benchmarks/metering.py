@@ -13,8 +13,10 @@ What it does, in order:
    fit; cards from a fixed-seed mix), over the last ~30 days, so records cross band edges and local midnights like real usage.
 3. Baseline: the same rows written with raw PostgreSQL ``COPY`` into ``metering_usagerecord`` (timed, then
    truncated) — the physical floor of writing these rows to this table with its indexes.
-4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` in batches of
-   10,000 — validation, dedup against the unique (operator, key) index, set-based insert — in this process.
+4. Ingest: the records go through ``metering.services.usage.usage_record_create_batch`` from
+   ``--ingest-threads`` threads at once (default 2, each its own connection; 1 sends one batch after
+   another), in batches of 10,000 — validation, dedup against the unique (operator, key) index, set-based
+   insert — in this process.
 5. Replay: one batch sent again must answer ``duplicate`` for every record (timed too).
 6. Rating: ``--rating-workers`` separate worker processes (default 1; more as the minute's rating fans out
    over ``CARDHOUR_RATING_SHARDS``; ``python -m benchmarks.metering --rate DATABASE_URL --shard K``) each run
@@ -38,20 +40,23 @@ What it does, in order:
    measurement only (preloaded rows have no ledger behind them); the loaded one checks nothing is left
    unrated, every unit sums to zero and the measured records' card-seconds equal their segments'.
 
-Targets (the metering issue): ingest ≥ 20,000 records/s, rating ≥ 50,000 records/s and ≤ 40 µs of CPU per
+Targets (the metering issue): ingest ≥ 20,000 records/s and ≥ 0.5× the same-run COPY, rating ≥ 50,000 records/s and ≤ 40 µs of CPU per
 record (worker + PostgreSQL), worker peak RSS < 1 GiB. Prints PASS/MISS for each. Exits non-zero only on errors (wrong answers, missing rows), never on a miss.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -99,6 +104,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument(
         "--no-rating", action="store_true", help="ingest only (COPY baseline, ingest, replay)"
+    )
+    parser.add_argument(
+        "--ingest-threads",
+        type=int,
+        default=2,
+        help="threads calling the batch service at once, each with its own database connection, taking the "
+        "next batch when done (operators' agents report concurrently); 1: one batch after another",
     )
     parser.add_argument(
         "--rating-workers",
@@ -279,6 +291,57 @@ def generate(
 # --- The run --------------------------------------------------------------------------------------------
 
 
+@dataclass
+class Ingested:
+    created: int
+    wrong: str | None  # the first wrong answer; None when every batch answered ``created``
+    release: Callable[[], None]  # lets the threads close their connections
+
+
+def ingest_batches(batches: list[tuple[Any, list[Any]]], *, threads: int) -> Ingested:
+    """Send every batch through ``usage_record_create_batch`` from ``threads`` threads, each with its own
+    database connection, each taking the next batch when it is done (operators' agents report at once).
+    Returns when every batch is answered; the connections stay open until ``release()``, so a CPU sampler
+    around the call counts their backends' whole CPU (a backend that exits takes its last half-second
+    with it)."""
+    from django.db import connection
+
+    from metering.services.usage import usage_record_create_batch
+
+    pending = iter(list(batches))
+    lock = threading.Lock()
+    created = [0] * threads
+    wrong: list[str] = []
+    finished = threading.Barrier(threads + 1)
+    released = threading.Event()
+
+    def work(slot: int) -> None:
+        try:
+            while not wrong:
+                with lock:
+                    item = next(pending, None)
+                if item is None:
+                    break
+                operator, batch = item
+                result = usage_record_create_batch(operator=operator, records=batch)
+                created[slot] += result.created
+                if result.created != len(batch):
+                    wrong.append(
+                        f"batch answered {result.duplicates} duplicates, {result.conflicts} conflicts"
+                    )
+        except Exception as exc:  # reported by the caller as a wrong answer
+            wrong.append(repr(exc))
+        finally:
+            finished.wait()
+            released.wait()
+            connection.close()
+
+    for slot in range(threads):
+        threading.Thread(target=work, args=(slot,), daemon=True).start()
+    finished.wait()
+    return Ingested(created=sum(created), wrong=wrong[0] if wrong else None, release=released.set)
+
+
 def copy_baseline(batches: list[tuple[Any, list[Any]]]) -> tuple[float, int]:
     """COPY the same rows (what the service would store) into metering_usagerecord; time it; truncate."""
     from django.db import connection
@@ -347,6 +410,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         rng = random.Random(args.seed)
         operators, buyers = setup_world(args, rng)
         batches = list(generate(args, rng, operators, buyers))
+    # The generated records are this benchmark's input, held for the whole run (~750 MiB at a million): out
+    # of the collector's full collections, which would otherwise walk them all, again and again, inside
+    # the timed ingest (CPU of this process that no server spends: a server never holds them).
+    gc.collect()
+    gc.freeze()
     print(
         f"setup: {args.operators} operators, {args.clusters} clusters, {len(buyers)} buyers, "
         f"{len(batches)} batches ({setup.seconds:.1f} s)"
@@ -362,22 +430,22 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE metering_usagerecord")
 
-    created = 0
     ingest_profile = os.environ.get(
         "CARDHOUR_BENCH_PROFILE_INGEST"
-    )  # a path for cProfile stats of the ingest
+    )  # a path for cProfile stats of the ingest (one thread: cProfile sees only the thread it runs in)
+    threads = 1 if ingest_profile else args.ingest_threads
     if ingest_profile:
         import cProfile
 
         profiler = cProfile.Profile()
         profiler.enable()
     with CpuSampler(database=database.name) as ingest_cpu, Timer() as ingest:
-        for operator, batch in batches:
-            result = usage_record_create_batch(operator=operator, records=batch)
-            created += result.created
-            if result.created != len(batch):
-                print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
-                return 1
+        ingested = ingest_batches(batches, threads=threads)
+    ingested.release()
+    created = ingested.created
+    if ingested.wrong:
+        print(f"ERROR: {ingested.wrong}")
+        return 1
     if ingest_profile:
         profiler.disable()
         profiler.dump_stats(ingest_profile)
@@ -472,8 +540,8 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 f"{ingest.seconds:.1f}",
                 f"{ingest_rate:,.0f}",
                 f"{ingest_rate / copy_rate:.2f}×",
-                f"≥ {INGEST_TARGET:,}",
-                _verdict(ingest_rate >= INGEST_TARGET),
+                f"≥ {INGEST_TARGET:,} and ≥ 0.5×",
+                _verdict(ingest_rate >= INGEST_TARGET and ingest_rate >= 0.5 * copy_rate),
             ],
             [
                 "replay of one batch (all duplicates)",
@@ -697,22 +765,19 @@ def measure_set(
     per record, measured like the main run's. None on a wrong answer."""
     from django.db import connection
 
-    from metering.services.usage import usage_record_create_batch
-
     batches = list(generate(args, rng, operators, buyers, key_prefix=key_prefix))
     # Fresh statistics before each measured step, on both sides alike.
     tables = ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "metering_ratedsegment")
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"VACUUM ANALYZE {table}")
-    created = 0
     with CpuSampler(database=database.name) as ingest_cpu, Timer() as ingest:
-        for operator, batch in batches:
-            result = usage_record_create_batch(operator=operator, records=batch)
-            created += result.created
-            if result.created != len(batch):
-                print(f"ERROR: batch answered {result.duplicates} duplicates, {result.conflicts} conflicts")
-                return None
+        ingested = ingest_batches(batches, threads=args.ingest_threads)
+    ingested.release()
+    created = ingested.created
+    if ingested.wrong:
+        print(f"ERROR: {ingested.wrong}")
+        return None
     with connection.cursor() as cursor:
         for table in tables[:3]:
             cursor.execute(f"VACUUM ANALYZE {table}")
