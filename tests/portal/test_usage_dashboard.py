@@ -472,7 +472,9 @@ def test_the_query_count_does_not_grow_with_usage(
             records.append((f"r-{days_ago}-{hour}", 2, start, start + timedelta(hours=2)))
     report(east_cluster, *records)
     report(west_cluster, *((f"w{key}", cards, s, e) for key, cards, s, e in records[:120]))
-    report(east_cluster, ("unrated", 1, local(0, 0), local(0, 0, 30)))
+    # Yesterday evening, local time: always past, always inside the default period (today's 00:00-00:30
+    # was still in the future for the first half hour of each Shanghai day, and the batch refused it).
+    report(east_cluster, ("unrated", 1, local(1, 23), local(1, 23, 30)))
     usage_rate_pending(max_batches=1, batch_size=360)
     dashboard = buyer_client.get(URL).context["dashboard"]
     assert dashboard.unrated.records == 1 and len(dashboard.rows) >= 60
