@@ -40,8 +40,8 @@ What it does, in order:
    measurement only (preloaded rows have no ledger behind them); the loaded one checks nothing is left
    unrated, every unit sums to zero and the measured records' card-seconds equal their segments'.
 
-Targets (the metering issue): ingest ≥ 20,000 records/s and ≥ 0.5× the same-run COPY, rating ≥ 50,000 records/s and ≤ 40 µs of CPU per
-record (worker + PostgreSQL), worker peak RSS < 1 GiB. Prints PASS/MISS for each. Exits non-zero only on errors (wrong answers, missing rows), never on a miss.
+Targets (the metering issue): ingest ≥ 20,000 records/s and ≥ 0.5× the same-run COPY, rating ≥ 50,000
+records/s and ≤ 40 µs of CPU per record (worker + PostgreSQL), worker peak RSS < 1 GiB. Prints PASS/MISS for each. Exits non-zero only on errors (wrong answers, missing rows), never on a miss.
 """
 
 from __future__ import annotations
@@ -291,6 +291,15 @@ def generate(
 # --- The run --------------------------------------------------------------------------------------------
 
 
+def input_freeze() -> None:
+    """Leave the records generated so far out of the collector's full collections. They are this
+    benchmark's input, held for the whole run (~750 MiB at a million), and each full collection inside the
+    timed ingest walked them all: CPU of this process that no server spends, since a server never holds
+    them (13.3 → 6.4 µs per record)."""
+    gc.collect()
+    gc.freeze()
+
+
 @dataclass
 class Ingested:
     created: int
@@ -410,11 +419,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         rng = random.Random(args.seed)
         operators, buyers = setup_world(args, rng)
         batches = list(generate(args, rng, operators, buyers))
-    # The generated records are this benchmark's input, held for the whole run (~750 MiB at a million): out
-    # of the collector's full collections, which would otherwise walk them all, again and again, inside
-    # the timed ingest (CPU of this process that no server spends: a server never holds them).
-    gc.collect()
-    gc.freeze()
+    input_freeze()
     print(
         f"setup: {args.operators} operators, {args.clusters} clusters, {len(buyers)} buyers, "
         f"{len(batches)} batches ({setup.seconds:.1f} s)"
@@ -766,8 +771,7 @@ def measure_set(
     from django.db import connection
 
     batches = list(generate(args, rng, operators, buyers, key_prefix=key_prefix))
-    gc.collect()
-    gc.freeze()  # as the main run's records (run): input held by the benchmark, not work of the service
+    input_freeze()
     # Fresh statistics before each measured step, on both sides alike.
     tables = ("metering_usagerecord", "metering_usagekey", "metering_usagepending", "metering_ratedsegment")
     with connection.cursor() as cursor:
