@@ -808,31 +808,71 @@ class UsageRow:
     cards: int
 
 
-def usage_rows(market: Market, *, n: int, now: datetime) -> list[UsageRow]:
-    """``n`` one-minute records, round-robin over the running leases from their start, never past now."""
+def usage_rows(market: Market, *, n: int, now: datetime, leases_per_batch: int = 0) -> list[UsageRow]:
+    """``n`` one-minute records of the running leases, from their start, never past now, in the order
+    usage_batches cuts them into batches of USAGE_BATCH per operator.
+
+    ``leases_per_batch`` K > 0: each batch names K of its operator's running leases, USAGE_BATCH / K
+    consecutive minutes of each (every lease reports its next minutes; in each round an operator's leases
+    with that many minutes left are taken K at a time): the same shape of batch at every size of market,
+    so that what changes from one size to another is the market (the tables, the leases running), not the
+    number of leases a batch names. 0: round robin over every running lease of the operator; a batch then
+    names more leases the more each operator runs (median 14 at 10k leases, 362 at 300k), and what it costs
+    per lease named adds to what it costs per record."""
     running = [
         (pk, lease) for pk, lease in enumerate(market.leases, start=1) if lease.running and lease.start < now
     ]
     minute = timedelta(seconds=USAGE_RECORD_SECONDS)
+
+    def row(pk: int, lease: LeasePlan, step: int) -> UsageRow | None:
+        start = lease.start + step * minute
+        end = start + minute
+        if end > now or end > lease.end:
+            return None
+        return UsageRow(
+            lease_id=pk,
+            operator=market.fleet[market.island_cluster[lease.island]].operator,
+            key=f"u-{pk}-{step}",
+            start=start,
+            end=end,
+            cards=lease.cards,
+        )
+
     rows: list[UsageRow] = []
+    if leases_per_batch > 0:
+        if USAGE_BATCH % leases_per_batch:
+            raise ValueError(f"--usage-leases-per-batch must divide {USAGE_BATCH}")
+        minutes = USAGE_BATCH // leases_per_batch
+        by_operator: dict[str, list[tuple[int, LeasePlan]]] = defaultdict(list)
+        for pk, lease in running:
+            by_operator[market.fleet[market.island_cluster[lease.island]].operator].append((pk, lease))
+        cursor = dict.fromkeys((pk for pk, _ in running), 0)  # each lease's next minute
+        while len(rows) < n:
+            # A round: per operator, its leases with ``minutes`` more minutes to report, K at a time, each
+            # reporting its next ``minutes``; then the next round, until enough rows.
+            added = False
+            for leases in by_operator.values():
+                ready = [(pk, lease) for pk, lease in leases if row(pk, lease, cursor[pk] + minutes - 1)]
+                for first in range(0, len(ready) - leases_per_batch + 1, leases_per_batch):
+                    for pk, lease in ready[first : first + leases_per_batch]:
+                        rows += [row(pk, lease, s) for s in range(cursor[pk], cursor[pk] + minutes)]  # type: ignore[misc]
+                        cursor[pk] += minutes
+                    added = True
+                    if len(rows) >= n:
+                        return rows[:n]
+            if not added:
+                raise RuntimeError(
+                    f"the running leases hold only {len(rows)} records in batches of this shape"
+                )
+        return rows
     step = 0
     while len(rows) < n:
         added = False
         for pk, lease in running:
-            start = lease.start + step * minute
-            end = start + minute
-            if end > now or end > lease.end:
+            r = row(pk, lease, step)
+            if r is None:
                 continue
-            rows.append(
-                UsageRow(
-                    lease_id=pk,
-                    operator=market.fleet[market.island_cluster[lease.island]].operator,
-                    key=f"u-{pk}-{step}",
-                    start=start,
-                    end=end,
-                    cards=lease.cards,
-                )
-            )
+            rows.append(r)
             added = True
             if len(rows) == n:
                 break
@@ -843,9 +883,10 @@ def usage_rows(market: Market, *, n: int, now: datetime) -> list[UsageRow]:
 
 
 def usage_batches(rows: Sequence[UsageRow]) -> list[tuple[str, list[UsageRow]]]:
+    """The rows in batches of USAGE_BATCH, each of one operator's records in their order, shuffled."""
     by_operator: dict[str, list[UsageRow]] = defaultdict(list)
-    for row in rows:
-        by_operator[row.operator].append(row)
+    for r in rows:
+        by_operator[r.operator].append(r)
     batches = []
     for operator, records in by_operator.items():
         for i in range(0, len(records), USAGE_BATCH):
@@ -948,6 +989,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--records", type=int, default=200_000, help="usage records over REST")
     parser.add_argument("--usage-concurrency", type=int, default=4)
+    parser.add_argument(
+        "--usage-leases-per-batch",
+        type=int,
+        default=10,
+        help="leases each usage batch names (USAGE_BATCH / N minutes of each): the same shape at every market "
+        "size; 0: round robin over all the operator's running leases (more per batch the larger the market)",
+    )
     parser.add_argument("--workers", type=int, default=2, help="web server processes")
     parser.add_argument(
         "--catalog-ttl", type=float, default=5.0, help="the servers' catalogue TTL (production 5)"
@@ -1116,7 +1164,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         if args.only != "quotes":
             # Usage over REST against the running leases.
             now = timezone.now().replace(microsecond=0)
-            rows = usage_rows(market, n=args.records, now=now)
+            rows = usage_rows(market, n=args.records, now=now, leases_per_batch=args.usage_leases_per_batch)
             with CpuSampler(database=database.name) as copy_cpu:
                 copy_s = usage_copy_baseline(market, rows)
             batches = usage_batches(rows)
@@ -1299,9 +1347,16 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         usage_rate = len(rows) / usage.wall_s
         copy_rate = len(rows) / copy_s
         u = sorted(usage.latency_s)
+        named = sorted(len({r.lease_id for r in records}) for _, records in batches)
         print_table(
             f"Usage over REST: POST /api/v1/operator/usage, batches of {USAGE_BATCH:,} one-minute records against "
-            f"running leases, {args.usage_concurrency} clients",
+            f"running leases, {args.usage_concurrency} clients; leases a batch names: min {named[0]}, median "
+            f"{named[len(named) // 2]}, max {named[-1]} ("
+            + (
+                f"--usage-leases-per-batch {args.usage_leases_per_batch}: the same at every market size)"
+                if args.usage_leases_per_batch
+                else "round robin over each operator's running leases: more the larger the market)"
+            ),
             ["path", "records", "seconds", "records/s", "vs COPY"],
             [
                 ["COPY baseline (same rows, metering_usagerecord)", f"{len(rows):,}", f"{copy_s:.2f}",
