@@ -310,7 +310,16 @@ def _quotes_store(quotes: list[Quote], *, job_id: int, summary: dict[str, object
     which PostgreSQL runs to completion whether or not the outer query reads it): a single statement is
     atomic on its own, so the request makes one round trip where ``BEGIN``, the insert, the update and
     ``COMMIT`` made four. Elsewhere (or with the two models on different databases), the insert and the
-    update in one transaction."""
+    update in one transaction.
+
+    That statement, when it is its own transaction (no transaction open around it), commits
+    asynchronously (``synchronous_commit`` off for it alone, as ``SET LOCAL`` would: see
+    _recordset_insert_with_summary_sql): it answers without waiting for its WAL to reach the disk. A quote
+    is an offer that holds nothing and expires in a minute; what a crash can lose is the quotes of the last
+    moments before it (PostgreSQL's ``wal_writer_delay``, 200 ms, three times at most), never anything
+    else and never a half: the WAL is one sequence, so a later transaction that commits synchronously —
+    the acceptance that makes a lease of a quote — flushes the quote's insert with its own commit. Inside
+    a transaction the caller opened, the commit is the caller's and stays as the caller set it."""
     alias = router.db_for_write(Quote)
     if quotes and connections[alias].vendor == "postgresql" and router.db_for_write(Job) == alias:
         _quotes_insert_recordset(quotes, alias, summary=(job_id, summary))
@@ -377,17 +386,23 @@ def _recordset_insert_sql() -> tuple[str, tuple[tuple[Field, str], ...]]:
 
 
 @cache
-def _recordset_insert_with_summary_sql() -> str:
+def _recordset_insert_with_summary_sql(*, asynchronous: bool) -> str:
     """_recordset_insert_sql's insert and the job's quote summary update as one statement: the rows, then
     the summary and the job's id, as bound parameters; the quotes' ids come back in the order of the rows
-    (the ``WITH``'s rows are read in the order its ``RETURNING`` gave them)."""
+    (the ``WITH``'s rows are read in the order its ``RETURNING`` gave them), each with a second column.
+
+    ``asynchronous``: the statement sets ``synchronous_commit`` off for its own transaction
+    (``set_config(…, true)`` is ``SET LOCAL``: it lasts until that transaction ends, and a transaction's
+    commit reads it) — for a statement that is its own transaction only (see _quotes_store). The setting is
+    made in the select list, so once per row returned: every call stores at least one quote."""
     connection = connections[router.db_for_write(Quote)]
     quote = connection.ops.quote_name
     insert, _ = _recordset_insert_sql()
+    second = "set_config('synchronous_commit', 'off', true)" if asynchronous else "NULL"
     # Both statements' text comes from the models' metadata; every value is a bound parameter.
     return (
         f"WITH inserted AS ({insert}), summarised AS ({_job_quote_summary_sql()}) "  # noqa: S608
-        f"SELECT {quote(str(Quote._meta.pk.column))} FROM inserted"
+        f"SELECT {quote(str(Quote._meta.pk.column))}, {second} FROM inserted"
     )
 
 
@@ -441,12 +456,12 @@ def _quotes_insert_recordset(
     params: list[Any] = [to_json(rows).decode()]
     if summary is not None:
         job_id, document = summary
-        sql = _recordset_insert_with_summary_sql()
+        sql = _recordset_insert_with_summary_sql(asynchronous=not connections[alias].in_atomic_block)
         value = Job._meta.get_field("quote_summary").get_db_prep_save(document, connections[alias])
         params += [value, job_id]
     with bound_cursor(alias) as cursor:  # prepared once per connection in production (core.db)
         cursor.execute(sql, params)
-        ids = [pk for (pk,) in cursor.fetchall()]
+        ids = [row[0] for row in cursor.fetchall()]
     for quote, pk in zip(quotes, ids, strict=True):
         quote.pk = pk
         quote._state.adding = False

@@ -207,3 +207,46 @@ def test_quotes_and_their_summary_are_stored_both_or_neither(
         _quotes_store(again, job_id=job.pk, summary=summary)
     assert Quote.objects.count() == 2
     assert Job.objects.get(pk=job.pk).quote_summary["offers"] == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_request_s_quotes_commit_asynchronously_and_nothing_else_does(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    """Outside a transaction (as a request runs), the quotes' one statement turns ``synchronous_commit`` off
+    for its own commit, and the connection's next statements commit as before; inside a transaction the
+    caller opened, the statement leaves the caller's commit alone."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            return str(cursor.fetchone()[0])
+
+    def quote_write(captured: CaptureQueriesContext) -> str:
+        (write,) = [q["sql"] for q in captured.captured_queries if 'INSERT INTO "broker_quote"' in q["sql"]]
+        return str(write)
+
+    job = make_job(buyer=buyer, cards=4)
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = on")  # the session's own setting, whatever the server's
+    try:
+        assert connection.get_autocommit() and not connection.in_atomic_block
+        with CaptureQueriesContext(connection) as captured:
+            first = quote_create(job=job, limit=4)
+        assert "set_config('synchronous_commit', 'off', true)" in quote_write(captured)
+        assert setting() == "on"  # SET LOCAL: it ended with the statement's transaction
+        assert len(first.quotes) == 2
+        assert sorted(Quote.objects.values_list("pk", flat=True)) == sorted(q.pk for q in first.quotes)
+
+        with transaction.atomic():
+            with CaptureQueriesContext(connection) as captured:
+                second = quote_create(job=job, limit=4)
+            assert "synchronous_commit" not in quote_write(captured)
+            assert setting() == "on"
+        assert Quote.objects.filter(pk__in=[q.pk for q in second.quotes]).count() == 2
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
