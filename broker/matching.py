@@ -41,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from functools import lru_cache
 
 import numpy as np
 
@@ -97,29 +96,7 @@ def window_of(spec: JobSpec, *, now: datetime, step: int) -> Window:
 
 
 def integrated_multiplier(tariff: CompiledTariff, window: Window) -> np.ndarray:
-    """``M(s + D) − M(s)`` for every start ``s`` of the window, in multiplier × 10⁴ × seconds (exact).
-
-    Read-only, and shared: the same tariff object over the same window gives the same array (a small
-    cache, _integrated_multiplier_cached). Quotes made in the same second for jobs of the same shape (their
-    run and window) integrate each tariff once between them instead of once each: ~40 µs of CPU per
-    tariff and quote, three tariffs a quote in the benchmark's market."""
-    return _integrated_multiplier_cached(tariff, window.t0, window.step, window.duration, window.starts)
-
-
-@lru_cache(maxsize=256)
-def _integrated_multiplier_cached(
-    tariff: CompiledTariff, t0: int, step: int, duration: int, starts: int
-) -> np.ndarray:
-    """integrated_multiplier's array for the window ``(t0, step, duration, starts)``. Keyed by the tariff
-    object itself (a compiled version never changes, and compiled_tariff hands out one object per version;
-    a version compiled again is another object and another key); the array is made read-only, so a caller
-    that tried to change it would fail instead of changing what other quotes read."""
-    values = _integrated_multiplier(tariff, Window(t0=t0, step=step, duration=duration, starts=starts))
-    values.setflags(write=False)
-    return values
-
-
-def _integrated_multiplier(tariff: CompiledTariff, window: Window) -> np.ndarray:
+    """``M(s + D) − M(s)`` for every start ``s`` of the window, in multiplier × 10⁴ × seconds (exact)."""
     pieces = tariff.slices(window.t0, window.last_end)
     edges = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
     rates = np.fromiter((tariff.multipliers_e4[p[2]] for p in pieces), dtype=np.int64, count=len(pieces))
