@@ -777,6 +777,10 @@ def _batchable(beat: HeartbeatBeat) -> bool:
 # is newer than the last one applied, and every line names one of the cluster's islands with counts that fit.
 # Their islands and clusters are updated as in _HEARTBEAT_SQL. The answer has a row per cluster found: whether
 # this statement applied the beat, or found it stale (which a retired cluster is not: it answers its error).
+# Per-cluster figures are grouped once for the batch (``fitting``: the lines that name an island and fit it;
+# ``reported`` / ``unreported``: the available cards of the islands the beat reports, as updated, and of the
+# others, as they were), joined by cluster: as correlated subqueries each cluster rescanned every line of the
+# batch, and a 50-cluster batch (500 lines) took 10.7–10.9 ms of PostgreSQL against 6.0–6.6 ms now.
 _HEARTBEATS_SQL = """
 WITH beat AS (
     SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb)
@@ -790,31 +794,40 @@ WITH beat AS (
      WHERE c.operator_id = %(operator_id)s AND c.cpi IN (SELECT cpi FROM beat)
      ORDER BY c.id
        FOR UPDATE
+), fitting AS (
+    SELECT t.id, count(*) AS n
+      FROM target AS t JOIN line AS l ON l.cpi = t.cpi
+      JOIN federation_island AS i ON i.cluster_id = t.id AND i.name = l.name
+     WHERE l.available_cards + l.unhealthy_cards <= i.cards
+     GROUP BY t.id
 ), fresh AS (
     SELECT t.id, t.cpi, b.sent_at, b.health
-      FROM target AS t JOIN beat AS b ON b.cpi = t.cpi
+      FROM target AS t JOIN beat AS b ON b.cpi = t.cpi LEFT JOIN fitting AS k ON k.id = t.id
      WHERE t.status <> %(retired)s
        AND NOT (t.status = %(offline)s AND t.offline_cause = %(missed)s)
        AND (t.last_heartbeat_sent_at IS NULL OR t.last_heartbeat_sent_at < b.sent_at)
-       AND b.n_lines = (
-           SELECT count(*) FROM line AS l JOIN federation_island AS i ON i.cluster_id = t.id AND i.name = l.name
-            WHERE l.cpi = t.cpi AND l.available_cards + l.unhealthy_cards <= i.cards
-       )
+       AND b.n_lines = coalesce(k.n, 0)
 ), island AS (
     UPDATE federation_island AS i
        SET available_cards = l.available_cards, unhealthy_cards = l.unhealthy_cards, reported_at = f.sent_at
       FROM fresh AS f JOIN line AS l ON l.cpi = f.cpi
      WHERE i.cluster_id = f.id AND i.name = l.name
     RETURNING i.cluster_id, i.available_cards
+), reported AS (
+    SELECT u.cluster_id, sum(u.available_cards) AS cards FROM island AS u GROUP BY u.cluster_id
+), unreported AS (
+    SELECT o.cluster_id, sum(o.available_cards) AS cards
+      FROM fresh AS f JOIN federation_island AS o ON o.cluster_id = f.id
+     WHERE NOT EXISTS (SELECT 1 FROM line AS l WHERE l.cpi = f.cpi AND l.name = o.name)
+     GROUP BY o.cluster_id
 ), cluster AS (
     UPDATE federation_cluster AS c
        SET last_heartbeat_at = %(now)s, last_heartbeat_sent_at = f.sent_at, health = f.health,
            updated_at = %(updated_at)s,
-           available_cards = (SELECT coalesce(sum(u.available_cards), 0) FROM island AS u WHERE u.cluster_id = c.id)
-                           + (SELECT coalesce(sum(o.available_cards), 0) FROM federation_island AS o
-                               WHERE o.cluster_id = c.id
-                                 AND o.name NOT IN (SELECT l.name FROM line AS l WHERE l.cpi = f.cpi))
+           available_cards = coalesce(r.cards, 0) + coalesce(o.cards, 0)
       FROM fresh AS f
+      LEFT JOIN reported AS r ON r.cluster_id = f.id
+      LEFT JOIN unreported AS o ON o.cluster_id = f.id
      WHERE c.id = f.id
     RETURNING c.id
 )

@@ -245,6 +245,60 @@ def test_service_batch_matches_beats_one_at_a_time(operator):
     ]
 
 
+def test_a_batch_of_beats_reporting_some_islands_totals_each_cluster_as_beats_one_at_a_time(operator):
+    """Beats that report some of their cluster's islands, none, or all, in one batch: each cluster's available
+    cards (the reported islands as reported, the others as they were) and every island are what the
+    single-beat service writes, beat by beat. On PostgreSQL the batch statement groups these per cluster once
+    for the whole batch."""
+    actor = Actor(organisation=operator, system_label="agent")
+    islands = [("isl-01", 16), ("isl-02", 8), ("isl-03", 4)]
+    clusters = [make_cluster(operator=operator, name=f"p{i}", islands=islands) for i in range(5)]
+    # Cards available before the batch differ per island, so an island left out is visible in the total.
+    for i, cluster in enumerate(clusters):
+        for island, available in zip(
+            Island.objects.filter(cluster=cluster).order_by("name"), (16 - i, 7, 3 - i % 2), strict=True
+        ):
+            Island.objects.filter(pk=island.pk).update(available_cards=available)
+    reports = [
+        [IslandReport("isl-01", 5, 1)],
+        [IslandReport("isl-02", 0, 8), IslandReport("isl-03", 4)],
+        [],
+        [IslandReport("isl-01", 16), IslandReport("isl-02", 8), IslandReport("isl-03", 0, 4)],
+        [IslandReport("isl-03", 1)],
+    ]
+    beats = [
+        services.HeartbeatBeat(cpi=c.cpi, sent_at=T0, health="ok", islands=lines)
+        for c, lines in zip(clusters, reports, strict=True)
+    ]
+    now = T0 + timedelta(seconds=5)
+
+    with transaction.atomic():
+        for beat in beats:
+            services.heartbeat_record_for_operator(
+                actor=actor,
+                operator=operator,
+                cpi=beat.cpi,
+                sent_at=beat.sent_at,
+                health=beat.health,
+                islands=beat.islands,
+                now=now,
+            )
+        one_by_one = [_effects(c) for c in clusters]
+        transaction.set_rollback(True)
+
+    batched = services.heartbeats_record_batch(actor=actor, operator=operator, beats=beats, now=now)
+
+    assert [o.result.applied for o in batched] == [True] * 5  # type: ignore[union-attr]
+    assert [_effects(c) for c in clusters] == one_by_one
+    assert [Cluster.objects.get(pk=c.pk).available_cards for c in clusters] == [
+        5 + 7 + 3,
+        15 + 0 + 4,
+        14 + 7 + 3,
+        16 + 8 + 0,
+        12 + 7 + 1,
+    ]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_batches_naming_the_same_clusters_in_opposite_orders_both_finish(operator):
     """Real concurrent transactions (PostgreSQL): the statement locks a batch's clusters in id order, so two
