@@ -22,7 +22,7 @@ from core.types import Actor
 from federation import services
 from federation.api.views import HeartbeatApi, HeartbeatBatchApi, _heartbeat_batch_plain
 from federation.models import Cluster, Island
-from federation.types import IslandReport
+from federation.types import HeartbeatResult, IslandReport
 from tests.factories import make_cluster
 from tests.federation.test_heartbeat_paths import CPI, SCENARIOS, T0, _answer, _effects, body, line
 
@@ -179,6 +179,21 @@ def test_plain_batch_path_agrees_with_the_serializer(data, plain_expected):
         ]
 
 
+def _record_alone(
+    actor: Actor, operator: Any, beat: services.HeartbeatBeat, now: datetime
+) -> HeartbeatResult:
+    """``beat`` through the single-beat service, as a batch would apply it on its own."""
+    return services.heartbeat_record_for_operator(
+        actor=actor,
+        operator=operator,
+        cpi=beat.cpi,
+        sent_at=beat.sent_at,
+        health=beat.health,
+        islands=beat.islands,
+        now=now,
+    )
+
+
 def test_service_batch_matches_beats_one_at_a_time(operator):
     """The batch statement (PostgreSQL) against the single-beat service, beat by beat, over a mixed batch: new,
     stale, retired, back from the monitor's offline, unknown island, a cluster not there."""
@@ -216,15 +231,7 @@ def test_service_batch_matches_beats_one_at_a_time(operator):
         for beat in beats:
             try:
                 with transaction.atomic():
-                    result = services.heartbeat_record_for_operator(
-                        actor=actor,
-                        operator=operator,
-                        cpi=beat.cpi,
-                        sent_at=beat.sent_at,
-                        health=beat.health,
-                        islands=beat.islands,
-                        now=now,
-                    )
+                    result = _record_alone(actor, operator, beat, now)
                 one_by_one.append(services.HeartbeatOutcome(cpi=beat.cpi, result=result))
             except Exception as exc:
                 one_by_one.append(services.HeartbeatOutcome(cpi=beat.cpi, error=exc))  # type: ignore[arg-type]
@@ -274,15 +281,7 @@ def test_a_batch_of_beats_reporting_some_islands_totals_each_cluster_as_beats_on
 
     with transaction.atomic():
         for beat in beats:
-            services.heartbeat_record_for_operator(
-                actor=actor,
-                operator=operator,
-                cpi=beat.cpi,
-                sent_at=beat.sent_at,
-                health=beat.health,
-                islands=beat.islands,
-                now=now,
-            )
+            _record_alone(actor, operator, beat, now)
         one_by_one = [_effects(c) for c in clusters]
         transaction.set_rollback(True)
 
