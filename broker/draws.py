@@ -36,7 +36,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from broker.models import DrawHold, Lease, LeaseState
-from broker.selectors import draw_pending_for
+from broker.selectors import draw_pending_for, pack_balances_and_pending
 from core.models import Organisation
 from core.money import FEN, from_micros, to_micros
 from federation.selectors import accelerator_list, standard_card_current, standard_card_factor
@@ -351,6 +351,10 @@ def chip_factors(slugs: Iterable[str]) -> dict[str, Decimal | None]:
 
 
 def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
+    return _slots(pack_balances_usable(buyer_id=buyer.pk, at=at))
+
+
+def _slots(rows: list[tuple[int, str, datetime, datetime, int, Decimal, int]]) -> list[_Slot]:
     return [
         _Slot(
             pack_id=pk,
@@ -360,9 +364,7 @@ def _buyer_packs(*, buyer: Organisation, at: datetime) -> list[_Slot]:
             remaining=from_micros(left),
             price_per_card_hour=(price / card_hours).quantize(_MICRO, rounding=ROUND_HALF_EVEN),
         )
-        for pk, class_key, starts_at, expires_at, left, price, card_hours in pack_balances_usable(
-            buyer_id=buyer.pk, at=at
-        )
+        for pk, class_key, starts_at, expires_at, left, price, card_hours in rows
         if left > 0
     ]
 
@@ -372,11 +374,17 @@ def buyer_packs_after_leases(
 ) -> BuyerPacks:
     """The buyer's usable packs less its live leases' pending draws (each lease's expected draw less what
     rating has posted for it: broker.selectors.draw_pending_for, one row per draw class), drawn rating's
-    way at ``at``: per class in class order, from the packs expiring first. Two queries (three when a live
-    lease's chip could draw a standard pack), whatever the number of live leases."""
+    way at ``at``: per class in class order, from the packs expiring first. One round trip on PostgreSQL
+    without ``exclude_lease_ids`` (a quote's case: broker.selectors.pack_balances_and_pending), two with
+    them; one more when a live lease's chip could draw a standard pack; whatever the number of live leases."""
     at = at or timezone.now()
-    slots = _buyer_packs(buyer=buyer, at=at)
-    pending = draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=exclude_lease_ids) if slots else {}
+    if exclude_lease_ids:
+        slots = _buyer_packs(buyer=buyer, at=at)
+        pending = draw_pending_for(buyer_id=buyer.pk, exclude_lease_ids=exclude_lease_ids) if slots else {}
+    else:
+        rows, pending = pack_balances_and_pending(buyer_id=buyer.pk, at=at)
+        slots = _slots(rows)
+        pending = pending if slots else {}
     packs = BuyerPacks(slots=slots, factors=_factors_if_standard(slots, pending))
     for chip, amount in pending.items():
         packs.take(chip=chip, factor=packs.factors.get(chip), draw=amount, at=at, commit=True)

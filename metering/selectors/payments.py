@@ -108,20 +108,34 @@ def pack_balances_usable(
     # Bound by PostgreSQL and, in production, prepared once per connection (core.db): planning the three-table
     # join cost PostgreSQL several times what running it does, on every quote.
     with bound_cursor(router.db_for_read(Pack)) as cursor:
-        cursor.execute(_PACK_BALANCES_SQL, [buyer_id, Pack.Status.ACTIVE.value, at])
-        return [
-            (pk, pack_class_key(slug), starts_at, expires_at, int(left), price, card_hours)
-            for pk, slug, starts_at, expires_at, left, price, card_hours in cursor.fetchall()
-        ]
+        cursor.execute(
+            PACK_BALANCES_SELECT + " ORDER BY p.expires_at, p.id", pack_balances_params(buyer_id, at)
+        )
+        return pack_balances_rows(cursor.fetchall())
 
 
-_PACK_BALANCES_SQL = (
+# The statement's rows as pack_balances_usable returns them, and its text without the order, so that a caller
+# can fetch more in the same round trip (broker.selectors.pack_balances_and_pending): seven columns, the
+# parameters of pack_balances_params.
+PACK_BALANCES_SELECT = (
     "SELECT p.id, a.slug, p.starts_at, p.expires_at, COALESCE(l.balance, 0), p.price, p.card_hours "  # noqa: S608
     f"FROM {Pack._meta.db_table} p "
     f"LEFT JOIN {Accelerator._meta.db_table} a ON a.id = p.accelerator_id "
     f"LEFT JOIN {LedgerAccount._meta.db_table} l ON l.pack_id = p.id "
-    "WHERE p.buyer_id = %s AND p.status = %s AND p.expires_at > %s ORDER BY p.expires_at, p.id"
+    "WHERE p.buyer_id = %s AND p.status = %s AND p.expires_at > %s"
 )
+
+
+def pack_balances_params(buyer_id: int, at: datetime) -> list[int | str | datetime]:
+    return [buyer_id, Pack.Status.ACTIVE.value, at]
+
+
+def pack_balances_rows(rows: list[tuple]) -> list[tuple[int, str, datetime, datetime, int, Decimal, int]]:
+    """PACK_BALANCES_SELECT's rows as pack_balances_usable returns them (the class key for the slug)."""
+    return [
+        (pk, pack_class_key(slug), starts_at, expires_at, int(left), price, card_hours)
+        for pk, slug, starts_at, expires_at, left, price, card_hours in rows
+    ]
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,12 @@ part in its pack's unit, live leases set aside first, and what the buyer would p
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from broker.draws import buyer_packs_after_leases, lease_draw_plan, reserved_draws_for
@@ -161,3 +163,61 @@ def test_the_usable_pack_balances_are_pack_list_for_s_rows(
     for _ in range(3):  # past the threshold: prepared, then run prepared
         assert pack_balances_usable(buyer_id=buyer.pk, at=now) == expected
     assert pack_balances_usable(buyer_id=buyer.pk, at=now + timedelta(days=20)) == expected[1:]
+
+
+def test_a_quote_s_packs_and_pending_draws_come_in_one_round_trip_as_the_two_statements_give_them(
+    buyer: Organisation, east_cluster: Cluster, prepare_threshold: int | None
+) -> None:
+    """pack_balances_and_pending (what a quote reads: one statement on PostgreSQL) returns what
+    pack_balances_usable and draw_pending_for return: packs of two classes in their order of draw, one
+    exhausted and one of another buyer left out, live leases' pending draws of two chips, a cancelled
+    lease's left out; then with every pack expired (packs none, pending unchanged); and for a buyer with
+    packs and no live leases. Prepared, run after run. buyer_packs_after_leases plans from it as before."""
+    from broker.models import DrawPending
+    from broker.selectors import draw_pending_for, pack_balances_and_pending
+    from broker.services.leases import lease_lock, lease_transition
+    from core.types import Actor
+    from metering.models import Pack
+    from metering.selectors.payments import pack_balances_usable
+    from tests.factories import BuyerFactory
+
+    make_paid_pack(buyer=buyer, accelerator=A800, card_hours=4, price="36.00", validity_days=30, key="a")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=90, key="b")
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=7, price="84.00", validity_days=10, key="c")
+    spent = make_paid_pack(buyer=buyer, accelerator=A800, card_hours=1, price="9.00", key="d")
+    Pack.objects.filter(pk=spent.pk).update(status=Pack.Status.EXHAUSTED)
+    other = BuyerFactory(slug="someone-else")
+    make_paid_pack(buyer=other, accelerator=None, card_hours=5, price="60.00", key="e")
+    now = timezone.now()
+    leases = [
+        make_lease(
+            job=make_job(buyer=buyer),
+            cluster=east_cluster,
+            cards=1,
+            start_at=now.replace(microsecond=0) + timedelta(hours=hours),
+            expected_draw=f"{hours}.125000",
+        )
+        for hours in (3, 2, 1)
+    ]
+    lease_transition(lease=lease_lock(lease_id=leases[2].pk), to_state="cancelled", actor=Actor.system("t"))
+    DrawPending.objects.create(buyer=buyer, draw_class="huawei-ascend-910b3", open_micros=2_500_000)
+    DrawPending.objects.create(buyer=buyer, draw_class="moore-threads-s4000", open_micros=0)
+
+    def both(who: Organisation, at: datetime) -> tuple[object, object]:
+        return pack_balances_usable(buyer_id=who.pk, at=at), draw_pending_for(buyer_id=who.pk)
+
+    expected = both(buyer, now)
+    assert len(expected[0]) == 3
+    assert expected[1] == {"huawei-ascend-910b3": Decimal("2.500000"), A800: Decimal("5.250000")}
+    for _ in range(3):  # past the threshold: prepared, then run prepared
+        with CaptureQueriesContext(connection) as queries:
+            assert pack_balances_and_pending(buyer_id=buyer.pk, at=now) == expected
+        assert len(queries) == (1 if connection.vendor == "postgresql" else 2)
+    later = now + timedelta(days=120)
+    assert pack_balances_and_pending(buyer_id=buyer.pk, at=later) == both(buyer, later) == ([], expected[1])
+    assert pack_balances_and_pending(buyer_id=other.pk, at=now) == both(other, now)
+    assert pack_balances_and_pending(buyer_id=other.pk, at=now)[1] == {}
+    plan = buyer_packs_after_leases(buyer=buyer, at=now).plan(
+        chip=A800, factor=FACTOR, draw=Decimal("3"), rate=Decimal("8.50"), at=now
+    )
+    assert plan.covered
