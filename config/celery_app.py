@@ -6,6 +6,8 @@ from config.entrypoint import use_settings
 
 use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
 
-app = Celery("cardhour")
+# Celery's Django fix-up, except that a worker process keeps its database connection pool between tasks
+# (config/celery_fixup.py says why).
+app = Celery("cardhour", fixups=["config.celery_fixup:fixup"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
