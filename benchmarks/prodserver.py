@@ -80,6 +80,20 @@ class Server:
             conn.close()
 
 
+def _port_free_or_fail(port: int) -> None:
+    """Refuse a port something already listens on. A server left running by an earlier run (its benchmark
+    killed before it could stop it: the server runs in a session of its own) would answer the readiness check
+    and every request, while the new one failed to bind and exited: the run would measure the old code and
+    report no server CPU at all."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise RuntimeError(
+                f"port {port} is in use (a production server left by an earlier run? `ss -ltnp` names it): {exc}"
+            ) from exc
+
+
 @contextlib.contextmanager
 def production_server(
     env: Mapping[str, str], *, ready_path: str = "/healthz", root: Path = ROOT
@@ -87,6 +101,7 @@ def production_server(
     """The production server of the checkout at ``root`` (this one by default; another worktree's, to compare
     two versions of the code on the same database)."""
     port = int(env["GUNICORN_BIND"].rsplit(":", 1)[1])
+    _port_free_or_fail(port)
     # A file, not a pipe, never fills; closed in finally. CARDHOUR_BENCH_SERVER_LOG keeps it (a path).
     kept = env.get("CARDHOUR_BENCH_SERVER_LOG")
     log = open(kept, "w+b") if kept else tempfile.TemporaryFile()  # noqa: SIM115

@@ -32,3 +32,19 @@ def test_benchmark_help(name: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def test_a_benchmark_refuses_a_port_another_server_listens_on() -> None:
+    """A server left by an earlier run would answer in the new one's place (benchmarks.prodserver): the new
+    run stops at once, naming the port, without starting its own."""
+    import socket
+
+    from benchmarks.prodserver import production_env, production_server
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        env = production_env(database_url="postgres://nobody@127.0.0.1:1/none", port=port)
+        with pytest.raises(RuntimeError, match=f"port {port} is in use"), production_server(env):
+            raise AssertionError("a server was started")
