@@ -27,6 +27,7 @@ import contextlib
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from kombu.transport import filesystem
@@ -34,6 +35,21 @@ from kombu.utils.json import dumps, loads
 
 TEMP_PREFIX = ".part-"
 STALE_TEMP_SECONDS = 3600
+
+
+def transport_options(folder: Path, *, polling_interval: float = 0.1) -> dict[str, object]:
+    """The transport options (``CELERY_BROKER_TRANSPORT_OPTIONS``) of a queue kept in ``folder``, whose
+    ``out/``, ``processed/`` and ``control/`` are made here if missing. Processed messages are not kept."""
+    for sub in ("out", "processed", "control"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(folder / "out"),
+        "data_folder_out": str(folder / "out"),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
+        "store_processed": False,
+        "polling_interval": polling_interval,
+    }
 
 
 class Channel(filesystem.Channel):

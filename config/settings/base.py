@@ -237,18 +237,12 @@ CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 CELERY_BROKER_TRANSPORT: str | None = None  # kombu's choice from the URL's scheme
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    _queue_dir = Path(env("CELERY_FILESYSTEM_DIR", default=str(VAR_DIR / "celery")))
-    for _sub in ("out", "processed", "control"):
-        (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_queue_dir / "out"),
-        "data_folder_out": str(_queue_dir / "out"),
-        "processed_folder": str(_queue_dir / "processed"),
-        "control_folder": str(_queue_dir / "control"),
-        "store_processed": False,
-        # Poll the queue folder often: a worker that polls every 2 s also takes that long to stop.
-        "polling_interval": 0.1,
-    }
+    from config.kombu_filesystem import transport_options
+
+    # Poll the queue folder often: a worker that polls every 2 s also takes that long to stop.
+    CELERY_BROKER_TRANSPORT_OPTIONS = transport_options(
+        Path(env("CELERY_FILESYSTEM_DIR", default=str(VAR_DIR / "celery"))), polling_interval=0.1
+    )
     # kombu's filesystem transport with atomic writes (config/kombu_filesystem.py): a consumer never
     # reads a message file before it is whole.
     CELERY_BROKER_TRANSPORT = "config.kombu_filesystem:Transport"

@@ -8,20 +8,15 @@ from pathlib import Path
 
 from celery import Celery
 
+from config.kombu_filesystem import transport_options
+
 QUEUE = Path(os.environ.get("FS_TEST_QUEUE", "/tmp/fs-test-queue"))
 RESULTS = Path(os.environ.get("FS_TEST_RESULTS", "/tmp/fs-test-results"))
 
 app = Celery("fs_transport_test", broker="filesystem://")
 app.conf.update(
     broker_transport=os.environ.get("FS_TEST_TRANSPORT", "config.kombu_filesystem:Transport"),
-    broker_transport_options={
-        "data_folder_in": str(QUEUE / "out"),
-        "data_folder_out": str(QUEUE / "out"),
-        "processed_folder": str(QUEUE / "processed"),
-        "control_folder": str(QUEUE / "control"),
-        "store_processed": False,
-        "polling_interval": 0.05,
-    },
+    broker_transport_options=transport_options(QUEUE, polling_interval=0.05),
     task_acks_late=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,

@@ -5,6 +5,7 @@ transport in the test's folder, both named by the test through the environment."
 import os
 from pathlib import Path
 
+from config.kombu_filesystem import transport_options
 from config.settings.test import *  # noqa: F403
 from config.settings.test import DATABASES
 
@@ -19,14 +20,8 @@ DATABASES = {
         },
     }
 }
-_queue = Path(os.environ["POOL_TEST_QUEUE"])
 CELERY_BROKER_URL = "filesystem://"
 CELERY_BROKER_TRANSPORT = "config.kombu_filesystem:Transport"
-CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "data_folder_in": str(_queue / "out"),
-    "data_folder_out": str(_queue / "out"),
-    "processed_folder": str(_queue / "processed"),
-    "control_folder": str(_queue / "control"),
-    "store_processed": False,
-    "polling_interval": 0.05,
-}
+CELERY_BROKER_TRANSPORT_OPTIONS = transport_options(
+    Path(os.environ["POOL_TEST_QUEUE"]), polling_interval=0.05
+)

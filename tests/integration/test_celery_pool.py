@@ -21,6 +21,8 @@ import pytest
 from celery import Celery
 from django.db import connection
 
+from config.kombu_filesystem import transport_options
+
 ROOT = Path(__file__).resolve().parents[2]
 TASK_TIMEOUT_SECONDS = 60
 
@@ -50,8 +52,6 @@ def test_a_prefork_worker_s_tasks_share_its_pooled_sessions(tmp_path: Path) -> N
     if connection.vendor != "postgresql":
         pytest.skip("Django's connection pool is PostgreSQL's (psycopg 3)")
     queue, results = tmp_path / "queue", tmp_path / "results"
-    for sub in ("out", "processed", "control"):
-        (queue / sub).mkdir(parents=True)
     results.mkdir()
     env = {
         **os.environ,
@@ -78,13 +78,7 @@ def test_a_prefork_worker_s_tasks_share_its_pooled_sessions(tmp_path: Path) -> N
     producer = Celery("pool-test-producer", broker="filesystem://")
     producer.conf.update(
         broker_transport="config.kombu_filesystem:Transport",
-        broker_transport_options={
-            "data_folder_in": str(queue / "out"),
-            "data_folder_out": str(queue / "out"),
-            "processed_folder": str(queue / "processed"),
-            "control_folder": str(queue / "control"),
-            "store_processed": False,
-        },
+        broker_transport_options=transport_options(queue, polling_interval=0.05),
     )
     pid_file = results / "pids"
     try:
