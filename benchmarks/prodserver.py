@@ -86,6 +86,9 @@ def _port_free_or_fail(port: int) -> None:
     and every request, while the new one failed to bind and exited: the run would measure the old code and
     report no server CPU at all."""
     with socket.socket() as sock:
+        # As gunicorn binds: the connections of a server that has stopped (TIME_WAIT) do not hold the port,
+        # a socket listening on it does.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
