@@ -463,7 +463,7 @@ def _rate_batch(
                 sums[("issuance", 0, pack.class_key)] += pack.drawn
 
     first_id = records[0][0]
-    transfer, _ = ledger.transfer_post(
+    transfer, _ = ledger.transfer_post_by_id(
         kind=TransferKind.USAGE,
         idempotency_key=f"usage:{first_id}",
         description=f"Rating of {len(records)} usage records from {first_id}",
@@ -540,25 +540,18 @@ def _claim(*, batch_size: int, buyer_id: int | None, shard: Shard | None = None)
 
 def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
     """The buyers' packs with a balance, locked (account rows, in id order), expiring first first."""
-    locked = list(
-        LedgerAccount.objects.select_for_update()
-        .filter(kind=AccountKind.PACK, organisation_id__in=buyer_ids, balance__gt=0)
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    accounts = LedgerAccount.objects.filter(pk__in=locked).values_list(
-        "pk",
-        "balance",
-        "pack_id",
-        "pack__buyer_id",
-        "pack__accelerator__slug",
-        "pack__card_hours",
-        "pack__price",
-        "pack__starts_at",
-        "pack__expires_at",
-    )
     packs: dict[int, list[_PackState]] = defaultdict(list)
-    for account_id, balance, pack_id, buyer_id, slug, card_hours, price, starts_at, expires_at in accounts:
+    for (
+        account_id,
+        balance,
+        pack_id,
+        buyer_id,
+        slug,
+        card_hours,
+        price,
+        starts_at,
+        expires_at,
+    ) in _packs_locked(buyer_ids):
         packs[buyer_id].append(
             _PackState(
                 pack_id=pack_id,
@@ -579,9 +572,49 @@ def _lock_packs(*, buyer_ids: set[int]) -> dict[int, list[_PackState]]:
     return packs
 
 
-def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]:
-    """Turn the batch's per-account sums into (account, amount) postings, with one query for the named
-    accounts (the same keys as metering.services.ledger's helpers) and one for the packs'."""
+def _packs_locked(buyer_ids: set[int]) -> list[tuple]:
+    """(account, balance, pack, buyer, chip slug or None, card-hours, price, starts, expires) of the buyers'
+    pack accounts with a balance, the accounts locked in id order. On PostgreSQL one statement (the lock
+    and the read together, the buyers as one array parameter); elsewhere the lock, then the read."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT a.id, a.balance, a.pack_id, p.buyer_id, c.slug, p.card_hours, p.price, p.starts_at,
+                       p.expires_at
+                  FROM metering_ledgeraccount a
+                  JOIN metering_pack p ON p.id = a.pack_id
+                  LEFT JOIN federation_accelerator c ON c.id = p.accelerator_id
+                 WHERE a.kind = %s AND a.organisation_id = ANY(%s::bigint[]) AND a.balance > 0
+                 ORDER BY a.id
+                   FOR UPDATE OF a
+                """,
+                [AccountKind.PACK.value, sorted(buyer_ids)],
+            )
+            return cursor.fetchall()
+    locked = list(
+        LedgerAccount.objects.select_for_update()
+        .filter(kind=AccountKind.PACK, organisation_id__in=buyer_ids, balance__gt=0)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    accounts = LedgerAccount.objects.filter(pk__in=locked).values_list(
+        "pk",
+        "balance",
+        "pack_id",
+        "pack__buyer_id",
+        "pack__accelerator__slug",
+        "pack__card_hours",
+        "pack__price",
+        "pack__starts_at",
+        "pack__expires_at",
+    )
+    return list(accounts)
+
+
+def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[int, int]]:
+    """Turn the batch's per-account sums into (account id, amount) postings, with one query for the named
+    accounts (the same keys as metering.services.ledger's helpers); the packs' are keyed by account id."""
     specs: dict[str, dict[str, object]] = {}
     fields: dict[str, object]
     keyed: list[tuple[str, int]] = []
@@ -613,11 +646,9 @@ def _resolve_accounts(sums: dict[tuple, int]) -> list[tuple[LedgerAccount, int]]
             fields["organisation_id"] = owner
         specs[key] = fields
         keyed.append((key, amount))
-    accounts = ledger.accounts_get_or_create(specs)
-    packs = LedgerAccount.objects.in_bulk([pk for pk, _ in pack_moves])
-    return [(accounts[key], amount) for key, amount in keyed] + [
-        (packs[pk], amount) for pk, amount in pack_moves
-    ]
+    accounts = ledger.account_ids_get_or_create(specs)
+    # A pack's account id is its key here already (from _lock_packs): no read.
+    return [(accounts[key], amount) for key, amount in keyed] + pack_moves
 
 
 def _insert_segments(rows: list[tuple], *, transfer_id: int) -> None:
