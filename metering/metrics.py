@@ -8,16 +8,32 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from core.observability import gauge_source
-from metering.models import ReconciliationRun, UsageRecord
+from metering.models import ReconciliationRun, UsagePending, UsageRecord
 
 
 @gauge_source("metering")
 def metering_gauges() -> Iterator[Metric]:
-    unrated = UsageRecord.objects.unrated()  # the pending-rating queue, a small table
+    # Read from the pending-rating queue (a small table: a row per record waiting), not from the usage
+    # history: ``UsageRecord.objects.unrated()`` semi-joins every month's partition to the queue, ~90 ms
+    # of PostgreSQL per scrape in the design-load soak and growing with the history (issue 14). A queue
+    # row is exactly an unrated record (the reconciliation checks each row against its record).
     yield GaugeMetricFamily(
-        "cardhour_usage_unrated_records", "Usage records accepted and not yet rated.", value=unrated.count()
+        "cardhour_usage_unrated_records",
+        "Usage records accepted and not yet rated.",
+        value=UsagePending.objects.count(),
     )
-    oldest = unrated.order_by("id").values_list("received_at", flat=True).first()
+    # The oldest waiting record is the queue's smallest id (ids are handed out as records are received);
+    # its receipt time is on the record, read by primary key in the one month its start names.
+    first = (
+        UsagePending.objects.order_by("usage_record_id").values_list("usage_record_id", "start_at").first()
+    )
+    oldest = (
+        UsageRecord.objects.filter(pk=first[0], start_at=first[1])
+        .values_list("received_at", flat=True)
+        .first()
+        if first is not None
+        else None
+    )
     yield GaugeMetricFamily(
         "cardhour_usage_unrated_oldest_age_seconds",
         "Age of the oldest unrated usage record (0 when none): rating is behind when this grows.",

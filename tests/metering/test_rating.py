@@ -537,3 +537,31 @@ def test_two_shards_rating_at_once_post_every_record_once_and_balance(
     assert_ledger_balanced()
     assert ledger_reconcile().ok
     assert BuyerExhaustion.objects.count() == 4  # every pack ran out, every buyer flagged once
+
+
+def test_the_backlog_gauges_count_the_pending_queue_and_age_its_oldest_record(
+    world: tuple[Organisation, Organisation],
+) -> None:
+    """/metrics' unrated count and oldest age come from the pending-rating queue (never a scan of the usage
+    history): the records waiting, and how long ago the oldest of them was received."""
+    from django.utils import timezone
+
+    from metering.metrics import metering_gauges
+
+    def gauges() -> dict[str, float]:
+        return {metric.name: metric.samples[0].value for metric in metering_gauges() if metric.samples}
+
+    seller, _buyer = world
+    assert gauges()["cardhour_usage_unrated_records"] == 0
+    assert gauges()["cardhour_usage_unrated_oldest_age_seconds"] == 0
+    first = report(seller, ("g-1", 2, local(3, 7), local(3, 9)))
+    UsageRecord.objects.filter(pk=first[0]).update(received_at=timezone.now() - timedelta(seconds=90))
+    report(seller, ("g-2", 1, local(3, 9), local(3, 10)), ("g-3", 1, local(3, 10), local(3, 11)))
+
+    seen = gauges()
+    assert seen["cardhour_usage_unrated_records"] == 3
+    assert 90 <= seen["cardhour_usage_unrated_oldest_age_seconds"] < 120
+
+    usage_rate_pending()
+    assert gauges()["cardhour_usage_unrated_records"] == 0
+    assert gauges()["cardhour_usage_unrated_oldest_age_seconds"] == 0
