@@ -376,7 +376,12 @@ def test_keys_and_references_are_stored_exactly_whatever_they_hold(world: Organi
 @pytest.mark.django_db
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    texts=st.lists(st.text(st.characters(blacklist_characters="\x00"), max_size=12), min_size=2, max_size=2),
+    texts=st.lists(
+        # What the API lets through (core.api.typed refuses NUL and lone surrogates before any service)
+        st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=12),
+        min_size=2,
+        max_size=2,
+    ),
     micros=st.integers(min_value=0, max_value=999_999),
     hours=st.integers(min_value=-12, max_value=14),
 )
