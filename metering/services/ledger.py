@@ -1,9 +1,10 @@
 """The ledger's one write path: named accounts and balanced, idempotent transfers.
 
-Every posting in metering goes through :func:`transfer_post` (or, for rating's set-based batches, through
-the same function with many postings at once). It checks the balance per unit before writing, locks the
-touched accounts in id order (so two postings never deadlock), writes the transfer and its entries, and
-moves the accounts' balances in the same transaction. A pack account is ``non_negative``: the database
+Every posting in metering goes through :func:`transfer_post`, or :func:`transfer_post_by_id` for rating's
+set-based batches (hundreds of accounts a batch, named by id). Both check the balance per unit before
+writing, lock the touched accounts in id order (so two postings never deadlock), write the transfer and its
+entries, and move the accounts' balances in the same transaction; on PostgreSQL the lock, the entries and
+the balances are one statement each, whatever the number of accounts. A pack account is ``non_negative``: the database
 refuses a negative balance even if a caller got the arithmetic wrong.
 """
 
