@@ -24,13 +24,20 @@ from tests.core.test_wsgi_bridge import _serve
 def slots() -> Iterator[None]:
     """The module's shared state as a fresh master would have it, restored after."""
     saved = (connection_balance._open[:], connection_balance._live[:], connection_balance._slot)
-    moved_at = connection_balance._moved_at
+    pids = connection_balance._pid[:]
+    times = (connection_balance._moved_at, connection_balance._load_moved_at, connection_balance._busy_at)
     connection_balance._open[:] = [0] * len(saved[0])
     connection_balance._live[:] = [0] * len(saved[1])
+    connection_balance._pid[:] = [0] * len(pids)
+    connection_balance._readings.clear()
+    connection_balance._loads.clear()
     yield
     connection_balance._open[:], connection_balance._live[:] = saved[0], saved[1]
+    connection_balance._pid[:] = pids
     connection_balance._slot = saved[2]
-    connection_balance._moved_at = moved_at
+    connection_balance._moved_at, connection_balance._load_moved_at, connection_balance._busy_at = times
+    connection_balance._readings.clear()
+    connection_balance._loads.clear()
 
 
 def test_a_worker_moves_a_connection_only_when_it_holds_more_than_its_share(
@@ -96,6 +103,116 @@ def test_a_worker_moves_at_most_one_connection_per_interval(
     assert not connection_balance.over_share()
     clock[0] += connection_balance.MOVE_INTERVAL_SECONDS * 0.2
     assert connection_balance.over_share()
+
+
+class _Cpu:
+    """Fake workers' CPU: each pid's CPU seconds grow by its load (in cores) as the fake clock advances."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        self.used: dict[int, float] = {}
+        self.load: dict[int, float] = {}
+        monkeypatch.setattr(connection_balance.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(connection_balance, "_cpu_seconds", lambda pid: self.used.get(pid))
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for pid, cores in self.load.items():
+            self.used[pid] = self.used.get(pid, 0.0) + cores * seconds
+
+
+def _two_workers(cpu: _Cpu, mine: float, other: float, counts: tuple[int, int]) -> None:
+    first, second = SimpleNamespace(), SimpleNamespace()
+    connection_balance.assign(first)
+    connection_balance.assign(second)
+    connection_balance.adopt(first)
+    connection_balance._pid[0], connection_balance._pid[1] = 101, 102
+    connection_balance._open[0], connection_balance._open[1] = counts
+    cpu.load = {101: mine, 102: other}
+    cpu.used = {101: 0.0, 102: 0.0}
+
+
+def test_a_busy_worker_moves_a_connection_to_an_idle_one_whatever_the_counts(
+    slots: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The design-load soak's case: connections 23 : 21 (balanced by count), CPU 0.94 : 0.07 of a core (all
+    the quote clients on one worker). The busy worker moves one, then waits for the loads to be measured
+    again before it moves another."""
+    cpu = _Cpu(monkeypatch)
+    _two_workers(cpu, mine=0.94, other=0.07, counts=(23, 21))
+    assert not connection_balance.over_share()  # the first reading: no load measured yet
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert connection_balance.over_share()
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert not connection_balance.over_share()  # measuring again after the move
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert not connection_balance.over_share()  # one move per LOAD_MOVE_INTERVAL_SECONDS
+    cpu.advance(connection_balance.LOAD_MOVE_INTERVAL_SECONDS)
+    assert connection_balance.over_share()  # still unbalanced: the next move
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "counts"),
+    [
+        (0.46, 0.46, (25, 19)),  # busy and balanced by load: the counts move nothing
+        (0.46, 0.23, (22, 22)),  # three busy clients on two workers, 2 : 1: moving one would only swap
+        (0.90, 0.70, (22, 22)),  # both busy, within the margin
+        (0.10, 0.00, (22, 22)),  # not busy, counts balanced
+    ],
+)
+def test_balanced_or_lightly_loaded_workers_move_nothing_by_load(
+    slots: None, monkeypatch: pytest.MonkeyPatch, mine: float, other: float, counts: tuple[int, int]
+) -> None:
+    cpu = _Cpu(monkeypatch)
+    _two_workers(cpu, mine=mine, other=other, counts=counts)
+    connection_balance.over_share()  # the first reading (counts decide until a window is measured)
+    connection_balance._moved_at = -1.0
+    for _ in range(5):
+        cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+        assert not connection_balance.over_share()
+
+
+def test_an_idle_server_balances_by_count_and_a_busy_one_a_moment_ago_does_not(
+    slots: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = _Cpu(monkeypatch)
+    _two_workers(cpu, mine=0.02, other=0.01, counts=(6, 2))
+    connection_balance.over_share()
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert connection_balance.over_share()  # idle: 6 > 2 + 1 by count, as before
+
+    cpu.load = {101: 0.5, 102: 0.45}  # busy now, balanced by load
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert not connection_balance.over_share()
+    cpu.load = {101: 0.02, 102: 0.01}  # idle again: counts decide once the busy moment is past
+    cpu.advance(connection_balance.LOAD_WINDOW_SECONDS)
+    assert not connection_balance.over_share()
+    cpu.advance(connection_balance.LOAD_MOVE_INTERVAL_SECONDS)
+    assert connection_balance.over_share()
+
+
+def test_a_worker_whose_cpu_cannot_be_read_is_balanced_by_count(
+    slots: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = _Cpu(monkeypatch)
+    _two_workers(cpu, mine=0.9, other=0.0, counts=(3, 1))
+    del cpu.used[102]  # gone from /proc (or no /proc at all)
+    cpu.load.pop(102)
+    assert connection_balance.over_share()  # 3 > 1 + 1 by count
+
+
+def test_a_workers_cpu_is_read_from_proc() -> None:
+    import os
+
+    seconds = connection_balance._cpu_seconds(os.getpid())
+    assert seconds is not None
+    busy_until = time.process_time() + 0.05
+    while time.process_time() < busy_until:
+        pass
+    later = connection_balance._cpu_seconds(os.getpid())
+    assert later is not None and later >= seconds + 0.03
+    assert connection_balance._cpu_seconds(0) is None
+    assert connection_balance._cpu_seconds(2**22 + 12345) is None  # no such process
 
 
 def test_outside_gunicorn_nothing_is_counted_or_moved(slots: None) -> None:
