@@ -125,27 +125,23 @@ def transfer_post(
 
     ``postings`` are (account, signed micro-units); several for one account are merged, zeros dropped.
     Returns ``(transfer, created)``: a key seen before returns the original transfer and posts nothing.
-    Raises LedgerUnbalancedError if a unit does not sum to zero, InsufficientBalanceError if a
-    non-negative account would go below zero (nothing is written in either case).
+    Raises LedgerUnbalancedError if a unit does not sum to zero (whatever the key), InsufficientBalanceError
+    if a non-negative account would go below zero (nothing is written in either case).
     """
-    existing = LedgerTransfer.objects.filter(idempotency_key=idempotency_key).first()
-    if existing is not None:
-        return existing, False
-
     amounts: dict[int, int] = defaultdict(int)
-    by_id: dict[int, LedgerAccount] = {}
+    units: dict[int, str] = {}
     for account, amount in postings:
         amounts[account.pk] += int(amount)
-        by_id[account.pk] = account
-    _balanced_or_raise(
-        amounts, {account_id: account.unit for account_id, account in by_id.items()}, idempotency_key
-    )
-    return _transfer_write(
+        units[account.pk] = account.unit
+    # Checked before anything is read or locked (the accounts' units are at hand); transfer_post_by_id
+    # checks them again against the locked rows.
+    _balanced_or_raise(amounts, units, idempotency_key)
+    return transfer_post_by_id(
         kind=kind,
         idempotency_key=idempotency_key,
         description=description,
         posted_by=posted_by,
-        moves=_moves_or_raise(amounts, idempotency_key),
+        postings=amounts.items(),
         posted_at=posted_at,
     )
 
