@@ -1,11 +1,12 @@
 """The ledger's one write path: named accounts and balanced, idempotent transfers.
 
-Every posting in metering goes through :func:`transfer_post`, or :func:`transfer_post_by_id` for rating's
-set-based batches (hundreds of accounts a batch, named by id). Both check the balance per unit before
-writing, lock the touched accounts in id order (so two postings never deadlock), write the transfer and its
-entries, and move the accounts' balances in the same transaction; on PostgreSQL the lock, the entries and
-the balances are one statement each, whatever the number of accounts. A pack account is ``non_negative``: the database
-refuses a negative balance even if a caller got the arithmetic wrong.
+Every posting in metering goes through :func:`transfer_post_by_id` — directly for rating's set-based
+batches (hundreds of accounts a batch, named by id), through :func:`transfer_post` for callers holding
+accounts. It checks the balance per unit, locks the touched accounts in id order (so two postings never
+deadlock), writes the transfer and its entries, and moves the accounts' balances in the same transaction;
+on PostgreSQL the lock, the entries and the balances are one statement each, whatever the number of
+accounts. A pack account is ``non_negative``: the database refuses a negative balance even if a caller
+got the arithmetic wrong.
 """
 
 from __future__ import annotations
@@ -301,8 +302,9 @@ def _balances_add(moves: dict[int, int]) -> None:
 
 
 def account_ids_get_or_create(specs: dict[str, dict[str, object]]) -> dict[str, int]:
-    """:func:`accounts_get_or_create`'s accounts as ids only: one query of two columns when they all
-    exist (on PostgreSQL with the keys as one array parameter), for a caller that posts by id."""
+    """Account ids by key, creating the missing accounts from ``specs[key]`` (kind, unit, organisation_id…):
+    one query of two columns when they all exist, which after the first hour of operation they do (on
+    PostgreSQL with the keys as one array parameter). For a caller that posts by id (rating)."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
@@ -314,14 +316,4 @@ def account_ids_get_or_create(specs: dict[str, dict[str, object]]) -> dict[str, 
     for key, fields in specs.items():
         if key not in found:
             found[key] = LedgerAccount.objects.get_or_create(key=key, defaults=fields)[0].pk
-    return found
-
-
-def accounts_get_or_create(specs: dict[str, dict[str, object]]) -> dict[str, LedgerAccount]:
-    """Accounts by key, creating the missing ones from ``specs[key]`` (kind, unit, organisation_id...):
-    one query when they all exist, which after the first hour of operation they do."""
-    found = {account.key: account for account in LedgerAccount.objects.filter(key__in=specs)}
-    for key, fields in specs.items():
-        if key not in found:
-            found[key], _ = LedgerAccount.objects.get_or_create(key=key, defaults=fields)
     return found
