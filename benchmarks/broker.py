@@ -80,7 +80,7 @@ from benchmarks._common import (
     windowed_rates,
 )
 from benchmarks.federation import HUBS, ClusterPlan, build_fleet
-from benchmarks.prodserver import ProductionServers
+from benchmarks.prodserver import PRODUCTION_WORKERS, ProductionServers
 
 BENCH_DATABASE = "cardhour_bench_broker"
 QUOTE_P99_TARGET_S = 0.050
@@ -996,7 +996,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="leases each usage batch names (USAGE_BATCH / N minutes of each): the same shape at every market "
         "size; 0: round robin over all the operator's running leases (more per batch the larger the market)",
     )
-    parser.add_argument("--workers", type=int, default=2, help="web server processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=PRODUCTION_WORKERS,
+        help=f"web server processes (default {PRODUCTION_WORKERS}: the production default, one more than the cores)",
+    )
     parser.add_argument(
         "--catalog-ttl", type=float, default=5.0, help="the servers' catalogue TTL (production 5)"
     )

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# The production server's default number of workers (config/gunicorn.conf.py, WEB_CONCURRENCY unset).
+PRODUCTION_WORKERS = (os.cpu_count() or 1) + 1
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 
 

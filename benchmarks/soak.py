@@ -64,7 +64,7 @@ from benchmarks._common import (
     process_cpu_seconds,
 )
 from benchmarks.broker import LEASE_CARDS, LeasePlan, build_market, create_jobs
-from benchmarks.prodserver import ProductionServers
+from benchmarks.prodserver import PRODUCTION_WORKERS, ProductionServers
 
 BENCH_DATABASE = "cardhour_bench_soak"
 HEARTBEAT_SECONDS = 30
@@ -945,7 +945,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "as an agent running many clusters does; 1 (default) is one request per cluster",
     )
     parser.add_argument("--silent", type=int, help="clusters that stop heartbeating (default 0.2 %%)")
-    parser.add_argument("--workers", type=int, default=2, help="web server processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=PRODUCTION_WORKERS,
+        help=f"web server processes (default {PRODUCTION_WORKERS}: the production default, one more than the cores)",
+    )
     parser.add_argument(
         "--celery-concurrency", type=int, default=2, help="slots of the worker for rating and the long jobs"
     )

@@ -975,14 +975,13 @@ class HoldBook:
     # -- reads ------------------------------------------------------------------------------------
     def overlapping(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(island id, start, end, cards) of the live holds that overlap ``[start, end)``."""
-        n = self._size
-        # Every quote passes over the whole book here: the mask is built in place (no temporary array
-        # per comparison) and the rows taken with ``take`` (no fancy-indexing dispatch).
-        mask = self.start[:n] < end
-        mask &= self.end[:n] > start
-        mask &= self.alive[:n]
-        index = np.flatnonzero(mask)
-        return self.island.take(index), self.start.take(index), self.end.take(index), self.cards.take(index)
+        # Every quote passes over the whole book here: one compiled pass (imported here: numba loads with
+        # the matcher's kernels, not with the catalogue).
+        from broker.matching_kernel import overlapping_rows
+
+        return overlapping_rows(
+            self.island, self.start, self.end, self.cards, self.alive, self._size, start, end
+        )
 
     def maintain(self, now_epoch: int) -> None:
         self._compact(now_epoch)

@@ -1,5 +1,6 @@
-"""The matcher's loops over a quote's holds, compiled (numba): which holds belong to candidate islands
-(``candidate_rows``) and, per island, the starts they block (``blocked_ranges``).
+"""The matcher's loops over a quote's holds, compiled (numba): the holds in its window
+(``overlapping_rows``), which of them belong to candidate islands (``candidate_rows``) and, per island,
+the starts they block (``blocked_ranges``).
 
 Every quote looks at every hold in its window (tens of thousands at design load) to find, per island, the
 start ranges where too few cards are free, and the islands left with no start at all (the count of
@@ -235,9 +236,44 @@ def candidate_rows(
     return index[:m], cards[:m], rows[:m], ordered
 
 
+@_compiled
+def overlapping_rows(
+    island: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    cards: np.ndarray,
+    alive: np.ndarray,
+    n: int,
+    lo: int,
+    hi: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """(island, start, end, cards) of the rows ``[0, n)`` that are ``alive`` and overlap ``[lo, hi)``, in
+    row order: broker.catalog.HoldBook.overlapping, in one pass over the book.
+
+    Every quote reads the whole book here. As numpy it was three passes for the mask, one for its indices
+    and four gathers (~0.3 ms at 100,000 holds); here each row is read once and copied to the next free
+    output row whether or not it is kept (kept: the output position moves on), so the loop has no branch
+    to mispredict when kept and dropped rows alternate."""
+    out_island = np.empty(n, dtype=np.int64)
+    out_start = np.empty(n, dtype=np.int64)
+    out_end = np.empty(n, dtype=np.int64)
+    out_cards = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        s = start[i]
+        e = end[i]
+        out_island[m] = island[i]
+        out_start[m] = s
+        out_end[m] = e
+        out_cards[m] = cards[i]
+        m += alive[i] & (s < hi) & (e > lo)
+    return out_island[:m], out_start[:m], out_end[:m], out_cards[:m]
+
+
 def warm() -> None:
     """Compile (or load from the cache) the kernel now, with the argument types the matcher passes."""
     empty = np.zeros(0, dtype=np.int64)
     none = np.zeros(0, dtype=bool)
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)
     candidate_rows(empty, empty, empty, empty, empty, empty, none, empty, none, none)
+    overlapping_rows(empty, empty, empty, empty, none, 0, 0, 1)

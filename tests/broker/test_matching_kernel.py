@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.matching import Candidates
-from broker.matching_kernel import blocked_ranges, warm
+from broker.matching_kernel import blocked_ranges, overlapping_rows, warm
 from tests.broker.test_matching_property import catalogue
 
 T0 = 1_800_000_000
@@ -213,3 +213,39 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
     assert index.tolist() == positions[expected_rows].tolist()
     assert cards.tolist() == hold_cards[expected_rows].tolist()
     assert ordered == (index.tolist() == sorted(index.tolist()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(1, 50),  # island id
+            st.integers(0, 40),  # start
+            st.integers(1, 20),  # length
+            st.integers(1, 8),  # cards
+            st.booleans(),  # alive
+        ),
+        max_size=40,
+    ),
+    spare=st.integers(0, 5),
+    lo=st.integers(-5, 60),
+    length=st.integers(0, 30),
+)
+def test_the_book_rows_in_a_window_are_the_live_ones_that_overlap_it_in_order(
+    rows: list[tuple[int, int, int, int, bool]], spare: int, lo: int, length: int
+) -> None:
+    """The compiled selection of the hold book's rows keeps, in row order, exactly the live rows among the
+    first ``n`` (the book's arrays have spare room after them, which is never read) that overlap
+    ``[lo, hi)``: a row ending at ``lo`` or starting at ``hi`` does not."""
+    hi = lo + length
+    padded = rows + [(99, 0, 100, 9, True)] * spare  # past n: must be ignored
+
+    def column(i: int, dtype: type) -> np.ndarray:
+        return np.array([row[i] if i != 2 else row[1] + row[2] for row in padded], dtype=dtype)
+
+    island, start, end, cards = (column(i, np.int64) for i in range(4))
+    alive = np.array([row[4] for row in padded], dtype=bool)
+    got = overlapping_rows(island, start, end, cards, alive, len(rows), lo, hi)
+    expected = [(i, s, s + d, c) for i, s, d, c, live in rows if live and s < hi and s + d > lo]
+    assert list(zip(*(a.tolist() for a in got), strict=True)) == expected
+    assert all(a.dtype == np.int64 for a in got)
