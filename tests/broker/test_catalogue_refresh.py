@@ -4,6 +4,13 @@
 PostgreSQL only (the refresh finds rows by ``xmin``; elsewhere the catalogue is always read whole), and with
 real commits: rows written inside one test transaction all carry that transaction's id, so every refresh
 would see everything as written.
+
+The tests count whole reads, and those counts assume a quiet PostgreSQL server. A snapshot's ``xmin`` is the
+oldest transaction still running anywhere on the server, in any database: while another session holds a
+transaction open (a parallel test worker's, in its own database), rows this test committed before the
+catalogue's read carry ids above the read's floor and look written since, so a refresh reads whole where
+a quiet server would patch. That is the refresh erring on the safe side, not a fault, but it changes the
+counts: run this module serially (as CI does), not under ``pytest -n``.
 """
 
 from __future__ import annotations
