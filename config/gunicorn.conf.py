@@ -21,8 +21,9 @@ bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')
 # One worker more than there are cores. Threads overlap the database waits and the event loop the
 # long-polls, but a worker's request threads share one interpreter lock: under the design-load soak (issue
 # 14, 2 cores) two workers served 131 quotes/s at 8.7 ms of web CPU per request, three 154 at 8.1, four 150
-# at 8.5 (fewer threads waiting on each lock, less CPU lost handing it over). Each worker holds its own
-# catalogue and hold book (~350 MB at 10k clusters and 100k leases).
+# at 8.5 (most likely fewer threads waiting on each lock, less CPU lost handing it over: not measured
+# directly). Each worker holds its own catalogue and hold book (~350 MB at 10k clusters and 100k leases).
+# benchmarks.prodserver.PRODUCTION_WORKERS repeats this default (a gunicorn config file is not importable).
 workers = int(os.environ.get("WEB_CONCURRENCY") or (os.cpu_count() or 1) + 1)
 worker_class = "config.uvicorn_worker.CardhourUvicornWorker"
 # A worker that answers nothing for this long (its loop stuck) is restarted; long-polls are far shorter.

@@ -240,10 +240,10 @@ def test_the_book_rows_in_a_window_are_the_live_ones_that_overlap_it_in_order(
     hi = lo + length
     padded = rows + [(99, 0, 100, 9, True)] * spare  # past n: must be ignored
 
-    def column(i: int, dtype: type) -> np.ndarray:
-        return np.array([row[i] if i != 2 else row[1] + row[2] for row in padded], dtype=dtype)
+    def column(i: int) -> np.ndarray:  # the end is start + length
+        return np.array([row[i] if i != 2 else row[1] + row[2] for row in padded], dtype=np.int64)
 
-    island, start, end, cards = (column(i, np.int64) for i in range(4))
+    island, start, end, cards = (column(i) for i in range(4))
     alive = np.array([row[4] for row in padded], dtype=bool)
     got = overlapping_rows(island, start, end, cards, alive, len(rows), lo, hi)
     expected = [(i, s, s + d, c) for i, s, d, c, live in rows if live and s < hi and s + d > lo]
