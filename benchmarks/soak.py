@@ -545,6 +545,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             "CACHE_URL": args.cache_url,
             "CARDHOUR_BENCH_SERVER_LOG": str(log_dir / "soak-server.log"),
             "GUNICORN_LOGLEVEL": "info",
+            **({"CARDHOUR_WSGI_THREADS": str(args.wsgi_threads)} if args.wsgi_threads else {}),
         },
     )
     celery: Celery | None = None
@@ -950,6 +951,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=PRODUCTION_WORKERS,
         help=f"web server processes (default {PRODUCTION_WORKERS}: the production default, one more than the cores)",
+    )
+    parser.add_argument(
+        "--wsgi-threads",
+        type=int,
+        help="request threads per web worker (CARDHOUR_WSGI_THREADS; default: the production default)",
     )
     parser.add_argument(
         "--celery-concurrency", type=int, default=2, help="slots of the worker for rating and the long jobs"
