@@ -32,6 +32,7 @@ island's occupancy under row locks in the database, which is what guarantees no 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import threading
@@ -157,11 +158,7 @@ class Catalogue:
         known = self.cluster_reliability[cluster_index] if self.cluster_reliability else None
         if known is not None:
             return known
-        return ClusterScore(
-            percent=(Decimal(int(self.reliability_e3[cluster_index])) / 1000).quantize(Decimal("0.001")),
-            interruptions_per_1000_card_hours=None,
-            prior=True,
-        )
+        return _prior_score(int(self.reliability_e3[cluster_index]))
 
     @property
     def size(self) -> int:
@@ -310,6 +307,17 @@ class ClusterScore:
     percent: Decimal
     interruptions_per_1000_card_hours: Decimal | None
     prior: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def _prior_score(reliability_e3: int) -> ClusterScore:
+    """The score a quote shows of a cluster with no score of its own: the prior (per mille), made once per
+    value (it is immutable)."""
+    return ClusterScore(
+        percent=(Decimal(reliability_e3) / 1000).quantize(Decimal("0.001")),
+        interruptions_per_1000_card_hours=None,
+        prior=True,
+    )
 
 
 def _reliability(cluster_ids: list[int], prior_e3: int) -> tuple[np.ndarray, list[ClusterScore | None]]:

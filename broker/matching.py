@@ -66,6 +66,15 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CENT = Decimal("0.01")
 _MICRO = Decimal("0.000001")
 _E4 = 10**4
+# A tariff band's multiplier as a Decimal, by its value × 10⁴ (exact at any precision: at most 4 places).
+_MULTIPLIERS: dict[int, Decimal] = {}
+
+
+def _multiplier(e4: int) -> Decimal:
+    multiplier = _MULTIPLIERS.get(e4)
+    if multiplier is None:
+        multiplier = _MULTIPLIERS[e4] = Decimal(e4) / _E4
+    return multiplier
 
 
 def _at(seconds: int) -> datetime:
@@ -638,6 +647,11 @@ def _top_entries(primary: np.ndarray, counts: np.ndarray, limit: int) -> np.ndar
         return np.zeros(0, dtype=np.int64)
     if len(primary) <= limit:
         return np.arange(len(primary))
+    if primary.dtype == np.float64:
+        # The same positions in one compiled pass (imported here, as in Candidates.rows_of).
+        from broker.matching_kernel import smallest_entries
+
+        return smallest_entries(primary, limit)
     cut = np.partition(primary, limit - 1)[limit - 1]
     return np.nonzero(primary <= cut)[0]
 
@@ -1037,7 +1051,7 @@ def _bands(
     out = []
     for band, band_seconds in seconds:
         card_seconds = cards * band_seconds
-        multiplier = Decimal(tariff.multipliers_e4[band]) / _E4
+        multiplier = _multiplier(tariff.multipliers_e4[band])
         out.append(
             BandCost(
                 band=tariff.bands[band],
@@ -1054,7 +1068,7 @@ def _cost(tariff: CompiledTariff, seconds: tuple[tuple[int, int], ...], cards: i
     """The sum of ``_bands``' costs, without the rest of each band's figures."""
     return sum(
         (
-            (rate * (cards * band_seconds) * (Decimal(tariff.multipliers_e4[band]) / _E4) / 3600).quantize(
+            (rate * (cards * band_seconds) * _multiplier(tariff.multipliers_e4[band]) / 3600).quantize(
                 _CENT, ROUND_HALF_EVEN
             )
             for band, band_seconds in seconds

@@ -35,6 +35,19 @@ def _compiled(function: Callable[..., Any]) -> Any:
         return njit(nogil=True)(function)
 
 
+@njit(inline="always")
+def _floor_div(x: int, d: int, inverse: float) -> int:  # pragma: no cover - compiled
+    """``x // d`` for ``d > 0`` (``inverse`` = ``1 / d``) without an integer division: the float quotient
+    truncated is off by at most one either way (|x| far below 2⁵³), and the remainder says which way."""
+    q = np.int64(x * inverse)
+    rest = x - q * d
+    if rest < 0:
+        q -= 1
+    elif rest >= d:
+        q += 1
+    return q
+
+
 @_compiled
 def blocked_ranges(
     index: np.ndarray,
@@ -88,8 +101,35 @@ def blocked_ranges(
     f = 0  # the next first_only island
     r = 0  # the next reported island
     last_island = np.iinfo(np.int64).max
+    inv = 1.0 / step
+    lone_full = n_starts <= 0  # with no start at all, every island is full (the walk below says so too)
     while i < n or f < n_first:
         island = index[i] if i < n else last_island
+        # An island with one row, not a first_only island, and (below) no report: most of them.
+        lone = i < n and (i + 1 >= n or index[i + 1] != island) and (f >= n_first or first_only[f] > island)
+        if lone:
+            while r < n_reported and reported[r] < island:
+                r += 1
+            lone = r >= n_reported or reported[r] != island
+        if lone:
+            # The single-hold rule below without a branch on the data:
+            # the range is written whether or not it is kept (kept: the output moves on), as is the island
+            # as full, so the loop does not mispredict when blocked and free islands alternate.
+            row = rows[i]
+            room = capacity[island] - cluster_need[island_cluster[island]]
+            first = min(max(_floor_div(starts[row] - t0, step, inv), 0), slots)
+            last = min(max(-_floor_div(t0 - ends[row], step, inv), 0), slots)
+            a = max(first - run + 1, 0)
+            b = min(last, n_starts)
+            out_island[m] = island
+            out_a[m] = a
+            out_b[m] = b
+            kept = (cards[i] > room) & (first < last) & (a < b)
+            m += kept
+            full[n_full] = island
+            n_full += lone_full | (kept & (a == 0) & (b >= n_starts))
+            i += 1
+            continue
         if f < n_first and first_only[f] < island:
             island = first_only[f]
             j = i  # an island with no rows
@@ -270,6 +310,46 @@ def overlapping_rows(
     return out_island[:m], out_start[:m], out_end[:m], out_cards[:m]
 
 
+@_compiled
+def smallest_entries(primary: np.ndarray, limit: int) -> np.ndarray:  # pragma: no cover - compiled
+    """The positions (ascending) of the entries of ``primary`` not above its ``limit``-th smallest value
+    (duplicates counted): ``np.nonzero(primary <= np.partition(primary, limit - 1)[limit - 1])[0]`` for
+    ``1 <= limit <= len(primary)``, in two passes and without a copy of ``primary``.
+
+    The first pass keeps the ``limit`` smallest values seen so far in a small sorted buffer (a value
+    enters only when it is below the buffer's largest, which, over values in no particular order, is a
+    few dozen times per quote); the second writes the positions. NaN is never kept, as np.partition sorts
+    it last: with fewer than ``limit`` numbers the cut is NaN and no position is returned, as numpy's
+    comparison with NaN returns none. The ranking of a quote's offers calls it over every cluster with
+    candidates (thousands), where np.partition's copy and introselect took ~0.1 ms."""
+    best = np.empty(limit, dtype=np.float64)
+    filled = 0
+    for i in range(len(primary)):
+        value = primary[i]
+        if value != value:  # NaN
+            continue
+        if filled < limit:
+            at = filled
+            filled += 1
+        elif value < best[limit - 1]:
+            at = limit - 1
+        else:
+            continue
+        while at > 0 and best[at - 1] > value:
+            best[at] = best[at - 1]
+            at -= 1
+        best[at] = value
+    out = np.empty(len(primary), dtype=np.int64)
+    m = 0
+    if filled < limit:
+        return out[:0]
+    cut = best[limit - 1]
+    for i in range(len(primary)):
+        out[m] = i
+        m += primary[i] <= cut
+    return out[:m]
+
+
 def warm() -> None:
     """Compile (or load from the cache) the kernel now, with the argument types the matcher passes."""
     empty = np.zeros(0, dtype=np.int64)
@@ -277,3 +357,4 @@ def warm() -> None:
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)
     candidate_rows(empty, empty, empty, empty, empty, empty, none, empty, none, none)
     overlapping_rows(empty, empty, empty, empty, none, 0, 0, 1)
+    smallest_entries(np.ones(1, dtype=np.float64), 1)

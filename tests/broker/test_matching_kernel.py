@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.matching import Candidates
-from broker.matching_kernel import blocked_ranges, overlapping_rows, warm
+from broker.matching_kernel import blocked_ranges, overlapping_rows, smallest_entries, warm
 from tests.broker.test_matching_property import catalogue
 
 T0 = 1_800_000_000
@@ -249,3 +249,29 @@ def test_the_book_rows_in_a_window_are_the_live_ones_that_overlap_it_in_order(
     expected = [(i, s, s + d, c) for i, s, d, c, live in rows if live and s < hi and s + d > lo]
     assert list(zip(*(a.tolist() for a in got), strict=True)) == expected
     assert all(a.dtype == np.int64 for a in got)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.sampled_from([0.0, 1.5, 2.0, 2.0, 7.25]),  # ties, as clusters at one price have
+            st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+            st.just(float("nan")),
+            st.just(float("inf")),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    data=st.data(),
+)
+def test_the_smallest_entries_are_numpys_partition_cut(values: list[float], data: st.DataObject) -> None:
+    """The compiled selection of the ranking's entries keeps exactly what numpy's partition keeps: every
+    position whose value is not above the ``limit``-th smallest (ties all kept), ascending; none when
+    NaN is the cut (fewer numbers than ``limit``)."""
+    limit = data.draw(st.integers(1, len(values)))
+    primary = np.array(values, dtype=np.float64)
+    expected = np.nonzero(primary <= np.partition(primary, limit - 1)[limit - 1])[0]
+    got = smallest_entries(primary, limit)
+    assert got.dtype == np.int64
+    assert got.tolist() == expected.tolist()
