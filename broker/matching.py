@@ -490,10 +490,12 @@ def _rank_offers(
     # ``kept_islands[kept_bounds[j]:kept_bounds[j + 1]]`` (until ``alone`` grows).
     kept_clusters = kept_islands = kept_bounds = np.zeros(0, dtype=np.int64)
 
+    kept_of: dict[int, tuple[int, int]] = {}  # kept cluster → its islands' bounds in kept_islands
+
     def with_cluster(cl: int) -> np.ndarray:
-        j = int(np.searchsorted(kept_clusters, cl))
-        if j < len(kept_clusters) and kept_clusters[j] == cl:
-            return kept_islands[kept_bounds[j] : kept_bounds[j + 1]]
+        bounds = kept_of.get(cl)
+        if bounds is not None:
+            return kept_islands[bounds[0] : bounds[1]]
         return _live_members(c, cl, live, alone)
 
     while True:
@@ -516,6 +518,8 @@ def _rank_offers(
         kept_group = keep < len(groups)
         kept_clusters = groups[keep[kept_group]]  # ascending, as ``groups``
         kept_islands, kept_bounds = _live_members_of(c, kept_clusters, live, alone)
+        bounds = kept_bounds.tolist()
+        kept_of = {cl: (bounds[j], bounds[j + 1]) for j, cl in enumerate(kept_clusters.tolist())}
         # Each kept entry's lowest island: a group's first live island (it has one: ``members``), an
         # island priced alone's first of its (cluster, start).
         lowest = np.concatenate(
