@@ -1,6 +1,7 @@
 """The matcher's loops over a quote's holds, compiled (numba): the holds in its window
 (``overlapping_rows``), which of them belong to candidate islands (``candidate_rows``) and, per island,
-the starts they block (``blocked_ranges``).
+the starts they block (``blocked_ranges``); and the ranking's first cut over every cluster with candidates
+(``smallest_entries``).
 
 Every quote looks at every hold in its window (tens of thousands at design load) to find, per island, the
 start ranges where too few cards are free, and the islands left with no start at all (the count of
@@ -9,7 +10,8 @@ took ~25 passes, each allocating a temporary as large as the holds: about 1.7 ms
 largest single part of a quote. Here it is two passes in compiled code over the holds (the selection,
 then the holds grouped by island), with nothing allocated per row. broker.matching._blocked calls them
 (and adds the heartbeat reports); tests/broker/test_matching_property.py holds the whole matcher to a
-brute force over every slot, and tests/broker/test_matching_kernel.py these loops to plain Python ones.
+brute force over every slot, and tests/broker/test_matching_kernel.py these loops to plain Python (or
+numpy) ones.
 
 Each function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
 it is writable, else in the user's cache directory (``NUMBA_CACHE_DIR`` picks another), where a process

@@ -1,6 +1,7 @@
 """broker.matching_kernel.blocked_ranges against a plain Python count of every slot: the same blocked
 starts per island and the same full islands, for any rows, needs, reports and windows; and the shape its
-callers read (ranges sorted by island, then start; full islands ascending)."""
+callers read (ranges sorted by island, then start; full islands ascending). And the other compiled loops
+against plain Python or numpy."""
 
 from __future__ import annotations
 

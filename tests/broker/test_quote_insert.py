@@ -68,8 +68,9 @@ def test_awkward_values_are_stored_as_bulk_create_stores_them(
     buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
 ) -> None:
     """Quotes, backslashes, percent signs and non-ASCII text in the JSON, values with more places than
-    their column, a replaced lease, another time zone, an empty list: each row equal to bulk_create's,
-    ids in the order of the quotes."""
+    their column, a replaced lease, another time zone, an empty list, values of other classes than their
+    fields' (a number as text, an int for a boolean): each row equal to bulk_create's, ids in the order of
+    the quotes."""
     from zoneinfo import ZoneInfo
 
     quote_set = quote_create(job=make_job(buyer=buyer, cards=4), limit=4)
@@ -90,6 +91,10 @@ def test_awkward_values_are_stored_as_bulk_create_stores_them(
             quote.replaces_id = lease.pk if index % 2 else None
             quote.start_at = quote.start_at.astimezone(ZoneInfo("America/New_York"))
             quote.draw_class = "芯片-x"
+            if index % 3 == 0:  # values of other classes than their fields': prepared by the field
+                quote.cards = str(quote.cards)
+                quote.saving = "0.5"
+                quote.balance_sufficient = 1
     _quotes_insert(ours)
     Quote.objects.bulk_create(theirs)
     assert [quote.rank for quote in ours] == [100 - i for i in range(len(ours))]
