@@ -296,7 +296,7 @@ def match(
             delta=delta,
             limit=limit,
         )
-        memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
+        memo = _Memo()
         placements = [
             _placement(
                 spec,
@@ -359,7 +359,7 @@ def match(
             exact[island] = (k, float(values[k]), int(np.argmax(ok)))
             members[cluster[island]] -= 1
     placements = []
-    memo = {}
+    memo = _Memo()
     for island in top:
         cl = int(cluster[island])
         if island in exact:
@@ -1008,7 +1008,7 @@ def _match_spanning(
     lat = np.array([p[1] for p in placements_raw])
     order = _rank(spec, costs, lat, np.array([c.cluster_id[p[2]] for p in placements_raw]), limit)
     origin = c.hub_codes.index(spec.origin_hub)
-    memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
+    memo = _Memo()
     placements = [
         _placement(
             spec,
@@ -1025,6 +1025,21 @@ def _match_spanning(
         for j in order
     ]
     return _result(reason, placements, window, n, feasible=len(placements_raw))
+
+
+class _Memo:
+    """What the placements of one quote share: the seconds per band of a run (by tariff, start and end)
+    and a run's prices (by tariff, rate, cards, start and earliest start): ten offers mostly come at a few
+    starts (a tariff's cheapest, the window's first) and a few prices (clusters priced alike), ~3 prices
+    for 10 offers at design load."""
+
+    __slots__ = ("prices", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] = {}
+        self.prices: dict[
+            tuple[int, Decimal, int, int, int], tuple[tuple[BandCost, ...], Decimal, Decimal, Decimal]
+        ] = {}
 
 
 def _band_seconds(
@@ -1093,32 +1108,38 @@ def _placement(
     first_k: int,
     origin: int,
     alternatives: list[tuple[int, int]] | None = None,
-    memo: dict[tuple[int, int, int], tuple[tuple[int, int], ...]] | None = None,
+    memo: _Memo | None = None,
 ) -> Placement:
-    """One placement, priced exactly. ``memo``: shared by the placements of one quote (see
-    ``_band_seconds``)."""
-    memo = {} if memo is None else memo
+    """One placement, priced exactly. ``memo``: shared by the placements of one quote (see ``_Memo``)."""
+    memo = _Memo() if memo is None else memo
     price = c.cluster_price[cluster_index]
     assert price is not None
-    tariff = tariff_of(price.tariff_version_id)
     cards = sum(cards for _, cards in allocation)
     start = window.start(k)
-    rate = price.rate_per_card_hour
-    seconds = _band_seconds(tariff, start, start + window.duration, memo, price.tariff_version_id)
-    bands = _bands(tariff, seconds, cards, rate)
-    cost = sum((b.cost for b in bands), Decimal("0.00"))
     earliest = window.start(first_k)
-    first_cost = (
-        cost
-        if first_k == k
-        else _cost(
-            tariff,
-            _band_seconds(tariff, earliest, earliest + window.duration, memo, price.tariff_version_id),
-            cards,
-            rate,
+    rate = price.rate_per_card_hour
+    key = (price.tariff_version_id, rate, cards, start, earliest)
+    priced = memo.prices.get(key)
+    if priced is None:
+        tariff = tariff_of(price.tariff_version_id)
+        seconds = _band_seconds(tariff, start, start + window.duration, memo.seconds, price.tariff_version_id)
+        bands = _bands(tariff, seconds, cards, rate)
+        cost = sum((b.cost for b in bands), Decimal("0.00"))
+        first_cost = (
+            cost
+            if first_k == k
+            else _cost(
+                tariff,
+                _band_seconds(
+                    tariff, earliest, earliest + window.duration, memo.seconds, price.tariff_version_id
+                ),
+                cards,
+                rate,
+            )
         )
-    )
-    draw = sum((Decimal(b.card_seconds) * b.multiplier for b in bands), Decimal(0)) / 3600
+        draw = sum((Decimal(b.card_seconds) * b.multiplier for b in bands), Decimal(0)) / 3600
+        priced = memo.prices[key] = (bands, cost, first_cost, draw)
+    bands, cost, first_cost, draw = priced
     chip = int(c.cluster_chip[cluster_index])
     factor_e4 = int(c.chip_factor_e4[chip])
     factor = Decimal(factor_e4) / _E4 if factor_e4 else None

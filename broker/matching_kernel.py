@@ -38,7 +38,7 @@ def _compiled(function: Callable[..., Any]) -> Any:
 
 
 @njit(inline="always")
-def _floor_div(x: int, d: int, inverse: float) -> int:  # pragma: no cover - compiled
+def _floor_div(x: Any, d: Any, inverse: float) -> Any:  # pragma: no cover - compiled
     """``x // d`` for ``d > 0`` (``inverse`` = ``1 / d``) without an integer division: the float quotient
     truncated is off by at most one either way (|x| far below 2⁵³), and the remainder says which way."""
     q = np.int64(x * inverse)
