@@ -121,6 +121,27 @@ def integrated_multiplier(tariff: CompiledTariff, window: Window) -> np.ndarray:
     return m(starts + window.duration) - m(starts)
 
 
+# integrated_multiplier's answers by tariff (the object, kept alive with its answer so that its id is not
+# reused) and window: a job whose window starts later than now has the same window on every quote, and a
+# buyer re-quotes a job until it accepts; a job that starts now has a new window every second and is
+# computed each time. Bounded: emptied when full (a few KB each). Read-only arrays.
+_INTEGRATED: dict[tuple[int, Window], tuple[CompiledTariff, np.ndarray]] = {}
+_INTEGRATED_MAX = 1024
+
+
+def _integrated_multiplier_of(tariff: CompiledTariff, window: Window) -> np.ndarray:
+    key = (id(tariff), window)
+    known = _INTEGRATED.get(key)
+    if known is not None and known[0] is tariff:
+        return known[1]
+    values = integrated_multiplier(tariff, window)
+    values.flags.writeable = False
+    if len(_INTEGRATED) >= _INTEGRATED_MAX:
+        _INTEGRATED.clear()
+    _INTEGRATED[key] = (tariff, values)
+    return values
+
+
 def _ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return -(-a // b)
 
@@ -202,7 +223,7 @@ def match(
         best_k = np.zeros(len(tariffs) + 1, dtype=np.int64)
         best_value = np.zeros(len(tariffs) + 1, dtype=np.float64)
         for i, t in enumerate(tariffs.tolist()):
-            values = delta[t] = integrated_multiplier(tariff_of(t), window)
+            values = delta[t] = _integrated_multiplier_of(tariff_of(t), window)
             best_k[i + 1] = int(np.argmin(values))
             best_value[i + 1] = float(values[best_k[i + 1]])
         cluster_best_k = best_k[of_cluster]

@@ -6,17 +6,22 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.matching import (
     BlockedStarts,
+    Window,
     _blocked_starts,
     _first_feasible_each,
+    _integrated_multiplier_of,
     _live_members,
     _live_members_of,
+    integrated_multiplier,
     window_of,
 )
+from metering.tariffs import PRESETS, tariff_compile
 from tests.broker.test_matching_property import NOW, STEP, _hold_arrays, _spec, catalogue
 
 ranges_strategy = st.lists(
@@ -112,3 +117,22 @@ def test_island_index_is_each_ids_position_or_minus_one(known: list[int], asked:
     ids = np.array(asked, dtype=np.int64)
     assert cat.island_index(ids).tolist() == [positions.get(i, -1) for i in asked]
     assert cat.island_index(ids).dtype == np.int64
+
+
+def test_a_remembered_integration_is_the_tariffs_own_and_read_only() -> None:
+    """The integrated multiplier kept per tariff and window is what integrating gives; another tariff
+    object (even an equal one, as a reused id would bring) is integrated afresh; the kept array cannot be
+    changed by a caller."""
+    window = Window(t0=1_800_000_000, step=STEP, duration=8 * 3600, starts=40)
+    gd, nx = tariff_compile(PRESETS["cn-gd"].spec), tariff_compile(PRESETS["cn-nx"].spec)
+    first = _integrated_multiplier_of(gd, window)
+    assert np.array_equal(first, integrated_multiplier(gd, window))
+    assert _integrated_multiplier_of(gd, window) is first
+    assert np.array_equal(_integrated_multiplier_of(nx, window), integrated_multiplier(nx, window))
+    assert not np.array_equal(first, integrated_multiplier(nx, window))
+    twin = tariff_compile(PRESETS["cn-gd"].spec)
+    assert _integrated_multiplier_of(twin, window) is not first
+    later = Window(t0=window.t0 + STEP, step=STEP, duration=window.duration, starts=window.starts)
+    assert np.array_equal(_integrated_multiplier_of(gd, later), integrated_multiplier(gd, later))
+    with pytest.raises(ValueError, match="read-only"):
+        first[0] = 0
