@@ -108,21 +108,60 @@ def _plan(placement: Placement, packs: BuyerPacks | None) -> DrawPlan | None:
     )
 
 
-def _breakdown(placement: Placement, plan: DrawPlan | None) -> dict[str, object]:
+class _Shared:
+    """What the quotes of one request share, made once: the draw plans and their JSON by what a plan
+    depends on, and the bands' JSON by the placements' bands (the matcher gives placements priced alike
+    the same bands). The JSON documents are shared between the quotes' breakdowns, which are written as
+    they are and never changed."""
+
+    __slots__ = ("bands", "packs", "plans")
+
+    def __init__(self, packs: BuyerPacks | None) -> None:
+        self.packs = packs
+        self.plans: dict[tuple[object, ...], tuple[DrawPlan | None, dict[str, object] | None]] = {}
+        self.bands: dict[int, tuple[tuple[object, ...], list[dict[str, object]]]] = {}
+
+    def plan(self, placement: Placement) -> tuple[DrawPlan | None, dict[str, object] | None]:
+        key = (
+            placement.accelerator,
+            placement.standard_card_factor,
+            placement.expected_draw,
+            placement.rate_per_card_hour,
+            placement.start_at,
+        )
+        known = self.plans.get(key)
+        if known is None:
+            plan = _plan(placement, self.packs)
+            known = self.plans[key] = (plan, plan.as_json() if plan is not None else None)
+        return known
+
+    def bands_json(self, placement: Placement) -> list[dict[str, object]]:
+        known = self.bands.get(id(placement.bands))
+        if known is None or known[0] is not placement.bands:  # the tuple is kept, so its id is its own
+            known = self.bands[id(placement.bands)] = (
+                placement.bands,
+                [
+                    {
+                        "band": band.band,
+                        "multiplier": str(band.multiplier),
+                        "card_seconds": band.card_seconds,
+                        "card_hours": str(band.card_hours),
+                        "cost": str(band.cost),
+                    }
+                    for band in placement.bands
+                ],
+            )
+        return known[1]
+
+
+def _breakdown(
+    placement: Placement, plan_json: dict[str, object] | None, bands: list[dict[str, object]]
+) -> dict[str, object]:
     return {
         # Which of the buyer's packs would pay, in each pack's unit, and the buyer's effective price:
         # the buyer's balances at quote time, drawn rating's way (broker.draws).
-        "draw_plan": plan.as_json() if plan is not None else None,
-        "bands": [
-            {
-                "band": band.band,
-                "multiplier": str(band.multiplier),
-                "card_seconds": band.card_seconds,
-                "card_hours": str(band.card_hours),
-                "cost": str(band.cost),
-            }
-            for band in placement.bands
-        ],
+        "draw_plan": plan_json,
+        "bands": bands,
         "rate_per_card_hour": str(placement.rate_per_card_hour),
         "price_card_version": placement.price_card_version,
         "tariff": placement.tariff,
@@ -191,7 +230,8 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
     )
     expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
     packs = buyer_packs_after_leases(buyer=job.buyer, at=now) if result.placements else None
-    plans = [_plan(placement, packs) for placement in result.placements]
+    shared = _Shared(packs)
+    plans = [shared.plan(placement) for placement in result.placements]
     quotes = [
         _quote_new(
             job,
@@ -204,7 +244,7 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             end_at=placement.end_at,
             price_card_id=placement.price_card_id,
             cost=placement.cost,
-            breakdown=_breakdown(placement, plan),
+            breakdown=_breakdown(placement, plan_json, shared.bands_json(placement)),
             latency_ms=placement.latency_ms,
             saving=placement.saving,
             expected_draw=placement.expected_draw,
@@ -214,7 +254,9 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
             created_at=now,
             expires_at=expires_at,
         )
-        for rank, (placement, plan) in enumerate(zip(result.placements, plans, strict=True), start=1)
+        for rank, (placement, (plan, plan_json)) in enumerate(
+            zip(result.placements, plans, strict=True), start=1
+        )
     ]
     summary = quote_summary_of(result=result, relaxations=relaxations, quoted_at=now, expires_at=expires_at)
     _quotes_store(quotes, job_id=job.pk, summary=summary)
