@@ -48,7 +48,7 @@ _DRAW_UNITS = {"standard_card_hours": "standard_card_hours", "chip_card_hours": 
 class _Render:
     """One answer's conversions: the thread's decimal context and time zone read once per answer."""
 
-    __slots__ = ("c6", "c8", "c12", "c14", "c16", "c20", "decimals", "times", "zone")
+    __slots__ = ("c6", "c8", "c12", "c14", "c16", "c20", "decimals", "parts", "times", "zone")
 
     def __init__(self) -> None:
         base = getcontext()
@@ -68,6 +68,17 @@ class _Render:
         # instants are written in the same zone).
         self.decimals: dict[tuple[Any, int, int], str | None] = {}
         self.times: dict[datetime | str, str | None] = {}
+        # Parts of the breakdowns that are one object in several quotes (broker.services.quotes shares a
+        # request's draw plans and bands between its quotes), rendered once: by the object's id, with the
+        # object kept so that the id stays its own.
+        self.parts: dict[int, tuple[Any, Any]] = {}
+
+    def part(self, value: Any, render: Any) -> Any:
+        """``render(value)``, remembered within this answer for this very object."""
+        known = self.parts.get(id(value))
+        if known is None or known[0] is not value:
+            known = self.parts[id(value)] = (value, render(value))
+        return known[1]
 
     def dec(self, value: Any, places: int, context: Context) -> str | None:
         """``_dec(value, places, context)``, remembered within this answer."""
@@ -117,16 +128,7 @@ class _Render:
             "end_at": self.time(quote.end_at),
             "cost": dec(quote.cost, _Q2, c16),
             "currency": "CNY",
-            "bands": [
-                {
-                    "band": _str(band["band"]),
-                    "multiplier": dec(band["multiplier"], _Q4, self.c8),
-                    "card_seconds": _int(band["card_seconds"]),
-                    "card_hours": dec(band["card_hours"], _Q6, c20),
-                    "cost": dec(band["cost"], _Q2, c16),
-                }
-                for band in extra["bands"]
-            ],
+            "bands": self.part(extra["bands"], self.bands),
             "latency_ms": dec(quote.latency_ms, _Q3, self.c8),
             "price_card": {
                 "version": _int(extra["price_card_version"]),
@@ -140,7 +142,7 @@ class _Render:
             "draw_class": _str(quote.draw_class),
             "standard_card_factor": dec(extra["standard_card_factor"], _Q4, self.c8),
             "expected_standard_draw": dec(extra["expected_standard_draw"], _Q6, c20),
-            "draw_plan": None if plan is None else self.draw_plan(plan),
+            "draw_plan": None if plan is None else self.part(plan, self.draw_plan),
             "balance_sufficient": _bool(quote.balance_sufficient),
             "reliability": None
             if reliability is None
@@ -155,6 +157,19 @@ class _Render:
             "adjusted_cost": dec(extra.get("adjusted_cost"), _Q2, c16),
             "expires_at": self.time(quote.expires_at),
         }
+
+    def bands(self, bands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        c16, c20, dec = self.c16, self.c20, self.dec
+        return [
+            {
+                "band": _str(band["band"]),
+                "multiplier": dec(band["multiplier"], _Q4, self.c8),
+                "card_seconds": _int(band["card_seconds"]),
+                "card_hours": dec(band["card_hours"], _Q6, c20),
+                "cost": dec(band["cost"], _Q2, c16),
+            }
+            for band in bands
+        ]
 
     def draw_plan(self, plan: dict[str, Any]) -> dict[str, Any]:
         c16, c20, dec = self.c16, self.c20, self.dec

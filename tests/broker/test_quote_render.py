@@ -5,6 +5,7 @@ that differs fails too, and a field added to one side only fails."""
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal, InvalidOperation, localcontext
@@ -153,6 +154,28 @@ def test_the_answer_by_hand_is_the_serializers_answer_for_varied_quote_sets(
                     seen["standard"] += quote["expected_standard_draw"] is not None
     # Every shape of the answer was compared, not only the easy ones.
     assert all(seen.values()), seen
+
+
+def test_parts_shared_between_quotes_render_as_each_quotes_own(
+    funded_buyer: Organisation, market: dict[str, Cluster]
+) -> None:
+    """A request's quotes share one draw plan and one bands document when they are priced alike (each
+    rendered once per answer): the answer is the serializer's whether the parts are one object, equal
+    copies or different."""
+    quote_set = next(
+        quote_set
+        for overrides in JOBS
+        if len((quote_set := quote_create(job=_job(funded_buyer, market, overrides), now=at(0))).quotes) >= 3
+    )
+    first, second, third, *_ = quote_set.quotes
+    assert first.breakdown["draw_plan"] is not None
+    second.breakdown = {**second.breakdown, "bands": first.breakdown["bands"]}
+    second.breakdown["draw_plan"] = first.breakdown["draw_plan"]
+    third.breakdown = {**third.breakdown, "bands": copy.deepcopy(first.breakdown["bands"])}
+    third.breakdown["draw_plan"] = copy.deepcopy(first.breakdown["draw_plan"])
+    answer = assert_same(quote_set)
+    assert answer["quotes"][1]["bands"] == answer["quotes"][0]["bands"] == answer["quotes"][2]["bands"]
+    assert answer["quotes"][1]["draw_plan"] == answer["quotes"][0]["draw_plan"]
 
 
 def test_the_answer_by_hand_follows_the_time_zone_and_the_decimal_context(
