@@ -142,9 +142,6 @@ def blocked_ranges(
         has_first = f < n_first and first_only[f] == island
         if has_first:
             f += 1
-        while r < n_reported and reported[r] < island:
-            r += 1
-        is_reported = r < n_reported and reported[r] == island
         begin = m
         if j > i:
             held = 0
@@ -152,50 +149,38 @@ def blocked_ranges(
                 held += cards[k]
             room = capacity[island] - cluster_need[island_cluster[island]]
             if held > room:
-                if j - i == 1 and not is_reported and not has_first:
-                    row = rows[i]
-                    first = min(max((starts[row] - t0) // step, 0), slots)
-                    last = min(max(-((t0 - ends[row]) // step), 0), slots)
-                    a = max(first - run + 1, 0)
-                    b = min(last, n_starts)
-                    if first < last and a < b:
-                        out_island[m] = island
-                        out_a[m] = a
-                        out_b[m] = b
-                        m += 1
-                else:
-                    edges = 2 * (j - i)
-                    e = 0
-                    for k in range(i, j):
-                        row = rows[k]
-                        edge_key[e] = min(max((starts[row] - t0) // step, 0), slots) * 2 + 1
-                        edge_cards[e] = cards[k]
-                        edge_key[e + 1] = min(max(-((t0 - ends[row]) // step), 0), slots) * 2
-                        edge_cards[e + 1] = -cards[k]
-                        e += 2
-                    for x in range(1, edges):  # insertion sort: an island has a handful of rows
-                        key = edge_key[x]
-                        value = edge_cards[x]
-                        y = x - 1
-                        while y >= 0 and edge_key[y] > key:
-                            edge_key[y + 1] = edge_key[y]
-                            edge_cards[y + 1] = edge_cards[y]
-                            y -= 1
-                        edge_key[y + 1] = key
-                        edge_cards[y + 1] = value
-                    level = 0
-                    for e in range(edges - 1):
-                        level += edge_cards[e]
-                        slot = edge_key[e] >> 1
-                        next_slot = edge_key[e + 1] >> 1
-                        if next_slot > slot and level > room:
-                            a = max(slot - run + 1, 0)
-                            b = min(next_slot, n_starts)
-                            if a < b:
-                                out_island[m] = island
-                                out_a[m] = a
-                                out_b[m] = b
-                                m += 1
+                edges = 2 * (j - i)
+                e = 0
+                for k in range(i, j):
+                    row = rows[k]
+                    edge_key[e] = min(max((starts[row] - t0) // step, 0), slots) * 2 + 1
+                    edge_cards[e] = cards[k]
+                    edge_key[e + 1] = min(max(-((t0 - ends[row]) // step), 0), slots) * 2
+                    edge_cards[e + 1] = -cards[k]
+                    e += 2
+                for x in range(1, edges):  # insertion sort: an island has a handful of rows
+                    key = edge_key[x]
+                    value = edge_cards[x]
+                    y = x - 1
+                    while y >= 0 and edge_key[y] > key:
+                        edge_key[y + 1] = edge_key[y]
+                        edge_cards[y + 1] = edge_cards[y]
+                        y -= 1
+                    edge_key[y + 1] = key
+                    edge_cards[y + 1] = value
+                level = 0
+                for e in range(edges - 1):
+                    level += edge_cards[e]
+                    slot = edge_key[e] >> 1
+                    next_slot = edge_key[e + 1] >> 1
+                    if next_slot > slot and level > room:
+                        a = max(slot - run + 1, 0)
+                        b = min(next_slot, n_starts)
+                        if a < b:
+                            out_island[m] = island
+                            out_a[m] = a
+                            out_b[m] = b
+                            m += 1
         if has_first:
             at = begin
             while at < m and out_a[at] == 0:
