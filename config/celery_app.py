@@ -3,8 +3,10 @@
 from celery import Celery
 
 from config.entrypoint import use_settings
+from core.allocator import malloc_tune
 
 use_settings()  # production unless DJANGO_SETTINGS_MODULE says otherwise (config/entrypoint.py)
+malloc_tune()  # the rating's arrays stay on mapped pages between tasks (core/allocator.py)
 
 # Celery's Django fix-up, except that a worker process keeps its database connection pool between tasks
 # (config/celery_fixup.py says why).

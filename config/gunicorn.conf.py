@@ -11,6 +11,11 @@ import tempfile
 # Keep-alive connections spread over the workers: the shared counts are allocated here, in the master,
 # before any worker forks.
 from config import connection_balance
+from core.allocator import malloc_tune
+
+# The C allocator keeps a quote's short-lived arrays on mapped pages instead of faulting them in afresh for
+# every request (core/allocator.py); set here, in the master, and inherited by every worker it forks.
+malloc_tune()
 
 # Metrics from every worker process are aggregated on scrape (prometheus_client's multiprocess mode): each
 # worker writes its samples under this directory, emptied when the server starts.
