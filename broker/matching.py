@@ -167,52 +167,12 @@ def match(
     c = catalogue
     window = window_of(spec, now=now, step=step)
     n, m = c.size, len(c.cluster_id)
-    # Cluster-level reasons first (10× fewer rows than islands), in two groups around the island-level
-    # fabric check so that each island is counted under the first reason it fails.
-    before = np.zeros(m, dtype=np.int8)
-    after = np.zeros(m, dtype=np.int8)
-
-    def reject(target: np.ndarray, mask: np.ndarray, name: str) -> None:
-        target[(target == 0) & mask] = _R[name]
-
-    if spec.exclude_clusters:
-        before[np.isin(c.cluster_id, np.fromiter(spec.exclude_clusters, dtype=np.int64))] = _EXCLUDED
-    if spec.only_cluster is not None:  # a job pinned to one cluster: the others are not considered
-        before[c.cluster_id != spec.only_cluster] = _EXCLUDED
-    reject(before, ~c.cluster_active, "offline")
-    chip_ok = np.ones(len(c.chip_slugs), dtype=bool)
-    if spec.accelerators:
-        chip_ok &= np.isin(np.array(c.chip_slugs, dtype=object), list(spec.accelerators))
-    if spec.min_fp16_tflops is not None:
-        with np.errstate(invalid="ignore"):
-            chip_ok &= c.chip_tflops_f >= float(spec.min_fp16_tflops)
-    if spec.standard_cards is not None:
-        chip_ok &= c.chip_factor_e4 > 0
-    chip = c.cluster_chip
-    reject(before, ~chip_ok[chip], "chip")
-    if spec.min_memory_gb is not None:
-        with np.errstate(invalid="ignore"):
-            reject(before, ~(c.chip_memory_f >= float(spec.min_memory_gb))[chip], "memory")
-    try:
-        origin = c.hub_codes.index(spec.origin_hub)
-        latency = c.latency_ms[origin][c.cluster_hub]  # per cluster
-    except ValueError:
-        origin = -1
-        latency = np.full(m, np.inf)
-    reject(after, latency > spec.latency_budget_ms, "latency")
-    reject(after, c.cluster_tariff == 0, "unpriced")
-    if spec.min_reliability is not None:
-        reject(after, c.reliability_e3 < math.ceil(spec.min_reliability * 1000), "reliability")
-    rank_rate = _rank_rate(spec, c)
-
-    # Cards each cluster's chip needs: the job's cards, or its standard cards at the chip's factor.
-    if spec.standard_cards is not None:
-        standard_e4 = int(spec.standard_cards * _E4)
-        cluster_need = _ceil_div(
-            np.full(m, standard_e4, dtype=np.int64), np.maximum(c.chip_factor_e4[chip], 1)
-        )
-    else:
-        cluster_need = np.full(m, int(spec.cards or 0), dtype=np.int64)
+    # The cluster-level reasons, the latency from the job's hub, the ranking rate and the cards each
+    # cluster's chip needs: the job's requirements on this catalogue, whatever its window (kept on the
+    # catalogue for the next quote with the same requirements; read-only).
+    req = _requirements_of(spec, c)
+    before, after, latency, origin = req.before, req.after, req.latency, req.origin
+    rank_rate, cluster_need = req.rank_rate, req.cluster_need
 
     # Cost per card of every start, per tariff (a handful), and each cluster's cheapest start.
     delta: dict[int, np.ndarray] = {}
@@ -228,14 +188,18 @@ def match(
             best_value[i + 1] = float(values[best_k[i + 1]])
         cluster_best_k = best_k[of_cluster]
         cluster_best_value = best_value[of_cluster]
-    if spec.max_price_per_card_hour is not None and window.starts:
-        # Average price per card-hour (per standard card-hour) at the cheapest start of the window.
+    price_cap = spec.max_price_per_card_hour if window.starts else None
+    if price_cap is not None:
+        # Average price per card-hour (per standard card-hour) at the cheapest start of the window: a
+        # reason that depends on the window, so on a copy of the requirements' own.
+        chip = c.cluster_chip
         per_card_hour = c.cluster_rate * cluster_best_value / (window.duration * _E4)
         if spec.standard_cards is not None:
             per_card_hour = per_card_hour / (np.maximum(c.chip_factor_e4[chip], 1) / _E4)
-        cap = float(spec.max_price_per_card_hour) * (1 + 1e-12)
+        cap = float(price_cap) * (1 + 1e-12)
+        after = after.copy()
         with np.errstate(invalid="ignore"):
-            reject(after, per_card_hour > cap, "price")
+            _reject(after, per_card_hour > cap, "price")
 
     if spec.gang == "cluster":
         reason = _island_reasons(spec, c, before, after)
@@ -254,41 +218,19 @@ def match(
 
     # An island gang: every count and every choice below is made per cluster, from the catalogue's
     # per-cluster aggregates, and per island only for the islands that holds (or reports) touch and the
-    # islands of the clusters that reach the top: no pass over every island.
-    sizes = c.cluster_size
-    allowed_fabrics = _allowed_fabrics(spec)
-    if allowed_fabrics is None:
-        fabric_ok = np.ones(len(FABRICS), dtype=bool)
-        allowed = sizes
-    else:
-        fabric_ok = np.zeros(len(FABRICS), dtype=bool)
-        fabric_ok[allowed_fabrics] = True
-        allowed = c.fabric_counts[:, allowed_fabrics].sum(axis=1)
-    counts = np.zeros(len(REASONS) + 1, dtype=np.int64)
-    closed = before > 0
-    counts += np.bincount(before[closed], weights=sizes[closed], minlength=len(counts)).astype(np.int64)
-    open_ = before == 0
-    counts[_R["fabric"]] += int((sizes - allowed)[open_].sum())
-    late = open_ & (after > 0)
-    counts += np.bincount(after[late], weights=allowed[late], minlength=len(counts)).astype(np.int64)
-    considered = int(sizes[before != _EXCLUDED].sum())
-    ok_cluster = open_ & (after == 0)
+    # islands of the clusters that reach the top: no pass over every island. What the requirements alone
+    # decide (the counts so far, the clusters left and their candidate islands) is the requirements' own
+    # unless a price cap made ``after`` this window's.
+    gang = req.island_gang(spec, c) if price_cap is None else _IslandGang.of(spec, c, req, after)
+    counts = gang.counts.copy()
+    considered = gang.considered
+    ok_cluster, allowed = gang.ok_cluster, gang.allowed
     if window.starts == 0:
         counts[_R["window"]] += int(allowed[ok_cluster].sum())
         return _result_of(counts, considered, [], window)
-    ok_clusters = np.flatnonzero(ok_cluster)
-    below = c.islands_below(ok_clusters, cluster_need[ok_clusters], allowed_fabrics)
-    counts[_R["capacity"]] += int(below.sum())
-    candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
-    candidates_of[ok_clusters] = allowed[ok_clusters] - below
-
-    # Whether an island passes every check but the holds.
-    candidate = Candidates(
-        c,
-        cluster_ok=ok_cluster,
-        cluster_need=cluster_need,
-        fabric_ok=fabric_ok if allowed_fabrics is not None else None,
-    )
+    counts[_R["capacity"]] += gang.below_total
+    candidates_of = gang.candidates_of
+    candidate = gang.candidate
 
     reports = binding_reports(c, window, candidate)
     blocked = _blocked(c, holds, window, candidate, reports)
@@ -403,6 +345,204 @@ def match(
             )
         )
     return _result_of(counts, considered, placements, window, feasible=feasible)
+
+
+def _reject(target: np.ndarray, mask: np.ndarray, name: str) -> None:
+    """Count ``mask``'s clusters under ``name`` where no earlier reason counts them yet."""
+    target[(target == 0) & mask] = _R[name]
+
+
+def _read_only(*arrays: np.ndarray) -> None:
+    for array in arrays:
+        array.flags.writeable = False
+
+
+# A catalogue keeps the requirements of this many distinct jobs at most (emptied when full): a few per hub
+# and chip class in practice, ~100 KB each at 10k clusters.
+_REQUIREMENTS_MAX = 256
+
+
+def _requirements_key(spec: JobSpec) -> tuple[object, ...]:
+    """What of a job its requirements (``_Requirements``) and island-gang counts (``_IslandGang``, for the
+    jobs with no price cap) depend on: not its window, its price cap or its price weight."""
+    return (
+        spec.cards,
+        spec.standard_cards,
+        spec.accelerators,
+        spec.min_fp16_tflops,
+        spec.min_memory_gb,
+        spec.fabrics,
+        spec.origin_hub,
+        spec.latency_budget_ms,
+        spec.preference,
+        spec.exclude_clusters,
+        spec.only_cluster,
+        spec.min_reliability,
+    )
+
+
+def _requirements_of(spec: JobSpec, c: Catalogue) -> _Requirements:
+    """``_Requirements.of(spec, c)``, kept on the catalogue by ``_requirements_key``: the quotes of one
+    catalogue (a few seconds of quotes at design load) for one set of requirements (a job quoted again,
+    jobs alike from one hub) compute them once. A new catalogue starts with none."""
+    cache: dict[tuple[object, ...], _Requirements] = c.__dict__.setdefault("_requirements", {})
+    key = _requirements_key(spec)
+    known = cache.get(key)
+    if known is None:
+        if len(cache) >= _REQUIREMENTS_MAX:
+            cache.clear()
+        known = cache[key] = _Requirements.of(spec, c)
+    return known
+
+
+class _Requirements:
+    """A job's requirements on one catalogue, per cluster and whatever the job's window: the cluster-level
+    reasons (``before`` the islands' fabric: excluded, offline, chip, memory; ``after`` it: latency,
+    unpriced, reliability, and not the price cap, which depends on the window), the latency from the job's
+    hub (``origin``, -1 for a hub the catalogue does not know, every latency then infinite), the rate the
+    ranking counts and the cards each cluster's chip needs. Read-only arrays: every quote with the same
+    requirements reads the same ones."""
+
+    __slots__ = ("_gang", "after", "before", "cluster_need", "latency", "origin", "rank_rate")
+
+    def __init__(
+        self,
+        *,
+        before: np.ndarray,
+        after: np.ndarray,
+        latency: np.ndarray,
+        origin: int,
+        rank_rate: np.ndarray,
+        cluster_need: np.ndarray,
+    ) -> None:
+        _read_only(before, after, latency, rank_rate, cluster_need)
+        self.before, self.after, self.latency, self.origin = before, after, latency, origin
+        self.rank_rate, self.cluster_need = rank_rate, cluster_need
+        self._gang: _IslandGang | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec, c: Catalogue) -> _Requirements:
+        m = len(c.cluster_id)
+        # Cluster-level reasons first (10× fewer rows than islands), in two groups around the island-level
+        # fabric check so that each island is counted under the first reason it fails.
+        before = np.zeros(m, dtype=np.int8)
+        after = np.zeros(m, dtype=np.int8)
+        if spec.exclude_clusters:
+            before[np.isin(c.cluster_id, np.fromiter(spec.exclude_clusters, dtype=np.int64))] = _EXCLUDED
+        if spec.only_cluster is not None:  # a job pinned to one cluster: the others are not considered
+            before[c.cluster_id != spec.only_cluster] = _EXCLUDED
+        _reject(before, ~c.cluster_active, "offline")
+        chip_ok = np.ones(len(c.chip_slugs), dtype=bool)
+        if spec.accelerators:
+            chip_ok &= np.isin(np.array(c.chip_slugs, dtype=object), list(spec.accelerators))
+        if spec.min_fp16_tflops is not None:
+            with np.errstate(invalid="ignore"):
+                chip_ok &= c.chip_tflops_f >= float(spec.min_fp16_tflops)
+        if spec.standard_cards is not None:
+            chip_ok &= c.chip_factor_e4 > 0
+        chip = c.cluster_chip
+        _reject(before, ~chip_ok[chip], "chip")
+        if spec.min_memory_gb is not None:
+            with np.errstate(invalid="ignore"):
+                _reject(before, ~(c.chip_memory_f >= float(spec.min_memory_gb))[chip], "memory")
+        try:
+            origin = c.hub_codes.index(spec.origin_hub)
+            latency = c.latency_ms[origin][c.cluster_hub]  # per cluster
+        except ValueError:
+            origin = -1
+            latency = np.full(m, np.inf)
+        _reject(after, latency > spec.latency_budget_ms, "latency")
+        _reject(after, c.cluster_tariff == 0, "unpriced")
+        if spec.min_reliability is not None:
+            _reject(after, c.reliability_e3 < math.ceil(spec.min_reliability * 1000), "reliability")
+        # Cards each cluster's chip needs: the job's cards, or its standard cards at the chip's factor.
+        if spec.standard_cards is not None:
+            standard_e4 = int(spec.standard_cards * _E4)
+            cluster_need = _ceil_div(
+                np.full(m, standard_e4, dtype=np.int64), np.maximum(c.chip_factor_e4[chip], 1)
+            )
+        else:
+            cluster_need = np.full(m, int(spec.cards or 0), dtype=np.int64)
+        return cls(
+            before=before,
+            after=after,
+            latency=latency,
+            origin=origin,
+            rank_rate=np.array(_rank_rate(spec, c), dtype=np.float64),  # its own array, made read-only
+            cluster_need=cluster_need,
+        )
+
+    def island_gang(self, spec: JobSpec, c: Catalogue) -> _IslandGang:
+        """``_IslandGang.of`` with these requirements' own ``after`` (a job with no price cap), made once."""
+        gang = self._gang
+        if gang is None:
+            gang = self._gang = _IslandGang.of(spec, c, self, self.after)
+        return gang
+
+
+class _IslandGang:
+    """What an island-gang job's requirements decide before its window and the holds, per cluster from
+    the catalogue's aggregates: the islands counted per reason so far (``counts``, by ``_R``; the islands
+    below the job's need in cards not among them but in ``below_total``: a window with no start counts
+    them under ``window``), the islands considered, the clusters left (``ok_cluster``), their islands on
+    the job's fabrics (``allowed``) and those of them with the cards (``candidates_of``), and the test of
+    an island's static checks (``candidate``). Read-only arrays."""
+
+    __slots__ = ("allowed", "below_total", "candidate", "candidates_of", "considered", "counts", "ok_cluster")
+
+    def __init__(
+        self,
+        *,
+        counts: np.ndarray,
+        considered: int,
+        ok_cluster: np.ndarray,
+        allowed: np.ndarray,
+        candidates_of: np.ndarray,
+        below_total: int,
+        candidate: Candidates,
+    ) -> None:
+        _read_only(counts, ok_cluster, allowed, candidates_of)
+        self.counts, self.considered, self.ok_cluster, self.allowed = counts, considered, ok_cluster, allowed
+        self.candidates_of, self.below_total, self.candidate = candidates_of, below_total, candidate
+
+    @classmethod
+    def of(cls, spec: JobSpec, c: Catalogue, req: _Requirements, after: np.ndarray) -> _IslandGang:
+        m = len(c.cluster_id)
+        before = req.before
+        sizes = c.cluster_size
+        allowed_fabrics = _allowed_fabrics(spec)
+        fabric_ok: np.ndarray | None = None
+        if allowed_fabrics is None:
+            allowed = np.array(sizes, dtype=np.int64)  # its own array, made read-only
+        else:
+            fabric_ok = np.zeros(len(FABRICS), dtype=bool)
+            fabric_ok[allowed_fabrics] = True
+            _read_only(fabric_ok)
+            allowed = c.fabric_counts[:, allowed_fabrics].sum(axis=1)
+        counts = np.zeros(len(REASONS) + 1, dtype=np.int64)
+        closed = before > 0
+        counts += np.bincount(before[closed], weights=sizes[closed], minlength=len(counts)).astype(np.int64)
+        open_ = before == 0
+        counts[_R["fabric"]] += int((sizes - allowed)[open_].sum())
+        late = open_ & (after > 0)
+        counts += np.bincount(after[late], weights=allowed[late], minlength=len(counts)).astype(np.int64)
+        considered = int(sizes[before != _EXCLUDED].sum())
+        ok_cluster = open_ & (after == 0)
+        ok_clusters = np.flatnonzero(ok_cluster)
+        cluster_need = req.cluster_need
+        below = c.islands_below(ok_clusters, cluster_need[ok_clusters], allowed_fabrics)
+        candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
+        candidates_of[ok_clusters] = allowed[ok_clusters] - below
+        return cls(
+            counts=counts,
+            considered=considered,
+            ok_cluster=ok_cluster,
+            allowed=allowed,
+            candidates_of=candidates_of,
+            below_total=int(below.sum()),
+            # Whether an island passes every check but the holds.
+            candidate=Candidates(c, cluster_ok=ok_cluster, cluster_need=cluster_need, fabric_ok=fabric_ok),
+        )
 
 
 def _uniform(values: np.ndarray) -> int | None:

@@ -3,13 +3,16 @@ holds, islands and starts (the whole matcher is held to a brute force in test_ma
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
+from decimal import Decimal
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.catalog import Catalogue
 from broker.matching import (
     BlockedStarts,
     Window,
@@ -19,10 +22,11 @@ from broker.matching import (
     _live_members,
     _live_members_of,
     integrated_multiplier,
+    match,
     window_of,
 )
 from metering.tariffs import PRESETS, tariff_compile
-from tests.broker.test_matching_property import NOW, STEP, _hold_arrays, _spec, catalogue
+from tests.broker.test_matching_property import NOW, STEP, TARIFFS, _hold_arrays, _spec, catalogue
 
 ranges_strategy = st.lists(
     st.tuples(st.integers(0, 7), st.integers(0, 20), st.integers(1, 8)),  # island, a, length
@@ -136,3 +140,97 @@ def test_a_remembered_integration_is_the_tariffs_own_and_read_only() -> None:
     assert np.array_equal(_integrated_multiplier_of(gd, later), integrated_multiplier(gd, later))
     with pytest.raises(ValueError, match="read-only"):
         first[0] = 0
+
+
+_REQUIREMENT_CHANGES = st.one_of(
+    st.tuples(st.just("cards"), st.integers(1, 12)),
+    st.tuples(st.just("duration_seconds"), st.sampled_from([3600, 4 * 3600])),
+    st.tuples(st.just("origin_hub"), st.sampled_from(["yrd", "nx", "nowhere"])),
+    st.tuples(st.just("latency_budget_ms"), st.sampled_from([10, 50])),
+    st.tuples(st.just("max_price_per_card_hour"), st.none() | st.sampled_from([Decimal("3"), Decimal("3.85"), Decimal("5"), Decimal("30")])),
+    st.tuples(st.just("preference"), st.sampled_from(["price", "latency", "adjusted"])),
+    st.tuples(st.just("min_reliability"), st.none() | st.sampled_from([Decimal("90"), Decimal("99.5")])),
+    st.tuples(st.just("exclude_clusters"), st.sampled_from([frozenset(), frozenset({1}), frozenset({2, 3})])),
+    st.tuples(st.just("offset"), st.sampled_from([0, 3 * 3600, 30 * 3600])),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    capacities=st.lists(st.integers(0, 16), min_size=4, max_size=8),
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 7), st.integers(-3600, 30 * 3600), st.integers(60, 10 * 3600), st.integers(1, 8)
+        ),
+        max_size=12,
+    ),
+    cards=st.integers(1, 12),
+    hub=st.sampled_from(["yrd", "nx"]),  # the clusters are in yrd: 5 ms from it, 20 ms from nx
+    changes=st.lists(_REQUIREMENT_CHANGES, min_size=1, max_size=6),
+)
+def test_requirements_kept_on_a_catalogue_answer_as_computed_afresh(
+    capacities: list[int],
+    holds: list[tuple[int, int, int, int]],
+    cards: int,
+    hub: str,
+    changes: list[tuple[str, object]],
+) -> None:
+    """Quotes of a job and of the job with one requirement, its window or its price cap changed at a time,
+    one after another on one catalogue, which keeps each job's requirements for the next quote alike,
+    give exactly what each gives on a catalogue of its own; and what is kept cannot be changed by a
+    caller."""
+
+    def make() -> Catalogue:
+        cat = catalogue(capacities)
+        # Expected SLA credits and reliability scores that differ by cluster, so that the ``adjusted``
+        # preference and a minimum reliability tell clusters apart.
+        cat.cluster_credit = [Decimal(i % 3) / 10 for i in range(len(capacities))]
+        cat.cluster_credit_fraction = np.array([float(x) for x in cat.cluster_credit])
+        cat.cluster_reliability_e3 = np.array([(95 + i % 5) * 1000 for i in range(len(capacities))])
+        cat.cluster_reliability = [None] * len(capacities)
+        return cat
+
+    shared = make()
+    holds = [h for h in holds if h[0] < len(capacities)]
+    arrays = _hold_arrays(holds, int(NOW.timestamp()))
+    base = dataclasses.replace(_spec(cards=cards, duration=3600), origin_hub=hub)
+    for field, value in [("cards", cards), *changes]:
+        if field == "offset":
+            offset = int(value)  # type: ignore[call-overload]
+            spec = dataclasses.replace(
+                base,
+                earliest_start_at=NOW + timedelta(seconds=offset),
+                deadline_at=NOW + timedelta(seconds=offset + 24 * 3600),
+            )
+        else:
+            spec = dataclasses.replace(base, **{field: value})
+        for distinct in (False, True):
+            kept = match(
+                spec=spec,
+                catalogue=shared,
+                holds=arrays,
+                now=NOW,
+                step=STEP,
+                limit=3,
+                tariff_of=TARIFFS.__getitem__,
+                distinct=distinct,
+            )
+            fresh = match(
+                spec=spec,
+                catalogue=make(),
+                holds=arrays,
+                now=NOW,
+                step=STEP,
+                limit=3,
+                tariff_of=TARIFFS.__getitem__,
+                distinct=distinct,
+            )
+            assert kept == fresh
+    for req in shared.__dict__["_requirements"].values():
+        with pytest.raises(ValueError, match="read-only"):
+            req.before[0] = 1
+        with pytest.raises(ValueError, match="read-only"):
+            req.cluster_need[0] = 1
+        if req._gang is not None:  # made for a job with no price cap
+            with pytest.raises(ValueError, match="read-only"):
+                req._gang.counts[0] = 1
