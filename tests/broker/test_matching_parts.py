@@ -147,7 +147,10 @@ _REQUIREMENT_CHANGES = st.one_of(
     st.tuples(st.just("duration_seconds"), st.sampled_from([3600, 4 * 3600])),
     st.tuples(st.just("origin_hub"), st.sampled_from(["yrd", "nx", "nowhere"])),
     st.tuples(st.just("latency_budget_ms"), st.sampled_from([10, 50])),
-    st.tuples(st.just("max_price_per_card_hour"), st.none() | st.sampled_from([Decimal("3"), Decimal("3.85"), Decimal("5"), Decimal("30")])),
+    st.tuples(
+        st.just("max_price_per_card_hour"),
+        st.none() | st.sampled_from([Decimal("3"), Decimal("3.85"), Decimal("5"), Decimal("30")]),
+    ),
     st.tuples(st.just("preference"), st.sampled_from(["price", "latency", "adjusted"])),
     st.tuples(st.just("min_reliability"), st.none() | st.sampled_from([Decimal("90"), Decimal("99.5")])),
     st.tuples(st.just("exclude_clusters"), st.sampled_from([frozenset(), frozenset({1}), frozenset({2, 3})])),
