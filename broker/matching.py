@@ -62,6 +62,7 @@ REASONS = (
 )
 _R = {reason: i + 1 for i, reason in enumerate(REASONS)}
 _EXCLUDED = -1
+_NEVER = int(np.iinfo(np.int64).max)  # no start: above any integrated multiplier
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CENT = Decimal("0.01")
 _MICRO = Decimal("0.000001")
@@ -318,7 +319,7 @@ def match(
         for island in pending:
             ok = blocked.feasible(island)
             values = delta[int(c.cluster_tariff[cluster[island]])]
-            k = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+            k = int(np.argmin(np.where(ok, values, _NEVER)))
             exact[island] = (k, float(values[k]), int(np.argmax(ok)))
             members[cluster[island]] -= 1
     placements = []
@@ -645,7 +646,7 @@ def _rank_offers(
     alone = np.zeros(0, dtype=np.int64)
     alone_k = np.zeros(0, dtype=np.int64)
     alone_value = np.zeros(0, dtype=np.float64)
-    never = np.iinfo(np.int64).max
+    never = _NEVER
     # The live islands (not in ``alone``) of the clusters among the entries kept for the ranking, found
     # in one pass for all of them (ties on cost can keep hundreds): cluster ``kept_clusters[j]``'s are
     # ``kept_islands[kept_bounds[j]:kept_bounds[j + 1]]`` (until ``alone`` grows).
@@ -1147,7 +1148,7 @@ def _match_spanning(
             reason[islands[cluster[islands] == cl]] = _R["capacity"]
             continue
         values = delta[t]
-        best = int(np.argmin(np.where(ok, values, np.iinfo(np.int64).max)))
+        best = int(np.argmin(np.where(ok, values, _NEVER)))
         rows = np.nonzero(cluster[islands] == cl)[0]
         by_free = rows[np.lexsort((c.island_id[islands[rows]], -free[rows, best]))]
         left = int(cluster_need[cl])
