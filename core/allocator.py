@@ -12,8 +12,9 @@ process on the soak's market, ``resource.getrusage`` around 1,000 quotes).
 128 MiB, so that those arrays come from the heap (a request thread's arena) and their pages stay mapped from
 one request to the next: ~1 page fault per quote, and the system CPU per quote falls to ~0.2 ms. The cost
 is memory: each arena keeps up to the trim threshold of free memory at its top instead of returning it (in
-practice what its busiest request used at once, a few megabytes), next to the ~350 MB a web worker's
-catalogue and hold book take.
+practice what its busiest requests used at once): in the design-load soak a web worker of 8 request threads
+held 432–455 MB against 359–374 MB untuned (~70 MB more each, the catalogue and hold book being most of
+the rest); Celery's processes held the same.
 
 Called by the production web server's master before it forks its workers (config/gunicorn.conf.py) and by
 Celery's processes (config/celery_app.py); the settings are inherited across ``fork``. It changes nothing
