@@ -4,6 +4,7 @@ holds, islands and starts (the whole matcher is held to a brute force in test_ma
 from __future__ import annotations
 
 import dataclasses
+import functools
 from datetime import timedelta
 from decimal import Decimal
 
@@ -208,27 +209,10 @@ def test_requirements_kept_on_a_catalogue_answer_as_computed_afresh(
         else:
             spec = dataclasses.replace(base, **{field: value})
         for distinct in (False, True):
-            kept = match(
-                spec=spec,
-                catalogue=shared,
-                holds=arrays,
-                now=NOW,
-                step=STEP,
-                limit=3,
-                tariff_of=TARIFFS.__getitem__,
-                distinct=distinct,
+            quoted = functools.partial(
+                match, spec=spec, holds=arrays, now=NOW, step=STEP, limit=3, tariff_of=TARIFFS.__getitem__
             )
-            fresh = match(
-                spec=spec,
-                catalogue=make(),
-                holds=arrays,
-                now=NOW,
-                step=STEP,
-                limit=3,
-                tariff_of=TARIFFS.__getitem__,
-                distinct=distinct,
-            )
-            assert kept == fresh
+            assert quoted(catalogue=shared, distinct=distinct) == quoted(catalogue=make(), distinct=distinct)
     for req in shared.__dict__["_requirements"].values():
         with pytest.raises(ValueError, match="read-only"):
             req.before[0] = 1
