@@ -8,9 +8,9 @@ the trim threshold. Either way the next quote's arrays land on pages the kernel 
 again: at design load ~280 page faults per quote, ~0.5 ms of system CPU of a ~5.5 ms quote (measured in one
 process on the soak's market, ``resource.getrusage`` around 1,000 quotes).
 
-``malloc_tune`` fixes the mmap threshold at glibc's maximum (32 MiB on 64-bit) and the trim threshold at
-128 MiB, so that those arrays come from the heap (a request thread's arena) and their pages stay mapped from
-one request to the next: ~1 page fault per quote, and the system CPU per quote falls to ~0.2 ms. The cost
+``malloc_tune`` fixes the mmap threshold at 32 MiB (the largest mallopt(3) documents on 64-bit) and the
+trim threshold at 128 MiB, so that those arrays come from the heap (a request thread's arena) and their
+pages stay mapped from one request to the next: ~1 page fault per quote, and the system CPU per quote falls to ~0.2 ms. The cost
 is memory: each arena keeps up to the trim threshold of free memory at its top instead of returning it (in
 practice what its busiest requests used at once): in the design-load soak a web worker of 8 request threads
 held 432–455 MB against 359–374 MB untuned (~70 MB more each, the catalogue and hold book being most of
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 
-MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's largest (HEAP_MAX_SIZE / 2 on 64-bit)
+MMAP_THRESHOLD = 32 * 1024 * 1024  # the largest mallopt(3) documents on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 TRIM_THRESHOLD = 128 * 1024 * 1024
 
 
@@ -45,7 +45,7 @@ def malloc_tune(
     environ: Mapping[str, str] | None = None,
 ) -> bool:
     """Set glibc's mmap and trim thresholds for this process (and the processes it forks from now on);
-    True when both were applied (glibc takes the mmap threshold up to its heap size's half)."""
+    True when both were applied."""
     env = os.environ if environ is None else environ
     if env.get("CARDHOUR_MALLOC_TUNING", "1").strip().lower() in {"0", "false", "no", "off"}:
         return False
@@ -64,5 +64,5 @@ def malloc_tune(
             raise ValueError(f"a malloc threshold must be a C int's non-negative value, not {value}")
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    # mallopt answers 1 when it took the value, 0 when not (a threshold above glibc's limit)
+    # mallopt answers 1 when it took the value, 0 when it refused it
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
