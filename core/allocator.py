@@ -10,11 +10,11 @@ process on the soak's market, ``resource.getrusage`` around 1,000 quotes).
 
 ``malloc_tune`` fixes the mmap threshold at 32 MiB (the largest mallopt(3) documents on 64-bit) and the
 trim threshold at 128 MiB, so that those arrays come from the heap (a request thread's arena) and their
-pages stay mapped from one request to the next: ~1 page fault per quote, and the system CPU per quote falls to ~0.2 ms. The cost
-is memory: each arena keeps up to the trim threshold of free memory at its top instead of returning it (in
-practice what its busiest requests used at once): in the design-load soak a web worker of 8 request threads
-held 432–455 MB against 359–374 MB untuned (~70 MB more each, the catalogue and hold book being most of
-the rest); Celery's processes held the same.
+pages stay mapped from one request to the next: ~1 page fault per quote, and the system CPU per quote
+falls to ~0.2 ms. The cost is memory: each arena keeps up to the trim threshold of free memory at its top
+instead of returning it (in practice what its busiest requests used at once): in the design-load soak a
+web worker of 8 request threads held 432–455 MB against 359–374 MB untuned (~70 MB more each, the
+catalogue and hold book being most of the rest); Celery's processes held the same.
 
 Called by the production web server's master before it forks its workers (config/gunicorn.conf.py) and by
 Celery's processes (config/celery_app.py); the settings are inherited across ``fork``. It changes nothing
