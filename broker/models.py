@@ -144,7 +144,16 @@ class Quote(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="quotes")
     rank = models.PositiveSmallIntegerField()
-    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="+")
+    # The cluster and the price card are the catalogue's own (a quote is made from it), and neither is ever
+    # deleted (no code path deletes one, the admin refuses, PROTECT refuses through the ORM). No constraint
+    # and no index in the database: each of a request's ten rows would otherwise check both, a row lock on
+    # the cluster and the card that every concurrent quote of the same cheap offers takes too (a MultiXact
+    # per shared row, beside the heartbeats' updates of the same clusters) — most of what a quote's insert
+    # costs PostgreSQL beyond the rows themselves (migration 0014). A lease is what money is drawn against,
+    # and a lease's cluster and price card keep their constraints: accepting a quote inserts them.
+    cluster = models.ForeignKey(
+        Cluster, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
+    )
     # [[island_id, cards], ...]: one pair for gang placement in one island, several when spanning.
     allocation = models.JSONField()
     # [[island_id, cards], ...]: the other islands of the cluster that can take the same offer (same start,
@@ -153,7 +162,9 @@ class Quote(models.Model):
     cards = models.PositiveIntegerField()
     start_at = models.DateTimeField()
     end_at = models.DateTimeField()
-    price_card = models.ForeignKey(PriceCard, on_delete=models.PROTECT, related_name="+")
+    price_card = models.ForeignKey(
+        PriceCard, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False
+    )
     cost = models.DecimalField(max_digits=16, decimal_places=2)
     breakdown = models.JSONField(help_text=_("Cost per tariff band."))
     latency_ms = models.DecimalField(max_digits=8, decimal_places=3)
@@ -163,13 +174,19 @@ class Quote(models.Model):
     expected_draw = models.DecimalField(max_digits=20, decimal_places=6)
     draw_class = models.CharField(max_length=64)
     balance_sufficient = models.BooleanField()
-    replaces = models.ForeignKey("Lease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Indexed where set only: almost every quote replaces nothing.
+    replaces = models.ForeignKey(
+        "Lease", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField()
 
     class Meta:
         ordering = ["job_id", "created_at", "rank"]
-        indexes = [models.Index(fields=["expires_at"], name="quote_expires")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="quote_expires"),
+            models.Index(fields=["replaces"], name="quote_replaces", condition=Q(replaces__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"quote {self.pk} for job {self.job_id}"

@@ -255,3 +255,20 @@ def test_a_request_s_quotes_commit_asynchronously_and_nothing_else_does(
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET synchronous_commit")
+
+
+def test_a_quoted_cluster_and_price_card_cannot_be_deleted(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    """The quote's cluster and price card have no constraint in the database (migration 0014): the ORM's
+    PROTECT still refuses to delete either while a quote names it, and the quote keeps both."""
+    from django.db.models import ProtectedError
+
+    quote = quote_create(job=make_job(buyer=buyer, cards=4), limit=1).quotes[0]
+    cluster = Cluster.objects.get(pk=quote.cluster_id)
+    for referred in (cluster.price_cards.get(pk=quote.price_card_id), cluster):
+        with pytest.raises(ProtectedError) as refused:
+            referred.delete()
+        assert quote.pk in {row.pk for row in refused.value.protected_objects if isinstance(row, Quote)}
+    stored = Quote.objects.select_related("cluster", "price_card").get(pk=quote.pk)
+    assert (stored.cluster, stored.price_card_id) == (cluster, quote.price_card_id)
