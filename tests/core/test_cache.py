@@ -104,6 +104,15 @@ def test_count_in_window_counts_and_reads_the_previous_window(redis_cache: Share
     assert 0 < client.ttl(redis_cache.make_key("w:2")) <= 60
 
 
+def test_count_in_window_survives_a_redis_that_lost_its_scripts(redis_cache: SharedPoolRedisCache) -> None:
+    """The counter is a script run by its SHA: a Redis restarted (or ``SCRIPT FLUSH``ed) since the script was
+    loaded is given it again, and the count goes on."""
+    assert redis_cache.count_in_window(key="f:1", previous_key="f:0", timeout=60) == (1, 0)
+    client = redis_cache._cache.get_client(write=True)
+    client.script_flush()
+    assert redis_cache.count_in_window(key="f:1", previous_key="f:0", timeout=60) == (2, 0)
+
+
 def test_count_in_window_is_atomic_under_concurrency(redis_cache: SharedPoolRedisCache) -> None:
     def hammer() -> None:
         for _ in range(50):
