@@ -272,3 +272,34 @@ def test_a_quoted_cluster_and_price_card_cannot_be_deleted(
         assert quote.pk in {row.pk for row in refused.value.protected_objects if isinstance(row, Quote)}
     stored = Quote.objects.select_related("cluster", "price_card").get(pk=quote.pk)
     assert (stored.cluster, stored.price_card_id) == (cluster, quote.price_card_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_purge_deletes_old_unaccepted_quotes_only_in_batches(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster
+) -> None:
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from broker.models import Lease
+    from broker.services.quotes import quotes_purge
+
+    now = timezone.now()
+    job = make_job(buyer=buyer, cards=4)
+    old = [quote.pk for _ in range(3) for quote in quote_create(job=job, limit=4).quotes]  # 6 quotes
+    recent = [quote.pk for quote in quote_create(job=job, limit=4).quotes]
+    Quote.objects.filter(pk__in=old).update(expires_at=now - timedelta(days=1, seconds=1))
+    Quote.objects.filter(pk__in=recent).update(expires_at=now - timedelta(hours=23))
+    lease = make_lease(job=job, cluster=east_cluster)
+    Lease.objects.filter(pk=lease.pk).update(quote_id=old[0])  # an accepted quote is kept, however old
+    with CaptureQueriesContext(connection) as captured:
+        assert quotes_purge(now=now, batch=2) == 5
+    deletes = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == 3  # 2 + 2 + 1: each a statement of its own, none reading rows into Python
+    assert not [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert sorted(Quote.objects.values_list("pk", flat=True)) == sorted([old[0], *recent])
+    assert Lease.objects.get(pk=lease.pk).quote_id == old[0]
+    assert quotes_purge(now=now, batch=2) == 0
