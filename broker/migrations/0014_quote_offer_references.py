@@ -13,13 +13,37 @@ What the constraints guarded still holds: clusters and price cards are never del
 one, the admin refuses it, and PROTECT still refuses it through the ORM), and a quote's ids come from the
 catalogue the platform read from those tables. Accepting a quote inserts a lease, whose cluster and price
 card keep their constraints. ``replaces`` is null for nearly every quote: its index keeps the others only.
+
+On PostgreSQL the new index is built with ``CREATE INDEX CONCURRENTLY`` (so the migration is not atomic), before
+the old one is dropped: the quote table can be large (a day of quotes), and a plain build would hold its
+inserts — every quote request — for as long as it reads the table. Dropping the constraints and the old
+indexes only takes the table's lock for a moment.
 """
 
 import django.db.models.deletion
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
+from django.db.migrations.operations import AddIndex
+
+
+class _AddIndexConcurrentlyOnPostgres(AddIndexConcurrently):
+    """AddIndexConcurrently on PostgreSQL; a plain AddIndex on any other database (SQLite in development)."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+        else:
+            AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        else:
+            AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
 
 
 class Migration(migrations.Migration):
+    atomic = False
     dependencies = [
         ("broker", "0013_quote_breakdown_lz4"),
         ("federation", "0009_heartbeat_hot_updates"),
@@ -49,6 +73,13 @@ class Migration(migrations.Migration):
                 to="metering.pricecard",
             ),
         ),
+        # The new index first, concurrently; then the old one goes with the field's db_index.
+        _AddIndexConcurrentlyOnPostgres(
+            model_name="quote",
+            index=models.Index(
+                condition=models.Q(("replaces__isnull", False)), fields=["replaces"], name="quote_replaces"
+            ),
+        ),
         migrations.AlterField(
             model_name="quote",
             name="replaces",
@@ -59,12 +90,6 @@ class Migration(migrations.Migration):
                 on_delete=django.db.models.deletion.SET_NULL,
                 related_name="+",
                 to="broker.lease",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="quote",
-            index=models.Index(
-                condition=models.Q(("replaces__isnull", False)), fields=["replaces"], name="quote_replaces"
             ),
         ),
     ]
