@@ -20,10 +20,10 @@ from typing import Any
 
 from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 
-# Per server and options: the pool, and the client over it. redis-py's client is thread-safe (it takes a
-# connection from its pool for each command), and building one copies its ~170 response callbacks: about
-# half the CPU of a rate-limit check when Django's get_client built one per call.
-_pools: dict[tuple[str, str], tuple[Any, Any]] = {}
+# Per server and options: the pool, the client over it and the counter script (below). redis-py's client is
+# thread-safe (it takes a connection from its pool for each command), and building one copies its ~170
+# response callbacks: about half the CPU of a rate-limit check when Django's get_client built one per call.
+_pools: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 _pools_lock = threading.Lock()
 
 # The rate limiter's counter (count_in_window) as one script: create the counter with its time to live if it
@@ -34,12 +34,12 @@ _COUNT_IN_WINDOW = """
 redis.call('SET', KEYS[1], 0, 'EX', ARGV[1], 'NX')
 return {redis.call('INCR', KEYS[1]), redis.call('GET', KEYS[2])}
 """
-# Per client: the script object (its SHA, run with EVALSHA and loaded again when the server lost it).
-_scripts: dict[int, Any] = {}
 
 
 class SharedPoolRedisCacheClient(RedisCacheClient):
-    def _shared(self, write: bool) -> tuple[Any, Any]:
+    def _shared(self, write: bool) -> tuple[Any, Any, Any]:
+        """The pool, the client over it, and the counter script on that client (run by its SHA, loaded
+        again when the server lost it), made once per server and options."""
         this: Any = self  # Django's private attributes, which the stubs do not declare
         index = this._get_connection_pool_index(write)
         key = (this._servers[index], repr(sorted(this._pool_options.items(), key=lambda item: item[0])))
@@ -49,7 +49,8 @@ class SharedPoolRedisCacheClient(RedisCacheClient):
                 shared = _pools.get(key)
                 if shared is None:
                     pool = this._pool_class.from_url(this._servers[index], **this._pool_options)
-                    shared = _pools[key] = (pool, this._client(connection_pool=pool))
+                    client = this._client(connection_pool=pool)
+                    shared = _pools[key] = (pool, client, client.register_script(_COUNT_IN_WINDOW))
         return shared
 
     def _get_connection_pool(self, write: bool) -> Any:
@@ -58,6 +59,9 @@ class SharedPoolRedisCacheClient(RedisCacheClient):
     def get_client(self, key: Any = None, *, write: bool = False) -> Any:
         # Django's builds a client around the pool on every call; this one is built once per pool.
         return self._shared(write)[1]
+
+    def count_script(self) -> Any:
+        return self._shared(True)[2]
 
 
 class SharedPoolRedisCache(RedisCache):
@@ -71,9 +75,5 @@ class SharedPoolRedisCache(RedisCache):
         key = self.make_and_validate_key(key)
         previous_key = self.make_and_validate_key(previous_key)
         this: Any = self
-        client = this._cache.get_client(key, write=True)
-        script = _scripts.get(id(client))
-        if script is None:  # one client per pool, kept for the process (above): its id stays its own
-            script = _scripts[id(client)] = client.register_script(_COUNT_IN_WINDOW)
-        current, previous = script(keys=[key, previous_key], args=[timeout])
+        current, previous = this._cache.count_script()(keys=[key, previous_key], args=[timeout])
         return int(current), int(previous or 0)
