@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -1015,6 +1016,11 @@ class Market:
         self._quotes = 0
         self._holds_refreshed_at = 0.0
         self._reloader: threading.Thread | None = None
+        # Set by ``prepare_for_fork`` in a server's master: when it last made the market ready for a
+        # worker (monotonic seconds; 0: never), and the pid it did so in (a worker that inherits the
+        # market has another pid: see ``inherited``).
+        self.prepared_at = 0.0
+        self.prepared_in: int | None = None
 
     def view(
         self, *, start: int, end: int
@@ -1069,6 +1075,45 @@ class Market:
         except Exception:
             logger.exception("warming the broker market failed")
 
+    def prepare_for_fork(self) -> None:
+        """In the production server's master process, before it forks a worker (config/prefork.py): load
+        the catalogue and the hold book, or bring them up to date if the last preparation is older than
+        the TTL, so that the worker starts with a loaded market instead of loading one (a new server's
+        first quote, and a recycled worker's, waited seconds for that at design load). The catalogue is
+        brought up to date as a stale quote would (``_refreshed``, else read whole); the hold book is read
+        whole, one packed query, since catching up would read every lease change since the last fork,
+        however long ago. Runs in the master's only thread, so no lock is held across the fork; the
+        caller closes the database connections after. Raises what the load raises. Nothing with a TTL of
+        0 (every quote reloads, nothing to inherit)."""
+        ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
+        if ttl <= 0:
+            return
+        if self.catalogue is not None and time.monotonic() - self.prepared_at < ttl:
+            return
+        with self.lock:
+            catalogue = _load_catalogue_quietly(self.catalogue)
+            _derive(catalogue)
+            holds = HoldBook()
+            holds.refresh()
+            self.catalogue, self.holds = catalogue, holds
+            self._holds_refreshed_at = time.monotonic()
+        from broker import matching_kernel
+
+        matching_kernel.warm()
+        self.prepared_at = time.monotonic()
+        self.prepared_in = os.getpid()
+
+    @property
+    def inherited(self) -> bool:
+        """Whether this process's market was prepared by the process that forked it."""
+        return self.prepared_in is not None and self.prepared_in != os.getpid()
+
+    @property
+    def catalogue_age(self) -> float | None:
+        """Seconds since the catalogue this process quotes from was read; None: not loaded."""
+        catalogue = self.catalogue
+        return None if catalogue is None else time.monotonic() - catalogue.loaded_at
+
     def warm_in_background(self) -> threading.Thread:
         """``warm`` in a daemon thread, started here, which closes its database connections after."""
 
@@ -1114,6 +1159,8 @@ class Market:
         with self.lock:
             self.catalogue = None
             self.holds = HoldBook()
+            self.prepared_at = 0.0
+            self.prepared_in = None
 
 
 market = Market()

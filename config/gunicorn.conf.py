@@ -47,6 +47,11 @@ forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
 
 def pre_fork(server: object, worker: object) -> None:
     connection_balance.assign(worker)
+    # The broker's market loaded (or brought up to date) here, in the master, so that every worker starts
+    # with it instead of loading its own (config/prefork.py; CARDHOUR_PRELOAD_MARKET=0 turns it off).
+    from config import prefork
+
+    prefork.before_fork()
 
 
 def post_fork(server: object, worker: object) -> None:
@@ -60,8 +65,9 @@ def on_starting(server: object) -> None:
 
 
 def post_worker_init(worker: object) -> None:
-    # The app is loaded (Django is set up): load the matcher's catalogue and hold book in the background
-    # now, so that a new worker's first quote (at start, and after every max_requests recycle) does not.
+    # The app is loaded (Django is set up). Where the master did not load the matcher's catalogue and hold
+    # book before forking (config/prefork.py: turned off, or it failed), load them in the background now,
+    # so that a new worker's first quote (at start, and after every max_requests recycle) does not.
     from broker.catalog import market
     from core.warmup import request_path_warm, startup_objects_freeze
 
