@@ -371,6 +371,16 @@ def print_table(
 # --- HTTP servers and clients ---------------------------------------------------------------------------
 
 
+def env_pair(text: str) -> tuple[str, str]:
+    """An argparse type: ``NAME=VALUE`` as (name, value)."""
+    import argparse
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))

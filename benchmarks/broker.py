@@ -69,6 +69,7 @@ from benchmarks._common import (
     JsonClient,
     Timer,
     django_setup,
+    env_pair,
     machine_description,
     ms,
     peak_rss_mb,
@@ -1005,6 +1006,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--catalog-ttl", type=float, default=5.0, help="the servers' catalogue TTL (production 5)"
     )
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        type=env_pair,
+        metavar="NAME=VALUE",
+        help="an environment variable for the servers (repeatable), e.g. GUNICORN_MAX_REQUESTS=2000 to recycle "
+        "workers as production does (the benchmark's servers recycle none by default; the CPU figures then "
+        "miss what the replaced workers spent, the latencies are whole) or CARDHOUR_PRELOAD_MARKET=0",
+    )
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
     parser.add_argument("--keep", action="store_true", help="do not drop the database created for the run")
@@ -1082,7 +1093,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
     servers = ProductionServers(
         workers=args.workers,
         database_url=database.url,
-        extra={"CARDHOUR_BROKER_CATALOG_TTL_SECONDS": str(args.catalog_ttl)},
+        extra={"CARDHOUR_BROKER_CATALOG_TTL_SECONDS": str(args.catalog_ttl), **dict(args.server_env)},
         port=args.port,
     )
     server_pids = [p.pid for p in servers.processes]
