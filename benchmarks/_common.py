@@ -281,17 +281,23 @@ class CpuSampler:
     CPU every ``interval_s`` (a backend that exits loses at most that much of its CPU time from the
     count) and looks for new backends every ``discover_s``: scanning /proc holds this process's GIL for
     a millisecond or two, which would otherwise show in the latencies its client threads measure.
+
+    ``server_pids`` may be a function giving the server's processes now (a server that replaces its
+    workers: ``GUNICORN_MAX_REQUESTS``); it is asked again every ``discover_s``, and a process that appears
+    during the block counts from zero (its start-up is work the replacement cost). A process that exits
+    loses at most ``interval_s`` of its CPU time from the count, as a backend does.
     """
 
     def __init__(
         self,
         *,
-        server_pids: Sequence[int] = (),
+        server_pids: Sequence[int] | Callable[[], Sequence[int]] = (),
         database: str | None = None,
         interval_s: float = 0.5,
         discover_s: float = 2.0,
     ):
-        self.server_pids = list(server_pids)
+        self._servers = server_pids if callable(server_pids) else None
+        self.server_pids = list(server_pids()) if callable(server_pids) else list(server_pids)
         self.database = database
         self.interval_s = interval_s
         self.discover_s = discover_s
@@ -307,8 +313,11 @@ class CpuSampler:
 
     def _sample(self, *, initial: bool = False, discover: bool = False) -> None:
         now = time.monotonic()
-        if self.database and (discover or now - self._discovered_at >= self.discover_s):
-            self._backends = postgres_backend_pids(self.database)
+        if discover or now - self._discovered_at >= self.discover_s:
+            if self.database:
+                self._backends = postgres_backend_pids(self.database)
+            if self._servers is not None:
+                self.server_pids = list(self._servers())
             self._discovered_at = now
         pids = [(pid, "server") for pid in self.server_pids] + [(pid, "postgres") for pid in self._backends]
         for pid, group in pids:
@@ -317,7 +326,7 @@ class CpuSampler:
                 continue
             if pid not in self._first:
                 # A backend that appears during the block counts from zero (its start-up is real work).
-                self._first[pid] = cpu if initial or group == "server" else 0.0
+                self._first[pid] = cpu if initial or (group == "server" and self._servers is None) else 0.0
                 self._group[pid] = group
             self._last[pid] = cpu
 

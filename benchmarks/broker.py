@@ -1014,7 +1014,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="an environment variable for the servers (repeatable), e.g. GUNICORN_MAX_REQUESTS=2000 to recycle "
         "workers as production does (the benchmark's servers recycle none by default; the CPU figures then "
-        "miss what the replaced workers spent, the latencies are whole) or CARDHOUR_PRELOAD_MARKET=0",
+        "count each replaced worker but for its last half-second, the latencies are whole) or CARDHOUR_PRELOAD_MARKET=0",
     )
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
@@ -1097,6 +1097,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
         port=args.port,
     )
     server_pids = [p.pid for p in servers.processes]
+
+    def server_processes() -> list[int]:
+        """The master and its workers now: with --server-env GUNICORN_MAX_REQUESTS the workers change."""
+        return [p.pid for p in servers.processes]
+
     client = JsonClient(host=servers.host, ports=servers.ports)
     try:
         if args.only != "usage":
@@ -1110,7 +1115,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 )
             # The first quote of each server loads the catalogue and the hold book.
             cold = []
-            with CpuSampler(server_pids=server_pids, database=database.name) as cold_cpu:
+            with CpuSampler(server_pids=server_processes, database=database.name) as cold_cpu:
                 for port in servers.ports:
                     one = run_closed_loop(
                         requests=quote_requests(job_ids, 1, market.quote_buyer_token),
@@ -1150,7 +1155,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
             done_at: list[float] = []
             wall = 0.0
             rounds = 0
-            with CpuSampler(server_pids=server_pids, database=database.name) as quote_cpu:
+            with CpuSampler(server_pids=server_processes, database=database.name) as quote_cpu:
                 while wall < args.min_seconds or rounds == 0:
                     result = run_closed_loop(
                         requests=quote_requests(
@@ -1168,7 +1173,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     rounds += 1
             print(f"quotes: {len(latencies):,} in {wall:.1f} s ({rounds} round(s))", flush=True)
             # The same-run baseline: GET /healthz (no authentication, no SQL) from the same clients.
-            with CpuSampler(server_pids=server_pids, database=database.name) as healthz_cpu:
+            with CpuSampler(server_pids=server_processes, database=database.name) as healthz_cpu:
                 healthz = run_closed_loop(
                     requests=[HttpRequest("GET", "/healthz", {})] * args.healthz,
                     host=servers.host,
@@ -1228,7 +1233,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                         ),
                     )
                     errors += warmed.errors
-            with CpuSampler(server_pids=server_pids, database=database.name) as usage_cpu:
+            with CpuSampler(server_pids=server_processes, database=database.name) as usage_cpu:
                 usage = run_closed_loop(
                     requests=requests,
                     host=servers.host,
