@@ -20,8 +20,9 @@ alternating, in the same run. For each server:
    workers' replacement alone, the baseline; a TTL later, so that the master refreshes again), and the CPU
    one worker's replacement cost: the master's and the new workers' over ``--settle-seconds`` from the
    signal (their start and, without preloading, their own loads of the market), per worker. With
-   ``GUNICORN_MAX_REQUESTS`` recycling (20,000 ± 2,000 by default) each worker is replaced every ~110 s at
-   design load (~550 requests/s over 3 workers), so this is paid about every 37 s.
+   ``GUNICORN_MAX_REQUESTS`` recycling (20,000 ± 2,000 requests per worker by default) this is paid every
+   ~21,000 requests the server answers: about every 40 s at 200 quotes/s beside 10,000 clusters
+   heartbeating one request each (~530 requests/s).
 
 Memory: the master's and the workers' proportional set size together (shared pages counted once), after
 2 × 100 quotes from 4 clients more than a TTL apart (every worker has refreshed its catalogue by then).

@@ -2,9 +2,10 @@
 
 Without this, every worker read the island catalogue and the hold book itself once it had started (in the
 background, config/gunicorn.conf.py ``post_worker_init``), and a quote that reached it first waited for
-that: at design load (10,000 clusters, 100,000 islands, 100,000 leases) three workers loading at once on
-two cores answered a new server's first quote after 3.3 s, and a worker recycled after ``max_requests``
-stalled the quotes that reached it the same way, every few minutes at 200 quotes/s.
+that: at design load (10,000 clusters, 100,000 islands, 100,000 leases) a quote sent as the three workers
+were replaced was answered after 4.9–7.0 s, and each replacement cost 3.0–4.1 s of CPU; ``max_requests``
+recycling replaces a worker every ~21,000 requests (about every 40 s at 200 quotes/s beside 10,000 clusters
+heartbeating one request each). Preloaded: 0.6–0.8 s (the workers' start) and 0.22–0.26 s.
 
 Here the master loads the market once, in its only thread, before it forks its first worker; each worker
 starts with it (copy-on-write pages: the numpy arrays are shared until written) and catches up from it as
@@ -22,7 +23,7 @@ off in the same run; the README has the figures):
   itself was shorter and took half the CPU: Django is imported once, not in every worker.
 - **Memory.** The master keeps its copy of the market for the next fork, and each worker's copy becomes
   its own as it refreshes; but the modules and what the workers never write stay shared: the processes'
-  proportional set size after a catalogue refresh was 470–488 MiB, against 755–763 without.
+  proportional set size after a catalogue refresh was 478–505 MiB, against 738–756 without.
 - **Code upgrades** need a restart of the master (its imports are inherited): ``kill -HUP`` starts
   workers with the master's code, as with gunicorn's ``preload_app``.
 
