@@ -390,6 +390,21 @@ def env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+def add_server_env_argument(parser: Any) -> None:
+    """``--server-env NAME=VALUE`` (repeatable): variables for a benchmark's production server
+    (``args.server_env``, a list of pairs)."""
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        type=env_pair,
+        metavar="NAME=VALUE",
+        help="an environment variable for the web server (repeatable), e.g. GUNICORN_MAX_REQUESTS=20000 to "
+        "recycle workers as production does (the benchmark's servers recycle none by default; the CPU counts "
+        "follow the replaced workers but for each one's last half-second) or CARDHOUR_PRELOAD_MARKET=0",
+    )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))

@@ -68,8 +68,8 @@ from benchmarks._common import (
     HttpRequest,
     JsonClient,
     Timer,
+    add_server_env_argument,
     django_setup,
-    env_pair,
     machine_description,
     ms,
     peak_rss_mb,
@@ -1006,16 +1006,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--catalog-ttl", type=float, default=5.0, help="the servers' catalogue TTL (production 5)"
     )
-    parser.add_argument(
-        "--server-env",
-        action="append",
-        default=[],
-        type=env_pair,
-        metavar="NAME=VALUE",
-        help="an environment variable for the servers (repeatable), e.g. GUNICORN_MAX_REQUESTS=2000 to recycle "
-        "workers as production does (the benchmark's servers recycle none by default; the CPU figures then "
-        "count each replaced worker but for its last half-second, the latencies are whole) or CARDHOUR_PRELOAD_MARKET=0",
-    )
+    add_server_env_argument(parser)
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
     parser.add_argument("--keep", action="store_true", help="do not drop the database created for the run")

@@ -57,7 +57,7 @@ from pathlib import Path
 from benchmarks._common import (
     BenchDatabase,
     JsonClient,
-    env_pair,
+    add_server_env_argument,
     machine_description,
     percentile,
     postgres_backend_pids,
@@ -971,16 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--database-url", help="an empty PostgreSQL database to use (not dropped)")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--seed", type=int, default=2026)
-    parser.add_argument(
-        "--server-env",
-        action="append",
-        default=[],
-        type=env_pair,
-        metavar="NAME=VALUE",
-        help="an environment variable for the web server (repeatable), e.g. GUNICORN_MAX_REQUESTS=20000 to "
-        "recycle workers as production does (the benchmark's servers recycle none by default) or "
-        "CARDHOUR_PRELOAD_MARKET=0",
-    )
+    add_server_env_argument(parser)
     parser.add_argument("--quick", action="store_true", help="500 clusters, 5k islands and leases, 2 minutes")
     args = parser.parse_args(argv)
     if args.quick:
