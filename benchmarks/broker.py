@@ -1134,13 +1134,16 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                 check=quoted,
             )
             errors += warm.errors
-            single = run_closed_loop(
-                requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
-                host=servers.host,
-                ports=servers.ports,
-                concurrency=1,
-                check=quoted,
-            )
+            # One client alone: the latency without queueing, and the CPU a quote costs when nothing
+            # else runs beside it (against the closed loop's: what the concurrency itself costs).
+            with CpuSampler(server_pids=server_processes, database=database.name) as single_cpu:
+                single = run_closed_loop(
+                    requests=quote_requests(job_ids, args.single_quotes, market.quote_buyer_token, offset=2),
+                    host=servers.host,
+                    ports=servers.ports,
+                    concurrency=1,
+                    check=quoted,
+                )
             errors += single.errors
             latencies: list[float] = []
             done_at: list[float] = []
@@ -1294,6 +1297,11 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> list[str]:
                     f"one client alone ({len(single.latency_s):,} quotes): p50 / p99 ms, quotes/s",
                     f"{ms(percentile(sorted(single.latency_s), 50))} / {ms(percentile(sorted(single.latency_s), 99))}, "
                     f"{len(single.latency_s) / single.wall_s:,.0f}",
+                ],
+                [
+                    "one client alone: CPU ms per quote, servers / PostgreSQL",
+                    f"{single_cpu.seconds('server') / max(len(single.latency_s), 1) * 1000:.2f} / "
+                    f"{single_cpu.seconds('postgres') / max(len(single.latency_s), 1) * 1000:.2f}",
                 ],
                 ["quotes per second in 10 slices (min / median / max)", spread(windows) if windows else "—"],
                 [
