@@ -38,6 +38,7 @@ only on errors (a failed request, a lost record, a ledger breach).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import http.client
 import json
@@ -484,6 +485,7 @@ class CpuGroups:
         self.last: dict[int, float] = {}
         self.owner: dict[int, str] = {}
         self.total: dict[str, float] = defaultdict(float)
+        self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -493,9 +495,15 @@ class CpuGroups:
                 now = process_cpu_seconds(pid)
                 if now is None:
                     continue
-                if pid in self.last:
-                    self.total[self.owner[pid]] += now - self.last[pid]
-                self.last[pid], self.owner[pid] = now, name
+                with self.lock:
+                    if pid in self.last:
+                        self.total[self.owner[pid]] += now - self.last[pid]
+                    self.last[pid], self.owner[pid] = now, name
+
+    def snapshot(self) -> dict[str, float]:
+        """The CPU seconds of each group so far (as of the last sample, at most a second ago)."""
+        with self.lock:
+            return dict(self.total)
 
     def _loop(self) -> None:
         while not self.stop.wait(1.0):
@@ -554,7 +562,6 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
     try:
         port = servers.ports[0]
         client = JsonClient(host="127.0.0.1", ports=[port])
-        server_pids = [p.pid for p in servers.processes]
         jobs = create_jobs(
             client, token=market.quote_buyer_token, n=args.jobs, duration_hours=8, seed=args.seed
         )
@@ -562,7 +569,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             client.call(
                 "POST", f"/api/v1/jobs/{job}/quotes", token=market.quote_buyer_token, body={"limit": 10}
             )
-        healthz_cpu, healthz_n = _healthz_baseline(port, server_pids)
+        # The workers as they are now: the master forks them after preloading the market, so the pids read
+        # before the warm-up can be the master's alone (a baseline of 0.00 ms).
+        healthz_cpu, healthz_n = _healthz_baseline(port, [p.pid for p in servers.processes])
         clusters = [
             (
                 plan.cpi,
@@ -603,6 +612,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 "Celery control worker": lambda: celery.pids("control") if celery else [],
                 "Celery beat": lambda: celery.pids("beat") if celery else [],
                 "PostgreSQL": lambda: postgres_backend_pids(database.name),
+                "PostgreSQL background": lambda: _postgres_background_pids(database.name),
                 "load generator": lambda: [os.getpid()],
             }
         )
@@ -633,6 +643,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             ),
         ]
         samples: list[tuple[float, float, float, float, float, float]] = []
+        cpu_marks: list[dict[str, float]] = []  # each group's CPU seconds so far, at each sample
         sessions_before = _sessions_opened(database.name)
         groups.start()
         for thread in threads:
@@ -641,6 +652,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
         while time.monotonic() < stop_at:
             time.sleep(min(SCRAPE_SECONDS, max(stop_at - time.monotonic(), 0.1)))
             text = scrape(port)
+            cpu_marks.append(groups.snapshot())
             samples.append(
                 (
                     time.perf_counter() - began,
@@ -665,7 +677,14 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
 
         drained_at = _drain(port, seconds=args.drain_seconds, began=began, samples=samples)
         report(
-            args, soak, samples, cpu, load_s=load_s, healthz=(healthz_cpu, healthz_n), drained_at=drained_at
+            args,
+            soak,
+            samples,
+            cpu,
+            load_s=load_s,
+            healthz=(healthz_cpu, healthz_n),
+            drained_at=drained_at,
+            cpu_marks=cpu_marks,
         )
         # A backend that lives less than CpuGroups' second is not in the PostgreSQL CPU above: so many opened
         # a second would be work that figure misses (each a backend forked and its caches filled).
@@ -721,6 +740,62 @@ def _first_beats(port: int, clusters: Sequence[tuple[str, str, list[tuple[str, i
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def _cores_by_slice(samples: Sequence[tuple[float, ...]], cpu_marks: Sequence[dict[str, float]]) -> list[str]:
+    """The cores each group used in each slice between samples (``cpu_marks[i]`` taken at ``samples[i]``;
+    the groups' sampler started at 0); "-" for the samples taken after the load (the drain)."""
+    out: list[str] = []
+    before: dict[str, float] = {}
+    before_t = 0.0
+    for i, row in enumerate(samples):
+        if i >= len(cpu_marks):
+            out.append("-")
+            continue
+        mark, span = cpu_marks[i], max(row[0] - before_t, 1e-9)
+
+        def cores(
+            *names: str, mark: dict[str, float] = mark, before: dict[str, float] = before, span: float = span
+        ) -> float:
+            return sum(mark.get(n, 0.0) - before.get(n, 0.0) for n in names) / span
+
+        out.append(
+            f"{cores('web server'):.2f} / {cores('PostgreSQL'):.2f} / {cores('PostgreSQL background'):.2f}"
+            f" / {cores('Celery worker', 'Celery control worker', 'Celery beat'):.2f}"
+        )
+        before, before_t = mark, row[0]
+    return out
+
+
+def _latency_slices(stats: PathStats, edges: Sequence[float]) -> list[list[float]]:
+    """The latencies (sorted) of the requests answered in each slice ``(edges[i - 1], edges[i]]`` of the
+    soak's clock (seconds since it began; the first slice from 0)."""
+    answered = sorted(zip(stats.done_at, stats.latencies, strict=True))
+    times = [at for at, _ in answered]
+    slices, low = [], 0
+    for edge in edges:
+        high = bisect.bisect_right(times, edge)
+        slices.append(sorted(took for _, took in answered[low:high]))
+        low = high
+    return slices
+
+
+def _postgres_background_pids(database: str) -> list[int]:
+    """PIDs of this machine's PostgreSQL processes other than the client backends of ``database``:
+    autovacuum, the WAL writer, the checkpointer, the background writer (work a load causes later)."""
+    backends = set(postgres_backend_pids(database))
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in backends:
+            continue
+        try:
+            title = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        # A client backend's title names its client: "host(port)" or "[local]".
+        if title.startswith(b"postgres: ") and b"(" not in title and b"[local]" not in title:
+            pids.append(int(entry.name))
+    return pids
 
 
 def _healthz_baseline(port: int, pids: Sequence[int]) -> tuple[float, int]:
@@ -837,6 +912,7 @@ def report(
     load_s: float,
     healthz: tuple[float, int],
     drained_at: float,
+    cpu_marks: Sequence[dict[str, float]] = (),
 ) -> None:
     targets_rate = {
         "heartbeat": args.clusters / HEARTBEAT_SECONDS,
@@ -883,12 +959,41 @@ def report(
         ],
         rows,
     )
+    quote_slices = _latency_slices(soak.stats["quote"], [row[0] for row in samples])
+    beat_slices = _latency_slices(soak.stats["heartbeat"], [row[0] for row in samples])
     print_table(
-        "Unrated backlog over time (/metrics)",
-        ["at s", "unrated records", "oldest s", "clusters offline", "overdue", "monitor holding"],
+        "Unrated backlog and latency over time (/metrics; each row's latencies are of the requests answered "
+        "since the row before)",
         [
-            [f"{t:.0f}", f"{u:,.0f}", f"{o:.0f}", f"{c:.0f}", f"{d:.0f}", "yes" if h else ""]
-            for t, u, o, c, d, h in samples
+            "at s",
+            "unrated records",
+            "oldest s",
+            "clusters offline",
+            "overdue",
+            "monitor holding",
+            "quotes",
+            "quote p50 / p99 ms",
+            "heartbeat p99 ms",
+            "cores: web / PostgreSQL / PG background / Celery",
+        ],
+        [
+            [
+                f"{t:.0f}",
+                f"{u:,.0f}",
+                f"{o:.0f}",
+                f"{c:.0f}",
+                f"{d:.0f}",
+                "yes" if h else "",
+                f"{len(quotes):,}",
+                f"{percentile(quotes, 50) * 1000:.0f} / {percentile(quotes, 99) * 1000:.0f}"
+                if quotes
+                else "-",
+                f"{percentile(beats, 99) * 1000:.0f}" if beats else "-",
+                cores,
+            ]
+            for (t, u, o, c, d, h), quotes, beats, cores in zip(
+                samples, quote_slices, beat_slices, _cores_by_slice(samples, cpu_marks), strict=True
+            )
         ],
     )
     requests = sum(len(s.latencies) for s in soak.stats.values())
