@@ -54,7 +54,7 @@ from django.utils import timezone
 from broker.models import CapacityHold, ClusterReliability, LeaseTransition
 from core.packed import packed_ints, unpacked_ints
 from federation.models import Accelerator, Cluster, Hub, HubLatency, Island, StandardCard
-from federation.selectors import catalog_rows, heartbeat_report_ttl
+from federation.selectors import catalog_rows, heartbeat_report_ttl, standard_card_factor_of
 from metering.models import PriceCard, Tariff, TariffVersion
 from metering.selectors.tariffs import PriceCardRow, price_cards_in_force
 from metering.sla import SlaTier, sla_credit_fraction
@@ -134,6 +134,24 @@ class Catalogue:
     # What the catalogue was read from, to bring it up to date by reading only what changed since (see
     # ``_refreshed``). None: read elsewhere than PostgreSQL, or built by hand; the next load reads whole.
     source: CatalogueSource | None = None
+    # The standard card's dense FP16 TFLOPS in force when the catalogue was read (None: built by hand).
+    standard_tflops: Decimal | None = None
+
+    @property
+    def standard_card_factors(self) -> dict[str, Decimal | None] | None:
+        """Every chip's standard-card factor by slug, as broker.draws.chip_factors reads it from the database
+        (federation.selectors.standard_card_factor_of, on the standard card in force when the catalogue was
+        read: the factors its placements carry); None for a catalogue built without the standard card."""
+        if self.standard_tflops is None:
+            return None
+        factors = self.__dict__.get("_standard_card_factors")
+        if factors is None:
+            standard = self.standard_tflops
+            factors = self.__dict__["_standard_card_factors"] = {
+                slug: standard_card_factor_of(tflops=tflops, standard_tflops=standard)
+                for slug, tflops in zip(self.chip_slugs, self.chip_tflops, strict=True)
+            }
+        return factors
 
     @property
     def reliability_e3(self) -> np.ndarray:
@@ -534,9 +552,8 @@ def _read_whole(connection: BaseDatabaseWrapper) -> Catalogue:
     island_cluster_id = columns.cluster_id[by_id]
 
     def factor_e4(tflops: Decimal | None) -> int:
-        if tflops is None:
-            return 0
-        return int((tflops / rows.standard_tflops).quantize(Decimal("0.0001")) * 10**4)
+        factor = standard_card_factor_of(tflops=tflops, standard_tflops=rows.standard_tflops)
+        return 0 if factor is None else int(factor * 10**4)
 
     # Every island's cluster is in ``clusters`` (both exclude retired clusters, in one transaction's
     # snapshot or not: an island whose cluster is missing fails loudly here rather than being misfiled).
@@ -594,6 +611,7 @@ def _read_whole(connection: BaseDatabaseWrapper) -> Catalogue:
         prior_reliability_e3=prior_e3,
         cluster_credit=credit,
         cluster_credit_fraction=np.array([float(f) for f in credit], dtype=np.float64),
+        standard_tflops=rows.standard_tflops,
         source=None
         if floor is None
         else CatalogueSource(

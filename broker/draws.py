@@ -26,7 +26,7 @@ rule: a quote is "covered" and its acceptance is allowed exactly when its plan l
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -370,13 +370,20 @@ def _slots(rows: list[tuple[int, str, datetime, datetime, int, Decimal, int]]) -
 
 
 def buyer_packs_after_leases(
-    *, buyer: Organisation, at: datetime | None = None, exclude_lease_ids: Sequence[int] = ()
+    *,
+    buyer: Organisation,
+    at: datetime | None = None,
+    exclude_lease_ids: Sequence[int] = (),
+    known_factors: Mapping[str, Decimal | None] | None = None,
 ) -> BuyerPacks:
     """The buyer's usable packs less its live leases' pending draws (each lease's expected draw less what
     rating has posted for it: broker.selectors.draw_pending_for, one row per draw class), drawn rating's
     way at ``at``: per class in class order, from the packs expiring first. One round trip on PostgreSQL
     without ``exclude_lease_ids`` (a quote's case: broker.selectors.pack_balances_and_pending), two with
-    them; one more when a live lease's chip could draw a standard pack; whatever the number of live leases."""
+    them; whatever the number of live leases. When a live lease's chip could draw a standard pack, its
+    standard-card factor comes from ``known_factors`` (a quote passes its catalogue's, which its placements
+    carry: broker.catalog.Catalogue.standard_card_factors), else from the database (two queries more, as
+    for a chip ``known_factors`` lacks)."""
     at = at or timezone.now()
     if exclude_lease_ids:
         slots = _buyer_packs(buyer=buyer, at=at)
@@ -385,17 +392,22 @@ def buyer_packs_after_leases(
         rows, pending = pack_balances_and_pending(buyer_id=buyer.pk, at=at)
         slots = _slots(rows)
         pending = pending if slots else {}
-    packs = BuyerPacks(slots=slots, factors=_factors_if_standard(slots, pending))
+    packs = BuyerPacks(slots=slots, factors=_factors_if_standard(slots, pending, known_factors))
     for chip, amount in pending.items():
         packs.take(chip=chip, factor=packs.factors.get(chip), draw=amount, at=at, commit=True)
     return packs
 
 
-def _factors_if_standard(slots: list[_Slot], chips: Iterable[str]) -> dict[str, Decimal | None]:
-    """The chips' standard-card factors when a standard pack could pay them (none asked otherwise)."""
+def _factors_if_standard(
+    slots: list[_Slot], chips: Iterable[str], known: Mapping[str, Decimal | None] | None = None
+) -> dict[str, Decimal | None]:
+    """The chips' standard-card factors when a standard pack could pay them (none asked otherwise): from
+    ``known`` when it has every chip, else from the database."""
     chips = list(chips)
     if not chips or not any(slot.class_key == STANDARD_CLASS for slot in slots):
         return dict.fromkeys(chips)
+    if known is not None and all(chip in known for chip in chips):
+        return {chip: known[chip] for chip in chips}
     return chip_factors(chips)
 
 

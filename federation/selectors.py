@@ -55,9 +55,15 @@ def standard_card_current(*, at: datetime | None = None) -> StandardCard:
 
 
 def standard_card_factor(*, tflops: Decimal | None, standard: StandardCard) -> Decimal | None:
+    return standard_card_factor_of(tflops=tflops, standard_tflops=standard.dense_fp16_tflops)
+
+
+def standard_card_factor_of(*, tflops: Decimal | None, standard_tflops: Decimal) -> Decimal | None:
+    """A chip's standard-card factor: its dense FP16 TFLOPS over the standard card's, to FACTOR_QUANTUM;
+    None when the chip's figure is not public. The one rule, wherever the figures were read."""
     if tflops is None:
         return None
-    return (tflops / standard.dense_fp16_tflops).quantize(FACTOR_QUANTUM)
+    return (tflops / standard_tflops).quantize(FACTOR_QUANTUM)
 
 
 def chip_spec(*, accelerator: Accelerator, standard: StandardCard) -> ChipSpec:

@@ -229,7 +229,18 @@ def quote_create(*, job: Job, limit: int | None = None, now: datetime | None = N
         )
     )
     expires_at = now + timedelta(seconds=settings.CARDHOUR_QUOTE_TTL_SECONDS)
-    packs = buyer_packs_after_leases(buyer=job.buyer, at=now) if result.placements else None
+    # The pending leases' chips are valued at the factors the placements carry (the catalogue's), which
+    # also spares the quote two queries for the standard card and the chips.
+    catalogue = market.catalogue
+    packs = (
+        buyer_packs_after_leases(
+            buyer=job.buyer,
+            at=now,
+            known_factors=catalogue.standard_card_factors if catalogue is not None else None,
+        )
+        if result.placements
+        else None
+    )
     shared = _Shared(packs)
     plans = [shared.plan(placement) for placement in result.placements]
     quotes = [

@@ -221,3 +221,57 @@ def test_a_quote_s_packs_and_pending_draws_come_in_one_round_trip_as_the_two_sta
         chip=A800, factor=FACTOR, draw=Decimal("3"), rate=Decimal("8.50"), at=now
     )
     assert plan.covered
+
+
+def test_a_quote_values_pending_chips_at_its_catalogue_s_factors_without_asking_the_database(
+    buyer: Organisation, east_cluster: Cluster
+) -> None:
+    """The catalogue's standard-card factors (what its placements carry) are the database's, chip for chip
+    (a chip without a public FP16 figure has none), before and after a new standard card comes into force.
+    A quote passes them to buyer_packs_after_leases: the same packs as the database's factors give, with
+    no query for the standard card or the chips; a chip the catalogue lacks is asked of the database."""
+    from broker.catalog import _load_catalogue
+    from broker.draws import _factors_if_standard, chip_factors
+    from federation.models import Accelerator, StandardCard
+
+    Accelerator.objects.create(
+        slug="unpublished-x1", vendor="X", model="X1", spec_status="unknown", dense_fp16_tflops=None
+    )
+    slugs = list(Accelerator.objects.values_list("slug", flat=True))
+    assert len(slugs) > 2
+    catalogue = _load_catalogue()
+    assert catalogue.standard_card_factors == chip_factors(slugs)
+    assert catalogue.standard_card_factors[A800] == FACTOR
+    assert catalogue.standard_card_factors["unpublished-x1"] is None
+    StandardCard.objects.create(
+        version=StandardCard.objects.order_by("-version").first().version + 1,  # type: ignore[union-attr]
+        dense_fp16_tflops=Decimal("300"),
+        effective_from=timezone.now() - timedelta(seconds=1),
+        note="test",
+    )
+    again = _load_catalogue()
+    assert again.standard_card_factors == chip_factors(slugs)
+    assert again.standard_card_factors[A800] == Decimal("1.0400")  # 312 / 300
+
+    make_paid_pack(buyer=buyer, accelerator=None, card_hours=100, price="1200.00", validity_days=90)
+    make_lease(
+        job=make_job(buyer=buyer),
+        cluster=east_cluster,
+        start_at=timezone.now().replace(microsecond=0) + timedelta(hours=1),
+        expected_draw="7",
+    )
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as asked:
+        known = buyer_packs_after_leases(buyer=buyer, at=now, known_factors=again.standard_card_factors)
+    assert "federation_standardcard" not in " ".join(query["sql"] for query in asked.captured_queries)
+    with CaptureQueriesContext(connection) as asked_more:
+        looked_up = buyer_packs_after_leases(buyer=buyer, at=now)
+    assert len(asked_more) == len(asked) + 2  # the standard card and the chips
+    assert known.factors == looked_up.factors == {A800: Decimal("1.0400")}
+    assert [slot.remaining for slot in known.slots] == [slot.remaining for slot in looked_up.slots]
+    assert known.slots[0].remaining == Decimal("100") - Decimal("7") * Decimal("1.04")
+    # A chip the known factors lack: the database answers for all of them.
+    with CaptureQueriesContext(connection) as asked:
+        factors = _factors_if_standard(known.slots, [A800, "unpublished-x1"], {A800: Decimal("9")})
+    assert factors == {A800: Decimal("1.0400"), "unpublished-x1": None}
+    assert "federation_standardcard" in " ".join(query["sql"] for query in asked.captured_queries)
