@@ -27,7 +27,8 @@ in ``CONFIG``, the way schemathesis documents it: ``checks.<name>.expected-statu
 
 The schema declares the server's constraints, so schema-valid data is accepted and schema-violating data
 refused: the identifier grammar as ``pattern`` on every CPI, segment and hub (federation.api.schema), the
-no-NUL rule on free text (core.api.schema.text_without_nul), decimals that need a digit and carry no sign
+no-NUL rule on free text (core.api.schema.text_without_nul), a character other than whitespace in text a
+field strips and refuses blank (core.api.schema.NOT_BLANK_PATTERN), decimals that need a digit and carry no sign
 where the field takes nothing below zero, ``minItems``/``maxItems`` on nested lists, bounds on paging,
 cursors, waits and number filters, no empty filter values, the strip's date range, and JSON bodies whose
 values have the declared JSON types (core.api.strict: ``"8"`` for an integer is refused, not converted).

@@ -84,6 +84,17 @@ class CardhourAutoSchema(AutoSchema):
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
         if isinstance(field, serializers.DecimalField) and "pattern" in schema:
             schema["pattern"] = decimal_pattern(field)
+        if (
+            direction == "request"
+            and type(field) is serializers.CharField
+            and field.trim_whitespace
+            and not field.allow_blank
+            and "pattern" not in schema
+            and "format" not in schema
+        ):
+            # The field strips the value (str.strip) before refusing a blank one: a value of whitespace
+            # alone ("\t") is a 400 `invalid`, so the schema asks for one character that is not.
+            schema["pattern"] = NOT_BLANK_PATTERN
         if isinstance(field, serializers.ListSerializer) and schema.get("type") == "array":
             min_items = getattr(field, "min_length", None) or (0 if field.allow_empty else 1)
             if min_items:
@@ -128,6 +139,25 @@ def one_of_to_any_of(result: dict[str, Any], generator: Any, request: Any, publi
 # Text the server stores cannot hold NUL (PostgreSQL text refuses it): the JSON parser answers
 # ``invalid_text`` and form fields "Null characters are not allowed." (core.api.parsers). Say so.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
+
+
+def _not_blank_pattern() -> str:
+    """Text with no NUL and at least one character that ``str.strip`` keeps: Python's whitespace (what DRF
+    trims, ``str.isspace``) differs from a regex's ``\\s``, so the characters are listed."""
+    spaces = [code for code in range(0x110000) if chr(code).isspace()]
+    ranges: list[tuple[int, int]] = []
+    for code in [0, *spaces]:
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1] = (ranges[-1][0], code)
+        else:
+            ranges.append((code, code))
+    excluded = "".join(
+        f"\\u{low:04x}" if low == high else f"\\u{low:04x}-\\u{high:04x}" for low, high in ranges
+    )
+    return f"^[^\\u0000]*[^{excluded}][^\\u0000]*$"
+
+
+NOT_BLANK_PATTERN = _not_blank_pattern()
 _FORMATS_WITHOUT_NUL = {"date-time", "date", "time", "binary", "uuid", "decimal"}
 
 
