@@ -5,6 +5,7 @@ all of it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from core.api.schema import NOT_BLANK_PATTERN
 from core.models import Organisation
 from tests.factories import BuyerFactory, OrganisationFactory, make_cluster
 
@@ -132,7 +134,9 @@ def test_the_schema_declares_the_constraints(client: Any) -> None:
         "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$"
     )
     assert register["islands"]["minItems"] == 1
-    assert register["site"]["pattern"] == "^[^\\u0000]*$"
+    # Stripped and refused when blank: a character other than whitespace, and no NUL.
+    assert register["site"]["pattern"] == NOT_BLANK_PATTERN
+    assert re.search(register["site"]["pattern"], "Zhongwei DC-2") and not re.search(NOT_BLANK_PATTERN, " \t")
     measurement = components["HubLatencyMeasureInputMeasurementRequest"]["properties"]
     assert measurement["source"]["allOf"] == [{"$ref": "#/components/schemas/HubCodeEnum"}]
     assert components["HubCodeEnum"]["enum"] == ["jjj", "yrd", "gba", "cy", "nmg", "gz", "gs", "nx", "ext"]
