@@ -427,7 +427,7 @@ def _cluster_description_postgres(
      standard_tflops) = rows[0][:21]  # fmt: skip
     if standard_tflops is None:  # a platform always has v1 (data migration); this is a broken database
         raise StandardCard.DoesNotExist("No standard-card definition is in force.")
-    factor = None if tflops is None else (tflops / standard_tflops).quantize(FACTOR_QUANTUM)
+    factor = standard_card_factor_of(tflops=tflops, standard_tflops=standard_tflops)
     chip = ChipSpec(
         slug=slug,
         vendor=vendor,
