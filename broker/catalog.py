@@ -852,7 +852,13 @@ class HoldBook:
     them. The matcher sorts a quote's hold edges by island and slot, which costs much less on input that
     is already in that order (and reads it with better locality), so the book sorts itself again at
     load, at compaction, and when the unsorted tail grows past a sixteenth of the book (a numpy sort
-    of the live rows: a few milliseconds at 100,000 holds, once per thousands of lease changes)."""
+    of the live rows: a few milliseconds at 100,000 holds, once per thousands of lease changes).
+
+    ``held`` is, by island id, the cards of the book's live holds summed whatever their times: a bound on
+    what an island's holds in any window occupy at once. An island whose bound leaves a job its cards
+    cannot be blocked by its holds, so the matcher skips its rows (broker.matching_kernel.candidate_rows).
+    It is replaced, never changed in place, whenever the live rows change, so the array a quote took with
+    its rows (``bounded_overlapping``) stays the bound of exactly those rows."""
 
     _COLUMNS = ("lease", "island", "start", "end", "cards", "alive")
 
@@ -870,6 +876,7 @@ class HoldBook:
         self.end = np.zeros(1024, dtype=np.int64)
         self.cards = np.zeros(1024, dtype=np.int64)
         self.alive = np.zeros(1024, dtype=bool)
+        self.held = np.zeros(0, dtype=np.int64)
 
     # -- writes -----------------------------------------------------------------------------------
     def _grow(self, need: int) -> None:
@@ -893,8 +900,11 @@ class HoldBook:
         old = self.alive[:n] & np.isin(self.lease[:n], ids)
         self.alive[:n][old] = False
         self._dead += int(old.sum())
+        held = self.held.copy()  # a new array: a quote may be reading the current one
+        np.subtract.at(held, self.island[:n][old], self.cards[:n][old])
         rows = [(lease_id, *hold) for lease_id, lease_holds in holds.items() for hold in lease_holds]
         if not rows:
+            self.held = held
             return
         self._grow(len(rows))
         added = np.array(rows, dtype=np.int64)
@@ -903,6 +913,11 @@ class HoldBook:
             getattr(self, name)[n:end] = added[:, column]
         self.alive[n:end] = True
         self._size = end
+        top = int(added[:, 1].max()) + 1
+        if top > len(held):
+            held = np.concatenate([held, np.zeros(top - len(held), dtype=np.int64)])
+        np.add.at(held, added[:, 1], added[:, 4])
+        self.held = held
 
     def _reorder(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (positions, any order), sorted by island, then start."""
@@ -913,6 +928,9 @@ class HoldBook:
             setattr(self, name, np.concatenate([arr[rows], np.zeros(spare, dtype=arr.dtype)]))
         self._size = self.sorted_upto = len(rows)
         self._dead = 0
+        island = self.island[: self._size]
+        # Sums of whole cards, exact in float64 (bincount's weights) far beyond any island's capacity.
+        self.held = np.bincount(island, weights=self.cards[: self._size]).astype(np.int64)
 
     def _compact(self, now_epoch: int) -> None:
         n = self._size
@@ -1010,6 +1028,12 @@ class HoldBook:
             self.island, self.start, self.end, self.cards, self.alive, self._size, start, end
         )
 
+    def bounded_overlapping(
+        self, start: int, end: int
+    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+        """``overlapping`` and ``held`` as they stand together: the rows and the bound of the same book."""
+        return self.overlapping(start, end), self.held
+
     def maintain(self, now_epoch: int) -> None:
         self._compact(now_epoch)
 
@@ -1046,27 +1070,37 @@ class Market:
         """The catalogue (normally at most one TTL plus one reload old, never ``_STALE_LIMIT_TTLS`` TTLs)
         and the live holds overlapping ``[start, end)``, caught up with every lease change committed so
         far."""
-        ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
         with self.lock:
-            catalogue = self.catalogue
-            if (
-                catalogue is None
-                or ttl <= 0
-                or time.monotonic() - catalogue.loaded_at >= ttl * _STALE_LIMIT_TTLS
-            ):
-                catalogue = self.catalogue = _load_catalogue_quietly(catalogue if ttl > 0 else None)
-            elif time.monotonic() - catalogue.loaded_at >= ttl:
-                self._reload_in_background()
-            if ttl <= 0:  # tests: nothing carried from one quote to the next
-                self.holds = HoldBook()
-            now = time.monotonic()
-            if ttl <= 0 or not self.holds.loaded or now - self._holds_refreshed_at >= _HOLDS_REFRESH_SECONDS:
-                self.holds.refresh()
-                self._holds_refreshed_at = now
-            self._quotes += 1
-            if self._quotes % 1000 == 0:
-                self.holds.maintain(epoch(timezone.now()))
-            return catalogue, self.holds.overlapping(start, end)
+            return self._caught_up(), self.holds.overlapping(start, end)
+
+    def bounded_view(
+        self, *, start: int, end: int
+    ) -> tuple[Catalogue, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+        """``view`` and the hold book's bound of those holds by island id (``HoldBook.held``), read together:
+        what the matcher skips islands by."""
+        with self.lock:
+            catalogue = self._caught_up()
+            holds, held = self.holds.bounded_overlapping(start, end)
+            return catalogue, holds, held
+
+    def _caught_up(self) -> Catalogue:
+        """The catalogue to quote on, the hold book caught up (see ``view``); called with the lock held."""
+        ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
+        catalogue = self.catalogue
+        if catalogue is None or ttl <= 0 or time.monotonic() - catalogue.loaded_at >= ttl * _STALE_LIMIT_TTLS:
+            catalogue = self.catalogue = _load_catalogue_quietly(catalogue if ttl > 0 else None)
+        elif time.monotonic() - catalogue.loaded_at >= ttl:
+            self._reload_in_background()
+        if ttl <= 0:  # tests: nothing carried from one quote to the next
+            self.holds = HoldBook()
+        now = time.monotonic()
+        if ttl <= 0 or not self.holds.loaded or now - self._holds_refreshed_at >= _HOLDS_REFRESH_SECONDS:
+            self.holds.refresh()
+            self._holds_refreshed_at = now
+        self._quotes += 1
+        if self._quotes % 1000 == 0:
+            self.holds.maintain(epoch(timezone.now()))
+        return catalogue
 
     def warm(self) -> None:
         """Load the catalogue and the hold book now, if not loaded yet: a new server process calls this

@@ -157,8 +157,13 @@ def match(
     limit: int,
     tariff_of: Callable[[int], CompiledTariff],
     distinct: bool = False,
+    held: np.ndarray | None = None,
 ) -> MatchResult:
     """Rank the job's feasible placements (see the module docstring). Pure: reads only its arguments.
+
+    ``held`` (optional, by island id): at least the cards each island's holds in ``holds`` occupy at once
+    (the hold book's ``HoldBook.held``); an island gang then skips the holds of islands it leaves their
+    need free. The answer is the same with or without it (tests/broker/test_matching_property.py).
 
     With ``distinct``, an island-gang job's placements are *offers*: the islands of a cluster that can
     take the job at the same start (and so at the same cards, price, cost and latency) are one placement,
@@ -234,7 +239,7 @@ def match(
     candidate = gang.candidate
 
     reports = binding_reports(c, window, candidate)
-    blocked = _blocked(c, holds, window, candidate, reports)
+    blocked = _blocked(c, holds, window, candidate, reports, held)
     counts[_R["capacity"]] += len(blocked.full)
     members = candidates_of - np.bincount(c.island_cluster[blocked.full], minlength=m)
     feasible = int(members.sum())
@@ -957,11 +962,17 @@ class Candidates:
         return ok
 
     def rows_of(
-        self, hold_island: np.ndarray, hold_cards: np.ndarray
+        self,
+        hold_island: np.ndarray,
+        hold_cards: np.ndarray,
+        held: np.ndarray | None = None,
+        reported: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         """The holds (island ids, cards) of candidate islands, in one compiled pass: each one's catalogue
         position, cards and row in the hold arrays (an island registered since the catalogue's load is
-        left out), and whether the positions ascend (broker.matching_kernel.candidate_rows)."""
+        left out), and whether the positions ascend (broker.matching_kernel.candidate_rows). With ``held``
+        (by island id, at least what an island's holds occupy at once), the rows of an island it leaves its
+        need free are left out, unless ``reported`` (by position) says a report adds to them."""
         # Imported here: numba (and LLVM, ~130 MB of memory) only in the processes that quote, not in
         # every process that imports the matcher.
         from broker.matching_kernel import candidate_rows
@@ -978,6 +989,8 @@ class Candidates:
             self.cluster_need,
             no if self.fabric_ok is None else self.fabric_ok,
             no if self.island_ok is None else self.island_ok,
+            _NO_BOUND if held is None else held,
+            no if reported is None else reported,
         )
 
 
@@ -1003,12 +1016,16 @@ def _blocked_starts(
     return _blocked(c, holds, window, candidate, reports)
 
 
+_NO_BOUND = np.zeros(0, dtype=np.int64)
+
+
 def _blocked(
     c: Catalogue,
     holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     window: Window,
     candidate: Candidates,
     reports: Reports | None = None,
+    held: np.ndarray | None = None,
 ) -> BlockedStarts:
     """Sparse occupancy: per candidate island (those ``candidate`` accepts), the hold edges (rounded
     outward to the slot grid) sorted and summed give the occupied card count between consecutive edges;
@@ -1026,15 +1043,26 @@ def _blocked(
     a slot is 15 minutes) can block only the first start, the one run touching that slot, and does
     exactly when it, the holds touching the slot (every one occupies all of it, rounded outward) and
     ``need`` exceed the island's cards: decided per island without adding edges to sort. Other reports
-    join the holds."""
+    join the holds.
+
+    ``held`` (by island id; the hold book's ``HoldBook.held`` for these holds): an island whose holds
+    together leave its need free cannot be blocked by them, so its rows are not read past the selection
+    (nor a reported island's: the report adds to them). Only with a start in the window, where such an
+    island gets no range; at design load about half the rows of a quote are skipped so."""
     empty = np.zeros(0, dtype=np.int64)
     none = BlockedStarts(empty, empty, empty, empty, window.starts)
     hold_island, hold_start, hold_end, hold_cards = holds
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
+    reported = None
+    if held is not None and reports is not None:
+        reported = np.zeros(c.size, dtype=bool)
+        reported[reports.island] = True
     # The holds of candidate islands, in island order unless ``ordered`` says otherwise.
-    index, cards, rows, ordered = candidate.rows_of(hold_island, hold_cards)
+    index, cards, rows, ordered = candidate.rows_of(
+        hold_island, hold_cards, held if window.starts > 0 else None, reported
+    )
     starts, ends = hold_start, hold_end
     first_only = r_island = empty
     if reports is not None:

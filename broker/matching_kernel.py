@@ -219,6 +219,8 @@ def candidate_rows(
     cluster_need: np.ndarray,
     fabric_ok: np.ndarray,
     island_ok: np.ndarray,
+    held: np.ndarray,
+    reported: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # pragma: no cover - compiled
     """(index, cards, rows, ordered): the holds (``hold_island`` ids, ``hold_cards``) of candidate
     islands, in the holds' order: each one's catalogue position (``lookup[id]``), its cards, its row in
@@ -227,10 +229,18 @@ def candidate_rows(
 
     A candidate island is known to the catalogue (an id past ``lookup`` or mapped to -1 is not), its
     cluster passes ``cluster_ok``, its fabric ``fabric_ok`` and the island ``island_ok`` (each when not
-    empty), and it has at least its cluster's need in cards: broker.matching.Candidates' test."""
+    empty), and it has at least its cluster's need in cards: broker.matching.Candidates' test.
+
+    ``held`` (by island id; empty: none) bounds the cards an island's holds occupy at once
+    (broker.catalog.HoldBook.held): an island it leaves its cluster's need free, not ``reported`` (by
+    position; empty: none — a heartbeat report adds to the holds), cannot be blocked, and its rows are
+    left out. blocked_ranges writes nothing for such an island when the window has a start (its rows'
+    cards never pass the room): the same answer, from fewer rows."""
     n = len(hold_island)
     check_fabric = len(fabric_ok) > 0
     check_island = len(island_ok) > 0
+    check_held = len(held) > 0
+    check_reported = len(reported) > 0
     index = np.empty(n, dtype=np.int64)
     cards = np.empty(n, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)
@@ -252,6 +262,13 @@ def candidate_rows(
         if check_island and not island_ok[position]:
             continue
         if capacity[position] < cluster_need[cluster]:
+            continue
+        if (
+            check_held
+            and island_id < len(held)
+            and held[island_id] <= capacity[position] - cluster_need[cluster]
+            and not (check_reported and reported[position])
+        ):
             continue
         index[m] = position
         cards[m] = hold_cards[i]
@@ -342,6 +359,6 @@ def warm() -> None:
     empty = np.zeros(0, dtype=np.int64)
     none = np.zeros(0, dtype=bool)
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)
-    candidate_rows(empty, empty, empty, empty, empty, empty, none, empty, none, none)
+    candidate_rows(empty, empty, empty, empty, empty, empty, none, empty, none, none, empty, none)
     overlapping_rows(empty, empty, empty, empty, none, 0, 0, 1)
     smallest_entries(np.ones(1, dtype=np.float64), 1)

@@ -50,7 +50,7 @@ def placements_find(
     now = now or timezone.now()
     step = settings.CARDHOUR_QUOTE_STEP_SECONDS
     window = window_of(spec, now=now, step=step)
-    catalogue, holds = market.view(start=window.t0, end=max(window.last_end, window.t0 + 1))
+    catalogue, holds, held = market.bounded_view(start=window.t0, end=max(window.last_end, window.t0 + 1))
     return match(
         spec=spec,
         catalogue=catalogue,
@@ -60,6 +60,7 @@ def placements_find(
         limit=limit,
         tariff_of=_tariff,
         distinct=distinct,
+        held=held,
     )
 
 

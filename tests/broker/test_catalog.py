@@ -7,9 +7,13 @@ import gc
 import threading
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from broker import catalog as catalog_module
 from broker.catalog import _STALE_LIMIT_TTLS, Catalogue, HoldBook, Market, _load_catalogue, epoch
@@ -294,3 +298,53 @@ def test_warming_with_a_zero_ttl_loads_nothing(settings, monkeypatch) -> None:  
     market = Market()
     market.warm()
     assert market.catalogue is None
+
+
+# --- The book's bound of what each island's holds occupy ------------------------------------------------
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(
+    first=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 8), st.integers(-7200, 7200)), max_size=20),
+    changes=st.lists(
+        st.tuples(
+            st.integers(1, 30),  # the lease changed (its holds replaced)
+            st.lists(st.tuples(st.integers(1, 15), st.integers(1, 8), st.integers(-7200, 7200)), max_size=3),
+        ),
+        max_size=12,
+    ),
+    compact_at=st.integers(0, 12),
+)
+def test_the_book_bound_is_the_cards_of_its_live_holds_by_island_and_never_changes_in_place(
+    first: list[tuple[int, int, int]], changes: list[tuple[int, list[tuple[int, int, int]]]], compact_at: int
+) -> None:
+    """HoldBook.held is, by island id, the cards of the live holds in the book (after a load, each lease
+    change and a compaction that drops ended holds), and a bound a quote took is never written to after:
+    each change replaces the array."""
+    now = 1_800_000_000
+    book = HoldBook()
+    rows = np.array(
+        [
+            (lease, island, now + offset, now + offset + 3600, cards)
+            for lease, (island, cards, offset) in enumerate(first, start=1)
+        ],
+        dtype=np.int64,
+    ).reshape(-1, 5)
+    book._load_arrays(*(rows[:, column] for column in range(5)))
+
+    def expected() -> list[int]:
+        size = book._size
+        alive = book.alive[:size]
+        sums = np.bincount(book.island[:size][alive], weights=book.cards[:size][alive]).astype(np.int64)
+        return np.trim_zeros(sums, "b").tolist()
+
+    assert np.trim_zeros(book.held, "b").tolist() == expected()
+    for step, (lease, holds) in enumerate(changes):
+        taken, copy = book.held, book.held.copy()
+        if step == compact_at:
+            book._compact(now + 3600 + 7200)  # drops what ended an hour before: some of the holds
+        book._replace_leases(
+            {lease: [(island, now + offset, now + offset + 3600, cards) for island, cards, offset in holds]}
+        )
+        assert taken.tolist() == copy.tolist()
+        assert np.trim_zeros(book.held, "b").tolist() == expected()

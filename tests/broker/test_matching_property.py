@@ -102,6 +102,23 @@ def _hold_arrays(holds: list[tuple[int, int, int, int]], t0: int) -> tuple[np.nd
     )
 
 
+def _bounds(arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
+    """Bounds by island id of what each island's holds occupy at once, as the hold book keeps them
+    (broker.catalog.HoldBook.held): the sum of its holds' cards (the tightest the book gives), and that
+    plus some slack on some islands (a book also counts holds outside the quote's window)."""
+    island, _start, _end, cards = arrays
+    size = int(island.max()) + 1 if len(island) else 0
+    tight = np.bincount(island, weights=cards, minlength=size).astype(np.int64)
+    return [tight, tight + np.arange(size) % 3]
+
+
+def _same_with_bounds(result: object, arrays: tuple[np.ndarray, ...], **kwargs: object) -> None:
+    """The matcher answers alike with the hold book's bound (which skips the islands it leaves room on)
+    and without it."""
+    for held in _bounds(arrays):
+        assert match(holds=arrays, held=held, **kwargs) == result  # type: ignore[arg-type]
+
+
 reports_strategy = st.lists(
     st.tuples(
         st.integers(0, 10),  # cards the operator's report withholds (0: none)
@@ -155,6 +172,9 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
     arrays = _hold_arrays(holds, t0)
     result = match(
         spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
+    )
+    _same_with_bounds(
+        result, arrays, spec=spec, catalogue=cat, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
     )
     run = -(-duration // STEP)
     expected: dict[str, datetime] = {}
@@ -457,6 +477,17 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
         tariff_of=TARIFFS.__getitem__,
         distinct=True,
     )
+    _same_with_bounds(
+        result,
+        arrays,
+        spec=spec,
+        catalogue=cat,
+        now=NOW,
+        step=STEP,
+        limit=limit,
+        tariff_of=TARIFFS.__getitem__,
+        distinct=True,
+    )
     window = window_of(spec, now=NOW, step=STEP)
     candidates = np.array(
         [i for i in range(n) if capacity[i] >= cards and _reliable(cat, int(cat.island_cluster[i]), minimum)],
@@ -589,6 +620,17 @@ def test_rejection_counts_per_cluster_match_a_count_per_island(
         spec=spec,
         catalogue=cat,
         holds=arrays,
+        now=NOW,
+        step=STEP,
+        limit=30,
+        tariff_of=TARIFFS.__getitem__,
+        distinct=distinct,
+    )
+    _same_with_bounds(
+        result,
+        arrays,
+        spec=spec,
+        catalogue=cat,
         now=NOW,
         step=STEP,
         limit=30,
