@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 from hypothesis import example, given, settings
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from broker.catalog import Catalogue
 from broker.matching import _blocked_starts, binding_reports, integrated_multiplier, match, window_of
-from broker.types import JobSpec
+from broker.types import JobSpec, MatchResult
 from metering.selectors.tariffs import PriceCardRow
 from metering.tariffs import PRESETS, tariff_compile
 
@@ -112,11 +113,13 @@ def _bounds(arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
     return [tight, tight + np.arange(size) % 3]
 
 
-def _same_with_bounds(result: object, arrays: tuple[np.ndarray, ...], **kwargs: object) -> None:
-    """The matcher answers alike with the hold book's bound (which skips the islands it leaves room on)
-    and without it."""
+def _match_alike_bounded(arrays: tuple[np.ndarray, ...], **kwargs: Any) -> MatchResult:
+    """``match`` over the holds ``arrays``, after checking that it answers alike with the hold book's
+    bound (which skips the islands it leaves room on) and without it."""
+    result = match(holds=arrays, **kwargs)
     for held in _bounds(arrays):
-        assert match(holds=arrays, held=held, **kwargs) == result  # type: ignore[arg-type]
+        assert match(holds=arrays, held=held, **kwargs) == result
+    return result
 
 
 reports_strategy = st.lists(
@@ -170,11 +173,8 @@ def test_feasible_starts_and_best_start_match_a_brute_force(
     cat = catalogue(capacities, reports)
     spec = _spec(cards=cards, duration=duration)
     arrays = _hold_arrays(holds, t0)
-    result = match(
-        spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
-    )
-    _same_with_bounds(
-        result, arrays, spec=spec, catalogue=cat, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
+    result = _match_alike_bounded(
+        arrays, spec=spec, catalogue=cat, now=NOW, step=STEP, limit=10, tariff_of=TARIFFS.__getitem__
     )
     run = -(-duration // STEP)
     expected: dict[str, datetime] = {}
@@ -467,18 +467,7 @@ def test_offers_are_the_island_ranking_grouped_by_cluster_and_start(
     spec = _spec(cards=cards, duration=duration, preference=preference, min_reliability=minimum)
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = _hold_arrays(holds, t0)
-    result = match(
-        spec=spec,
-        catalogue=cat,
-        holds=arrays,
-        now=NOW,
-        step=STEP,
-        limit=limit,
-        tariff_of=TARIFFS.__getitem__,
-        distinct=True,
-    )
-    _same_with_bounds(
-        result,
+    result = _match_alike_bounded(
         arrays,
         spec=spec,
         catalogue=cat,
@@ -616,18 +605,7 @@ def test_rejection_counts_per_cluster_match_a_count_per_island(
     t0 = int(NOW.timestamp())
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = (np.array([3 * (h[0] + 1) for h in holds], dtype=np.int64), *_hold_arrays(holds, t0)[1:])
-    result = match(
-        spec=spec,
-        catalogue=cat,
-        holds=arrays,
-        now=NOW,
-        step=STEP,
-        limit=30,
-        tariff_of=TARIFFS.__getitem__,
-        distinct=distinct,
-    )
-    _same_with_bounds(
-        result,
+    result = _match_alike_bounded(
         arrays,
         spec=spec,
         catalogue=cat,
