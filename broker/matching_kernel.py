@@ -15,7 +15,7 @@ numpy) ones.
 
 Each function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
 it is writable, else in the user's cache directory (``NUMBA_CACHE_DIR`` picks another), where a process
-loads it in ~0.1 s. With no writable place at all it is compiled in each process instead of failing. A
+loads it in ~0.1 s. Each has one signature: its arrays reach it read-only, whatever the caller passed. With no writable place at all it is compiled in each process instead of failing. A
 server compiles or loads it while warming up (broker.catalog.Market.warm), not in its first quote.
 ``nogil``: a request thread runs it without holding the interpreter lock, so the server's other threads
 go on meanwhile.
@@ -23,6 +23,7 @@ go on meanwhile.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +32,33 @@ from numba import njit
 
 
 def _compiled(function: Callable[..., Any]) -> Any:
+    """``function`` compiled, called with every array argument read-only.
+
+    numba compiles a function once per tuple of argument types, and a read-only array is another type
+    than a writable one of the same dtype: the matcher passes some arrays read-only (the cached
+    requirements, shared between quotes) and others not, so a quote could meet a combination ``warm``
+    did not compile and compile it itself, ~1 s of CPU in a new server's first quote. Passed through
+    here, every array reaches the compiled function read-only (a writable one as a read-only view, no
+    copy; the functions write only to arrays they allocate), so each has one signature per dtype, the
+    one ``warm`` compiles. The compiled dispatcher is the wrapper's ``dispatcher``."""
     try:
-        return njit(cache=True, nogil=True)(function)
+        dispatcher = njit(cache=True, nogil=True)(function)
     except RuntimeError:  # numba found no writable cache directory ("no locator available")
-        return njit(nogil=True)(function)
+        dispatcher = njit(nogil=True)(function)
+
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        return call.dispatcher(*[_read_only(arg) for arg in args])  # type: ignore[attr-defined]
+
+    call.dispatcher = dispatcher  # type: ignore[attr-defined]
+    return call
+
+
+def _read_only(value: Any) -> Any:
+    if type(value) is np.ndarray and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
 
 
 @njit(inline="always")
@@ -355,7 +379,8 @@ def smallest_entries(primary: np.ndarray, limit: int) -> np.ndarray:  # pragma: 
 
 
 def warm() -> None:
-    """Compile (or load from the cache) the kernel now, with the argument types the matcher passes."""
+    """Compile (or load from the cache) the kernel now, with the argument types the matcher passes (every
+    array read-only, see ``_compiled``): tests/broker/test_catalog.py holds a quote's calls to these."""
     empty = np.zeros(0, dtype=np.int64)
     none = np.zeros(0, dtype=bool)
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)

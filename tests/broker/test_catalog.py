@@ -7,6 +7,7 @@ import gc
 import threading
 from datetime import timedelta
 
+import numba
 import numpy as np
 import pytest
 from django.db import connection, transaction
@@ -16,12 +17,17 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from broker import catalog as catalog_module
+from broker import matching_kernel
 from broker.catalog import _STALE_LIMIT_TTLS, Catalogue, HoldBook, Market, _load_catalogue, epoch
 from broker.models import LeaseTransition
+from broker.services.jobs import job_spec
 from broker.services.leases import lease_lock, lease_transition
+from broker.services.quotes import placements_find, start_costs_find
 from core.models import Organisation
 from core.types import Actor
 from federation.models import Cluster
+from federation.services import heartbeat_record
+from federation.types import IslandReport
 from tests.broker.factories import make_job, make_lease
 from tests.factories import BuyerFactory
 
@@ -348,3 +354,55 @@ def test_the_book_bound_is_the_cards_of_its_live_holds_by_island_and_never_chang
         )
         assert taken.tolist() == copy.tolist()
         assert np.trim_zeros(book.held, "b").tolist() == expected()
+
+
+def test_a_quote_after_warming_compiles_nothing(
+    buyer: Organisation, east_cluster: Cluster, west_cluster: Cluster, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """numba compiles a kernel once per tuple of argument types (a read-only array is another type than a
+    writable one): every call a quote makes must reach a kernel with types ``warm`` compiled, or a new
+    server's first quote compiles (~1 s of CPU) instead of answering. Holds, a heartbeat report, a fabric
+    filter, a job spanning a cluster's islands and the cost-against-start chart, each checked at the
+    compiled dispatcher."""
+    seen: dict[str, set[tuple[object, ...]]] = {}
+    for name in ("blocked_ranges", "candidate_rows", "overlapping_rows", "smallest_entries"):
+        wrapper = getattr(matching_kernel, name)
+
+        def record(*args: object, _real=wrapper.dispatcher, _name=name) -> object:  # type: ignore[no-untyped-def]
+            seen.setdefault(_name, set()).add(tuple(numba.typeof(arg) for arg in args))
+            return _real(*args)
+
+        monkeypatch.setattr(wrapper, "dispatcher", record)
+    matching_kernel.warm()
+    warmed = {name: set(types) for name, types in seen.items()}
+    assert set(warmed) == {"blocked_ranges", "candidate_rows", "overlapping_rows", "smallest_entries"}
+    seen.clear()
+
+    now = timezone.now().replace(microsecond=0)
+    start = now + timedelta(minutes=30)
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=start)
+    make_lease(job=make_job(buyer=buyer), cluster=west_cluster, cards=8, start_at=start)
+    heartbeat_record(
+        actor=Actor(organisation=east_cluster.operator, system_label="test agent"),
+        cluster=east_cluster,
+        sent_at=now,
+        health="ok",
+        islands=[IslandReport(name="isl-02", available_cards=2)],
+        now=now,
+    )
+    jobs = [
+        make_job(buyer=buyer, earliest_start_at=now, cards=6),
+        make_job(buyer=buyer, earliest_start_at=start, fabrics=["infiniband"]),
+        make_job(buyer=buyer, earliest_start_at=now, cards=12, gang="cluster"),
+    ]
+    for job in jobs:
+        for distinct in (False, True):
+            result = placements_find(spec=job_spec(job=job), now=now, distinct=distinct)
+            assert result.considered > 0
+    islands = tuple(east_cluster.islands.order_by("name").values_list("pk", flat=True))
+    assert start_costs_find(
+        spec=job_spec(job=jobs[0]), cluster_id=east_cluster.pk, island_ids=islands, cards=6, now=now
+    )
+    assert {"blocked_ranges", "candidate_rows", "overlapping_rows"} <= set(seen)
+    for name, types in seen.items():
+        assert types <= warmed[name], (name, types - warmed[name])
