@@ -858,7 +858,7 @@ class HoldBook:
     what an island's holds in any window occupy at once. An island whose bound leaves a job its cards
     cannot be blocked by its holds, so the matcher skips its rows (broker.matching_kernel.candidate_rows).
     It is replaced, never changed in place, whenever the live rows change, so the array a quote took with
-    its rows (``bounded_overlapping``) stays the bound of exactly those rows."""
+    its rows (``rows``) stays the bound of exactly those rows."""
 
     _COLUMNS = ("lease", "island", "start", "end", "cards", "alive")
 
@@ -1028,11 +1028,23 @@ class HoldBook:
             self.island, self.start, self.end, self.cards, self.alive, self._size, start, end
         )
 
-    def bounded_overlapping(
-        self, start: int, end: int
-    ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-        """``overlapping`` and ``held`` as they stand together: the rows and the bound of the same book."""
-        return self.overlapping(start, end), self.held
+    def rows(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+        """The book as it stands, nothing selected: (island id, start, end, cards) of its rows, which rows
+        are alive, and ``held``, all of the same moment. What an island-gang quote reads
+        (broker.matching.match's ``alive``): it selects the live rows in its window in the pass that picks
+        its candidates' holds, instead of copying them out of the book first (``overlapping``).
+
+        The four columns are the book's own arrays up to its size, not copies: nothing writes a row below
+        the size in place but ``alive`` (an append writes past it; a sort or a growth makes new arrays and
+        leaves these to whoever holds them), so they stay as they are after the lock is released. ``alive``
+        is written in place, so it is a copy (a byte a row: ~0.1 MB at 100,000 holds); ``held`` is
+        replaced, never written (see the class)."""
+        n = self._size
+        return (
+            (self.island[:n], self.start[:n], self.end[:n], self.cards[:n]),
+            self.alive[:n].copy(),
+            self.held,
+        )
 
     def maintain(self, now_epoch: int) -> None:
         self._compact(now_epoch)
@@ -1073,15 +1085,15 @@ class Market:
         with self.lock:
             return self._caught_up(), self.holds.overlapping(start, end)
 
-    def bounded_view(
-        self, *, start: int, end: int
-    ) -> tuple[Catalogue, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-        """``view`` and the hold book's bound of those holds by island id (``HoldBook.held``), read together:
-        what the matcher skips islands by."""
+    def book_view(
+        self,
+    ) -> tuple[Catalogue, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+        """``view`` with the hold book as it stands (``HoldBook.rows``: its rows, which of them are alive and
+        its bound by island id), nothing selected: what a quote hands the matcher, which selects."""
         with self.lock:
             catalogue = self._caught_up()
-            holds, held = self.holds.bounded_overlapping(start, end)
-            return catalogue, holds, held
+            holds, alive, held = self.holds.rows()
+            return catalogue, holds, alive, held
 
     def _caught_up(self) -> Catalogue:
         """The catalogue to quote on, the hold book caught up (see ``view``); called with the lock held."""

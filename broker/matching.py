@@ -93,6 +93,12 @@ class Window:
     def last_end(self) -> int:
         return self.t0 + (self.starts - 1) * self.step + self.duration
 
+    @property
+    def span(self) -> tuple[int, int]:
+        """``[t0, last_end)`` (at least one second): what the window's runs cover, so the holds that can
+        block one of its starts are those overlapping it."""
+        return self.t0, max(self.last_end, self.t0 + 1)
+
     def start(self, k: int) -> int:
         return self.t0 + k * self.step
 
@@ -143,6 +149,16 @@ def _integrated_multiplier_of(tariff: CompiledTariff, window: Window) -> np.ndar
     return values
 
 
+def _live_holds(
+    holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], alive: np.ndarray, window: Window
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``holds`` that are ``alive`` and overlap ``window``, copied (HoldBook.overlapping)."""
+    from broker.matching_kernel import overlapping_rows  # imported here, as in Candidates.rows_of
+
+    island, start, end, cards = holds
+    return overlapping_rows(island, start, end, cards, alive, len(island), *window.span)
+
+
 def _ceil_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return -(-a // b)
 
@@ -158,12 +174,18 @@ def match(
     tariff_of: Callable[[int], CompiledTariff],
     distinct: bool = False,
     held: np.ndarray | None = None,
+    alive: np.ndarray | None = None,
 ) -> MatchResult:
     """Rank the job's feasible placements (see the module docstring). Pure: reads only its arguments.
 
-    ``held`` (optional, by island id): at least the cards each island's holds in ``holds`` occupy at once
-    (the hold book's ``HoldBook.held``); an island gang then skips the holds of islands it leaves their
-    need free. The answer is the same with or without it (tests/broker/test_matching_property.py).
+    ``holds`` (island id, start, end, cards): the holds, which may include holds outside the window.
+    ``alive`` (optional, aligned with ``holds``): only its rows are holds: ``holds`` may then be the hold
+    book's rows as they stand (``HoldBook.rows``), which an island gang selects from in the pass that
+    picks its candidates' holds, with no copy of the window's holds first.
+
+    ``held`` (optional, by island id): at least the cards each island's live holds occupy at once (the
+    hold book's ``HoldBook.held``); an island gang then skips the holds of islands it leaves their need
+    free. The answer is the same with or without either (tests/broker/test_matching_property.py).
 
     With ``distinct``, an island-gang job's placements are *offers*: the islands of a cluster that can
     take the job at the same start (and so at the same cards, price, cost and latency) are one placement,
@@ -208,6 +230,8 @@ def match(
             _reject(after, per_card_hour > cap, "price")
 
     if spec.gang == "cluster":
+        if alive is not None:
+            holds = _live_holds(holds, alive, window)
         reason = _island_reasons(spec, c, before, after)
         if window.starts == 0:
             reason[reason == 0] = _R["window"]
@@ -239,7 +263,7 @@ def match(
     candidate = gang.candidate
 
     reports = binding_reports(c, window, candidate)
-    blocked = _blocked(c, holds, window, candidate, reports, held)
+    blocked = _blocked(c, holds, window, candidate, reports, held, alive)
     counts[_R["capacity"]] += len(blocked.full)
     members = candidates_of - np.bincount(c.island_cluster[blocked.full], minlength=m)
     feasible = int(members.sum())
@@ -924,6 +948,10 @@ class BlockedStarts:
         return np.bincount(rows[hit], minlength=len(islands)) > 0
 
 
+# Bounds that every hold overlaps (epoch seconds): no selection by time.
+_EVER = (-(2**62), 2**62)
+
+
 class Candidates:
     """The islands that pass every check but the holds: on a cluster ``cluster_ok`` accepts, with at least
     their cluster's need in cards (``cluster_need``), on a fabric ``fabric_ok`` accepts and among
@@ -963,24 +991,34 @@ class Candidates:
 
     def rows_of(
         self,
-        hold_island: np.ndarray,
-        hold_cards: np.ndarray,
+        holds: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        *,
+        lo: int = _EVER[0],
+        hi: int = _EVER[1],
+        alive: np.ndarray | None = None,
         held: np.ndarray | None = None,
         reported: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        """The holds (island ids, cards) of candidate islands, in one compiled pass: each one's catalogue
+        """The holds (island ids, starts, ends, cards) of candidate islands that are ``alive`` (aligned
+        with them; None: all) and overlap ``[lo, hi)``, in one compiled pass: each one's catalogue
         position, cards and row in the hold arrays (an island registered since the catalogue's load is
         left out), and whether the positions ascend (broker.matching_kernel.candidate_rows). With ``held``
-        (by island id, at least what an island's holds occupy at once), the rows of an island it leaves its
-        need free are left out, unless ``reported`` (by position) says a report adds to them."""
+        (by island id, at least what an island's live holds occupy at once), the rows of an island it
+        leaves its need free are left out, unless ``reported`` (by position) says a report adds to them."""
         # Imported here: numba (and LLVM, ~130 MB of memory) only in the processes that quote, not in
         # every process that imports the matcher.
         from broker.matching_kernel import candidate_rows
 
         c, no = self.c, np.zeros(0, dtype=bool)
+        hold_island, hold_start, hold_end, hold_cards = holds
         return candidate_rows(
             hold_island,
+            hold_start,
+            hold_end,
             hold_cards,
+            no if alive is None else alive,
+            lo,
+            hi,
             c.island_lookup,
             c.island_cluster,
             c.island_fabric,
@@ -1026,6 +1064,7 @@ def _blocked(
     candidate: Candidates,
     reports: Reports | None = None,
     held: np.ndarray | None = None,
+    alive: np.ndarray | None = None,
 ) -> BlockedStarts:
     """Sparse occupancy: per candidate island (those ``candidate`` accepts), the hold edges (rounded
     outward to the slot grid) sorted and summed give the occupied card count between consecutive edges;
@@ -1048,10 +1087,14 @@ def _blocked(
     ``held`` (by island id; the hold book's ``HoldBook.held`` for these holds): an island whose holds
     together leave its need free cannot be blocked by them, so its rows are not read past the selection
     (nor a reported island's: the report adds to them). Only with a start in the window, where such an
-    island gets no range; at design load about half the rows of a quote are skipped so."""
+    island gets no range; at design load about half the rows of a quote are skipped so.
+
+    ``alive`` (aligned with ``holds``): the rows that are holds, the others skipped, as are the rows
+    outside the window (those touch none of its runs): ``holds`` may then be the hold book's own rows
+    (``match``)."""
     empty = np.zeros(0, dtype=np.int64)
     none = BlockedStarts(empty, empty, empty, empty, window.starts)
-    hold_island, hold_start, hold_end, hold_cards = holds
+    hold_island, hold_start, hold_end, _cards = holds
     if not len(hold_island) and reports is None:
         return none
     capacity = c.island_capacity
@@ -1061,7 +1104,12 @@ def _blocked(
         reported[reports.island] = True
     # The holds of candidate islands, in island order unless ``ordered`` says otherwise.
     index, cards, rows, ordered = candidate.rows_of(
-        hold_island, hold_cards, held if window.starts > 0 else None, reported
+        holds,
+        lo=window.span[0],
+        hi=window.span[1],
+        alive=alive,
+        held=held if window.starts > 0 else None,
+        reported=reported,
     )
     starts, ends = hold_start, hold_end
     first_only = r_island = empty

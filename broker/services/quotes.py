@@ -47,20 +47,18 @@ def placements_find(
     other islands were rejected. With ``distinct``, identical islands of a cluster are one placement (an
     offer, the others in its ``alternatives``) and ``limit`` counts offers. Reads the in-memory market
     (see broker.catalog); holds nothing."""
-    now = now or timezone.now()
-    step = settings.CARDHOUR_QUOTE_STEP_SECONDS
-    window = window_of(spec, now=now, step=step)
-    catalogue, holds, held = market.bounded_view(start=window.t0, end=max(window.last_end, window.t0 + 1))
+    catalogue, holds, alive, held = market.book_view()
     return match(
         spec=spec,
         catalogue=catalogue,
         holds=holds,
-        now=now,
-        step=step,
+        now=now or timezone.now(),
+        step=settings.CARDHOUR_QUOTE_STEP_SECONDS,
         limit=limit,
         tariff_of=_tariff,
         distinct=distinct,
         held=held,
+        alive=alive,
     )
 
 
@@ -73,7 +71,7 @@ def start_costs_find(
     now = now or timezone.now()
     step = settings.CARDHOUR_QUOTE_STEP_SECONDS
     window = window_of(spec, now=now, step=step)
-    catalogue, holds = market.view(start=window.t0, end=max(window.last_end, window.t0 + 1))
+    catalogue, holds = market.view(start=window.span[0], end=window.span[1])
     return start_costs(
         spec=spec,
         catalogue=catalogue,

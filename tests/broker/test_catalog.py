@@ -227,8 +227,9 @@ def test_the_catalogue_is_loaded_with_the_collector_paused(monkeypatch) -> None:
 
 def test_the_book_in_arrays_matches_a_replay_of_its_changes() -> None:
     """Loaded from arrays, changed lease by lease, sorted again and compacted, the book always answers
-    ``overlapping`` as a plain list of the live holds would, and its sorted rows stay sorted by island,
-    then start."""
+    ``overlapping`` as a plain list of the live holds would, and so do its rows as handed to a quote
+    (``rows``: the live ones in a window) — which no later change, sort or compaction writes to — and its
+    sorted rows stay sorted by island, then start."""
     import numpy as np
 
     rng = np.random.default_rng(7)
@@ -258,14 +259,22 @@ def test_the_book_in_arrays_matches_a_replay_of_its_changes() -> None:
             ]
             changed[lease_id] = holds
             truth[lease_id] = holds
+        taken = book.rows()
+        taken_copy = [a.copy() for a in (*taken[0], taken[1], taken[2])]
         book._replace_leases(changed)
         book._sort_if_ragged()
         if step % 10 == 9:
             book._compact(0)
+        for before, after in zip(taken_copy, (*taken[0], taken[1], taken[2]), strict=True):
+            assert before.tolist() == after.tolist()
+        (rows_island, rows_start, rows_end, rows_cards), alive, _held = book.rows()
         for lo, hi in ((0, 200_000), (30_000, 31_000), (99_000, 130_000)):
             got = sorted(zip(*(a.tolist() for a in book.overlapping(lo, hi)), strict=True))
             expected = sorted(h for holds in truth.values() for h in holds if h[1] < hi and h[2] > lo)
             assert got == expected
+            keep = alive & (rows_start < hi) & (rows_end > lo)
+            columns = (rows_island[keep], rows_start[keep], rows_end[keep], rows_cards[keep])
+            assert sorted(zip(*(a.tolist() for a in columns), strict=True)) == expected
         head = slice(0, book.sorted_upto)
         keys = book.island[head] * 10**6 + book.start[head]
         assert (np.diff(keys) >= 0).all()

@@ -165,7 +165,18 @@ def test_no_rows_block_nothing_and_warming_compiles() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    holds=st.lists(st.tuples(st.integers(0, 14), st.integers(0, 9)), max_size=40),  # island id, cards
+    holds=st.lists(
+        st.tuples(
+            st.integers(0, 14),  # island id
+            st.integers(0, 9),  # cards
+            st.integers(0, 40),  # start
+            st.integers(1, 20),  # length
+            st.booleans(),  # alive
+        ),
+        max_size=40,
+    ),
+    window=st.none() | st.tuples(st.integers(-5, 45), st.integers(0, 30)),  # lo, length
+    with_alive=st.booleans(),
     known=st.lists(st.integers(1, 12), min_size=1, max_size=10, unique=True),
     clusters=st.lists(st.integers(0, 3), min_size=10, max_size=10),
     capacity=st.lists(st.integers(0, 16), min_size=10, max_size=10),
@@ -176,7 +187,9 @@ def test_no_rows_block_nothing_and_warming_compiles() -> None:
     island_ok=st.none() | st.lists(st.booleans(), min_size=10, max_size=10),
 )
 def test_candidate_rows_are_the_candidate_test_on_known_islands(
-    holds: list[tuple[int, int]],
+    holds: list[tuple[int, int, int, int, bool]],
+    window: tuple[int, int] | None,
+    with_alive: bool,
     known: list[int],
     clusters: list[int],
     capacity: list[int],
@@ -186,9 +199,10 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
     fabric_ok: list[bool] | None,
     island_ok: list[bool] | None,
 ) -> None:
-    """The compiled selection of a quote's holds keeps, in order, the holds whose island the catalogue
-    knows and broker.matching.Candidates accepts (ids the catalogue does not know, past its lookup or
-    inside it, are left out), and says whether their positions ascend."""
+    """The compiled selection of a quote's holds keeps, in order, the holds that are alive (when it is
+    told which are), overlap the window (when given one) and whose island the catalogue knows and
+    broker.matching.Candidates accepts (ids the catalogue does not know, past its lookup or inside it, are
+    left out), and says whether their positions ascend."""
     n = len(known)
     cat = catalogue(capacity[:n])
     cat.island_id = np.array(sorted(known), dtype=np.int64)
@@ -201,14 +215,23 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
         fabric_ok=None if fabric_ok is None else np.array(fabric_ok),
         island_ok=None if island_ok is None else np.array(island_ok[:n]),
     )
-    hold_island = np.array([island for island, _ in holds], dtype=np.int64)
-    hold_cards = np.array([cards for _, cards in holds], dtype=np.int64)
-    index, cards, rows, ordered = test.rows_of(hold_island, hold_cards)
+    hold_island = np.array([h[0] for h in holds], dtype=np.int64)
+    hold_cards = np.array([h[1] for h in holds], dtype=np.int64)
+    hold_start = np.array([h[2] for h in holds], dtype=np.int64)
+    hold_end = np.array([h[2] + h[3] for h in holds], dtype=np.int64)
+    alive = np.array([h[4] for h in holds], dtype=bool) if with_alive else None
+    span = {} if window is None else {"lo": window[0], "hi": window[0] + window[1]}
+    index, cards, rows, ordered = test.rows_of(
+        (hold_island, hold_start, hold_end, hold_cards), alive=alive, **span
+    )
     positions = cat.island_index(hold_island)
     expected_rows = [
         i
         for i, position in enumerate(positions.tolist())
-        if position >= 0 and bool(test(np.array([position]))[0])
+        if position >= 0
+        and bool(test(np.array([position]))[0])
+        and (alive is None or holds[i][4])
+        and (window is None or (hold_start[i] < span["hi"] and hold_end[i] > span["lo"]))
     ]
     assert rows.tolist() == expected_rows
     assert index.tolist() == positions[expected_rows].tolist()

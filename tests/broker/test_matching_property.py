@@ -115,11 +115,28 @@ def _bounds(arrays: tuple[np.ndarray, ...]) -> list[np.ndarray]:
 
 def _match_alike_bounded(arrays: tuple[np.ndarray, ...], **kwargs: Any) -> MatchResult:
     """``match`` over the holds ``arrays``, after checking that it answers alike with the hold book's
-    bound (which skips the islands it leaves room on) and without it."""
+    bound (which skips the islands it leaves room on) and without it, and from the holds as the hold book
+    hands them over (``HoldBook.rows``: dead rows among the live ones, which ``alive`` tells apart)."""
     result = match(holds=arrays, **kwargs)
     for held in _bounds(arrays):
         assert match(holds=arrays, held=held, **kwargs) == result
+    book, alive = _as_book(arrays)
+    assert match(holds=book, alive=alive, **kwargs) == result
+    for held in _bounds(arrays):
+        assert match(holds=book, alive=alive, held=held, **kwargs) == result
     return result
+
+
+def _as_book(arrays: tuple[np.ndarray, ...]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The holds ``arrays`` as rows of a hold book: each followed by a dead row (the same hold with more
+    cards, as a released or replaced lease leaves it), and which rows are alive."""
+    n = len(arrays[0])
+    island, start, end, cards = arrays
+    dead = (island, start - 900, end + 900, cards + 3)
+    book = tuple(
+        np.stack([live, gone], axis=1).reshape(2 * n) for live, gone in zip(arrays, dead, strict=True)
+    )
+    return book, np.tile([True, False], n)
 
 
 reports_strategy = st.lists(
@@ -362,8 +379,8 @@ def test_ranking_by_cluster_matches_ranking_every_island(
     spec = _spec(cards=cards, duration=duration, preference=preference, min_reliability=minimum)
     holds = [(h[0] % n, *h[1:]) for h in holds]
     arrays = _hold_arrays(holds, t0)
-    result = match(
-        spec=spec, catalogue=cat, holds=arrays, now=NOW, step=STEP, limit=limit, tariff_of=TARIFFS.__getitem__
+    result = _match_alike_bounded(
+        arrays, spec=spec, catalogue=cat, now=NOW, step=STEP, limit=limit, tariff_of=TARIFFS.__getitem__
     )
     window = window_of(spec, now=NOW, step=STEP)
     unreliable = [i for i in range(n) if not _reliable(cat, int(cat.island_cluster[i]), minimum)]
