@@ -397,9 +397,8 @@ class Celery:
         self, env: dict[str, str], *, concurrency: int, control_concurrency: int, log_dir: Path
     ) -> None:
         celery = str(Path(sys.executable).with_name("celery"))
-        self.logs = {
-            name: (log_dir / f"soak-{name}.log").open("wb") for name in ("worker", "control", "beat")
-        }
+        self.log_paths = {name: log_dir / f"soak-{name}.log" for name in ("worker", "control", "beat")}
+        self.logs = {name: path.open("wb") for name, path in self.log_paths.items()}
         worker_env = {**env, "DATABASE_STATEMENT_TIMEOUT_MS": "7200000"}
 
         def worker(name: str, queues: str, slots: int) -> subprocess.Popen[bytes]:
@@ -432,6 +431,20 @@ class Celery:
                 stderr=subprocess.STDOUT,
             ),
         }
+
+    def wait_ready(self, timeout: float = 120.0) -> float:
+        """Wait until both workers say they are ready (their start, ~2 s of CPU each, is over): the load
+        then meets Celery as a running deployment has it. Returns the seconds waited; raises SystemExit
+        if a worker dies or is not ready within ``timeout``."""
+        began = time.monotonic()
+        while True:
+            if all(b" ready." in self.log_paths[name].read_bytes() for name in ("worker", "control")):
+                return time.monotonic() - began
+            if not self.alive():
+                raise SystemExit("a Celery process died at start (see var/bench/soak-*.log)")
+            if time.monotonic() - began > timeout:
+                raise SystemExit(f"Celery's workers were not ready within {timeout:.0f} s")
+            time.sleep(0.2)
 
     def pids(self, which: str) -> list[int]:
         process = self.processes[which]
@@ -590,6 +603,8 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             control_concurrency=args.control_concurrency,
             log_dir=log_dir,
         )
+        # The load starts once Celery's workers are up, as it meets a running deployment (not their start).
+        print(f"Celery's workers ready after {celery.wait_ready():.1f} s", flush=True)
 
         by_operator: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         began_s = int(time.time())

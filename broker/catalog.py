@@ -12,7 +12,9 @@ Quoting is the hot path (hundreds per second over 100,000 islands), so each proc
   the first quote that finds the catalogue stale starts a reload in a background thread and is
   answered from the old catalogue, which is replaced when the new one is ready. Only the first quote
   of a process, and a quote that finds the catalogue older than ``_STALE_LIMIT_TTLS`` TTLs (background
-  reloads failing or stuck), reload inline; a TTL of 0 always reads whole, inline;
+  reloads failing or stuck), reload inline; a TTL of 0 always reads whole, inline. In a server's
+  workers a keeper thread (``Market.keep_fresh``) also starts the reloads, so a quiet spell does not
+  leave the catalogue past that limit for the next quote;
 - a **hold book**: every active capacity hold, followed incrementally. Each lease change writes a
   LeaseTransition row; before a quote the book reads the transitions after the last id it has seen and
   reloads the holds of those leases (at most every ``_HOLDS_REFRESH_SECONDS`` with a TTL; before every
@@ -1070,6 +1072,8 @@ class Market:
         self._quotes = 0
         self._holds_refreshed_at = 0.0
         self._reloader: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
         # Set by ``prepare_for_fork`` in a server's master: when it last made the market ready for a
         # worker (monotonic seconds; 0: never), and the pid it did so in (a worker that inherits the
         # market has another pid: see ``inherited``).
@@ -1211,6 +1215,63 @@ class Market:
             logger.exception("background reload of the broker catalogue failed")
         finally:
             connections.close_all()  # this thread's connections only (they are per thread)
+
+    def keep_fresh(self) -> threading.Thread | None:
+        """Start this process's keeper (once; None with a TTL of 0): a daemon thread that, every half TTL,
+        starts a background reload of a catalogue a TTL old and catches the hold book up with the lease
+        changes of the last TTL, whether or not quotes come (``_tick``). A server's workers start it
+        (config/gunicorn.conf.py), after the warm-up.
+
+        Without it only quotes refreshed the market, so the first quote after a quiet spell of
+        ``_STALE_LIMIT_TTLS`` TTLs (30 s by default: a night, a pause of the buyers, the seconds between a
+        server's start and its first load) found the catalogue past the stale limit and read it inline,
+        under the lock every quote of the process waits on — a refresh that stalled requests, 0.1–0.3 s
+        of CPU and as much of PostgreSQL's at design load, in each worker — and caught the hold book up
+        with every lease change of the spell. With it, a catalogue past the limit means that reloads are
+        failing, which is what the limit is for. Idle, it costs a refresh that finds nothing written (a
+        few milliseconds) and a query for new lease transitions per TTL and worker."""
+        ttl = settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS
+        if ttl <= 0:
+            return None
+        keeper = self._keeper
+        if keeper is not None and keeper.is_alive():
+            return keeper
+        self._keeper_stop.clear()
+
+        def run() -> None:
+            while not self._keeper_stop.wait(ttl / 2):
+                try:
+                    self._tick(ttl)
+                except Exception:
+                    logger.exception("keeping the broker market fresh failed; the next tick tries again")
+                finally:
+                    connections.close_all()  # this thread's connections only (back to the pool)
+
+        keeper = self._keeper = threading.Thread(target=run, name="broker-market-keeper", daemon=True)
+        keeper.start()
+        return keeper
+
+    def stop_keeping(self, timeout: float | None = None) -> None:
+        """Stop the keeper, if it runs, and wait for it (tests)."""
+        self._keeper_stop.set()
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.join(timeout)
+
+    def _tick(self, ttl: float) -> None:
+        """One turn of the keeper: a catalogue at least ``ttl`` old is reloaded in the background (as the
+        quote that finds it stale does; one reload at a time), and a hold book not caught up for ``ttl``
+        is caught up now. Nothing before the first load (the first quote, or the warm-up, loads)."""
+        if self.catalogue is None:
+            return
+        if time.monotonic() - self.catalogue.loaded_at >= ttl:
+            with self.lock:
+                self._reload_in_background()
+        if time.monotonic() - self._holds_refreshed_at >= ttl:
+            with self.lock:
+                if self.holds.loaded:
+                    self.holds.refresh()
+                    self._holds_refreshed_at = time.monotonic()
 
     def wait_for_reload(self, timeout: float | None = None) -> None:
         """Wait for a background reload in progress, if any (tests, benchmarks)."""

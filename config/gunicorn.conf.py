@@ -72,6 +72,8 @@ def post_worker_init(worker: object) -> None:
     from core.warmup import request_path_warm, startup_objects_freeze
 
     market.warm_in_background()
+    # And kept fresh from then on, quotes or not: the first quote after a quiet spell does not reload it.
+    market.keep_fresh()
     # And the first request's imports (the URLconf, the cache client): ~0.4 s of CPU that the worker's first
     # request would pay, here, before the worker serves. Then what is loaded so far is left out of the
     # garbage collector's full collections.

@@ -198,6 +198,66 @@ def test_with_a_ttl_the_hold_book_catches_up_at_most_every_refresh_interval(
     assert market.view(**window)[1][3].tolist() == [3]
 
 
+def test_the_keeper_refreshes_a_quiet_market_so_the_next_quote_reloads_nothing_inline(
+    buyer: Organisation, east_cluster: Cluster, settings, monkeypatch
+) -> None:
+    """A quiet spell (no quote) longer than the inline limit: the keeper's turns reload the catalogue in
+    the background and catch the hold book up, so the next quote neither reads the catalogue itself nor
+    misses a lease accepted meanwhile."""
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5.0
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    window = {"start": epoch(start), "end": epoch(start + timedelta(hours=3))}
+    market = Market()
+    market._tick(5.0)  # nothing loaded yet: nothing to keep
+    assert market.catalogue is None and market._reloader is None
+    first, holds = market.view(**window)
+    assert len(holds[0]) == 0
+    make_lease(job=make_job(buyer=buyer), cluster=east_cluster, cards=3, start_at=start)
+    monkeypatch.setattr(catalog_module, "_HOLDS_REFRESH_SECONDS", 3600.0)  # quotes alone would not look
+    fresh = _fake_catalogue("fresh")
+    loads: list[str] = []
+
+    def load(previous: Catalogue | None = None) -> Catalogue:
+        loads.append(threading.current_thread().name)
+        return fresh
+
+    monkeypatch.setattr(catalog_module, "_load_catalogue", load)
+    first.loaded_at -= 5.0 * _STALE_LIMIT_TTLS  # the quiet spell
+    market._holds_refreshed_at -= 5.0 * _STALE_LIMIT_TTLS
+    market._tick(5.0)
+    market.wait_for_reload(10)
+    assert loads == ["broker-catalogue-reload"]
+    catalogue, holds = market.view(**window)
+    assert catalogue is fresh and loads == ["broker-catalogue-reload"]  # the quote loaded nothing
+    assert holds[3].tolist() == [3]
+    market._tick(5.0)  # fresh, caught up: nothing again
+    market.wait_for_reload(10)
+    assert loads == ["broker-catalogue-reload"]
+
+
+def test_the_keeper_runs_once_per_process_and_stops(settings, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """keep_fresh starts one daemon thread (none with a TTL of 0), which turns every half TTL and goes on
+    after a failed turn."""
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
+    market = Market()
+    assert market.keep_fresh() is None
+    settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.02
+    turns = threading.Semaphore(0)
+
+    def tick(ttl: float) -> None:
+        turns.release()
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(market, "_tick", tick)
+    keeper = market.keep_fresh()
+    assert keeper is not None and keeper.daemon and market.keep_fresh() is keeper
+    try:
+        assert turns.acquire(timeout=10) and turns.acquire(timeout=10)  # a second turn after a failure
+    finally:
+        market.stop_keeping(10)
+    assert not keeper.is_alive()
+
+
 def test_a_zero_ttl_reloads_on_every_quote(east_cluster: Cluster, settings, monkeypatch) -> None:
     settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 0.0
     market = Market()
