@@ -163,18 +163,25 @@ def test_no_rows_block_nothing_and_warming_compiles() -> None:
     assert [len(part) for part in result] == [0, 0, 0, 0]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    holds=st.lists(
+def book_rows(
+    *, islands: tuple[int, int], cards: tuple[int, int]
+) -> st.SearchStrategy[list[tuple[int, int, int, int, bool]]]:
+    """Rows of a hold book: (island id, start, length, cards, alive)."""
+    return st.lists(
         st.tuples(
-            st.integers(0, 14),  # island id
-            st.integers(0, 9),  # cards
-            st.integers(0, 40),  # start
-            st.integers(1, 20),  # length
-            st.booleans(),  # alive
+            st.integers(*islands),
+            st.integers(0, 40),
+            st.integers(1, 20),
+            st.integers(*cards),
+            st.booleans(),
         ),
         max_size=40,
-    ),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holds=book_rows(islands=(0, 14), cards=(0, 9)),
     window=st.none() | st.tuples(st.integers(-5, 45), st.integers(0, 30)),  # lo, length
     with_alive=st.booleans(),
     known=st.lists(st.integers(1, 12), min_size=1, max_size=10, unique=True),
@@ -216,9 +223,9 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
         island_ok=None if island_ok is None else np.array(island_ok[:n]),
     )
     hold_island = np.array([h[0] for h in holds], dtype=np.int64)
-    hold_cards = np.array([h[1] for h in holds], dtype=np.int64)
-    hold_start = np.array([h[2] for h in holds], dtype=np.int64)
-    hold_end = np.array([h[2] + h[3] for h in holds], dtype=np.int64)
+    hold_start = np.array([h[1] for h in holds], dtype=np.int64)
+    hold_end = np.array([h[1] + h[2] for h in holds], dtype=np.int64)
+    hold_cards = np.array([h[3] for h in holds], dtype=np.int64)
     alive = np.array([h[4] for h in holds], dtype=bool) if with_alive else None
     span = {} if window is None else {"lo": window[0], "hi": window[0] + window[1]}
     index, cards, rows, ordered = test.rows_of(
@@ -241,16 +248,7 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    rows=st.lists(
-        st.tuples(
-            st.integers(1, 50),  # island id
-            st.integers(0, 40),  # start
-            st.integers(1, 20),  # length
-            st.integers(1, 8),  # cards
-            st.booleans(),  # alive
-        ),
-        max_size=40,
-    ),
+    rows=book_rows(islands=(1, 50), cards=(1, 8)),
     spare=st.integers(0, 5),
     lo=st.integers(-5, 60),
     length=st.integers(0, 30),
