@@ -1262,9 +1262,10 @@ class Market:
         """One turn of the keeper: a catalogue at least ``ttl`` old is reloaded in the background (as the
         quote that finds it stale does; one reload at a time), and a hold book not caught up for ``ttl``
         is caught up now. Nothing before the first load (the first quote, or the warm-up, loads)."""
-        if self.catalogue is None:
+        catalogue = self.catalogue  # read once: ``reset`` may clear it meanwhile
+        if catalogue is None:
             return
-        if time.monotonic() - self.catalogue.loaded_at >= ttl:
+        if time.monotonic() - catalogue.loaded_at >= ttl:
             with self.lock:
                 self._reload_in_background()
         if time.monotonic() - self._holds_refreshed_at >= ttl:

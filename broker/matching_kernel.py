@@ -16,8 +16,9 @@ numpy) ones.
 
 Each function is compiled at its first call (about 1 s of CPU) and cached on disk: next to this file when
 it is writable, else in the user's cache directory (``NUMBA_CACHE_DIR`` picks another), where a process
-loads it in ~0.1 s. Each has one signature: its arrays reach it read-only, whatever the caller passed. With no writable place at all it is compiled in each process instead of failing. A
-server compiles or loads it while warming up (broker.catalog.Market.warm), not in its first quote.
+loads it in ~0.1 s. Each has one signature: its arrays reach it read-only, whatever the caller passed.
+With no writable place at all it is compiled in each process instead of failing. A server compiles or
+loads it while warming up (broker.catalog.Market.warm), not in its first quote.
 ``nogil``: a request thread runs it without holding the interpreter lock, so the server's other threads
 go on meanwhile.
 """
