@@ -28,10 +28,11 @@ bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')
 # 14, 2 cores) two workers served 131 quotes/s at 8.7 ms of web CPU per request, three 154 at 8.1, four 150
 # at 8.5 (most likely fewer threads waiting on each lock, less CPU lost handing it over: not measured
 # directly). Later soaks (4 minutes, heartbeats in batches of 50, the same code; quote p50 / p99 ms):
-# 3 workers × 8 threads (the defaults) 33–40 / 440–541; 3 × 2 threads 51 / 1,394 (a slow request holds up
-# the few threads of its worker); 6 × 4 threads 167 / 2,011 (more processes time-sliced on 2 cores, and
-# 5.77 against 5.34 ms of web CPU per request). Each worker holds its own catalogue and hold book (~350 MB
-# at 10k clusters and 100k leases).
+# 3 workers × 8 threads (the defaults) 33–40 / 440–541; 3 × 4 threads 32 / 1,752 (steady stretches no
+# better, failover's worse); 3 × 2 threads 51 / 1,394 (a slow request holds up the few threads of its
+# worker); 6 × 4 threads 167 / 2,011 (more processes time-sliced on 2 cores, and 5.77 against 5.34 ms of
+# web CPU per request). Each worker holds its own catalogue and hold book (~350 MB at 10k clusters and
+# 100k leases).
 # benchmarks.prodserver.PRODUCTION_WORKERS repeats this default (a gunicorn config file is not importable).
 workers = int(os.environ.get("WEB_CONCURRENCY") or (os.cpu_count() or 1) + 1)
 worker_class = "config.uvicorn_worker.CardhourUvicornWorker"
