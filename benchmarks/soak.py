@@ -28,7 +28,8 @@ and the run is checked: every usage record accepted is stored and rated (records
 ledger reconciles (``metering.services.maintenance.ledger_reconcile``: every transfer balances, balances
 match their entries, no pack below zero, usage transfers match their segments).
 
-Printed: throughput and p50/p99 of each path beside its target, the backlog over time, CPU seconds per group
+Printed: throughput and p50/p99 of each path beside its target (from when each request was due, and
+from when it was sent: the difference is the wait in its client's own queue), the backlog over time, CPU seconds per group
 (web server, Celery worker, beat, PostgreSQL, this load generator) and per operation (server CPU per request
 of the mix; worker CPU per rated record), a same-run ``/healthz`` baseline (CPU per request on the same
 server, before the load), and PASS/MISS for each target of issue 14 that the soak can judge. Exits non-zero
@@ -162,14 +163,18 @@ def fund_buyers(buyer_ids: Sequence[int], *, card_hours: int) -> None:
 
 @dataclass
 class PathStats:
-    latencies: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)  # from when each request was due
+    # From when each request was sent: the server's part of its latency (and the network's), without the
+    # wait in its client's own queue behind the client's earlier requests.
+    answered: list[float] = field(default_factory=list)
     done_at: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     late_s: float = 0.0  # the most a request started after it was due (the generator falling behind)
     units: int = 0  # heartbeats, records created, quotes
 
-    def add(self, *, took: float, at: float, units: int) -> None:
+    def add(self, *, took: float, at: float, units: int, answered: float | None = None) -> None:
         self.latencies.append(took)
+        self.answered.append(took if answered is None else answered)
         self.done_at.append(at)
         self.units += units
 
@@ -180,6 +185,7 @@ class Connection:
     def __init__(self, port: int) -> None:
         self.port = port
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.sent_at = 0.0  # when the last call's request went out (perf_counter)
 
     def call(self, method: str, path: str, *, token: str, body: bytes | None = None) -> tuple[int, bytes]:
         headers = {"Host": "127.0.0.1", "Authorization": f"Bearer {token}"}
@@ -187,6 +193,7 @@ class Connection:
             headers["Content-Type"] = "application/json"
         for attempt in (1, 2):
             try:
+                self.sent_at = time.perf_counter()
                 self.conn.request(method, path, body=body, headers=headers)
                 response = self.conn.getresponse()
                 return response.status, response.read()
@@ -214,13 +221,13 @@ class Soak:
         self.refused: Counter[str] = Counter()
 
     def _record(
-        self, kind: str, *, due: float, code: int, raw: bytes, units: int, ok: tuple[int, ...]
+        self, kind: str, *, due: float, sent: float, code: int, raw: bytes, units: int, ok: tuple[int, ...]
     ) -> None:
         now = time.perf_counter()
         with self.lock:
             stats = self.stats[kind]
             if code in ok:
-                stats.add(took=now - due, at=now - self.began, units=units)
+                stats.add(took=now - due, at=now - self.began, units=units, answered=now - sent)
             else:
                 stats.errors.append(f"{kind}: HTTP {code} {raw[:300]!r}")
 
@@ -296,7 +303,15 @@ class Soak:
                             token=token,
                             body=json.dumps(beats[0]).encode(),
                         )
-                    self._record("heartbeat", due=due, code=code, raw=raw, units=len(beats), ok=(200,))
+                    self._record(
+                        "heartbeat",
+                        due=due,
+                        sent=conn.sent_at,
+                        code=code,
+                        raw=raw,
+                        units=len(beats),
+                        ok=(200,),
+                    )
                 cycle += 1
         finally:
             conn.close()
@@ -364,7 +379,9 @@ class Soak:
                     records = [r for r in records if r["lease"] not in gone]
                     continue
             created = json.loads(raw).get("created", 0) if code in (200, 201) else 0
-            self._record("usage", due=due, code=code, raw=raw, units=created, ok=(200, 201))
+            self._record(
+                "usage", due=due, sent=conn.sent_at, code=code, raw=raw, units=created, ok=(200, 201)
+            )
             return
 
     def quotes(self, jobs: Sequence[int], *, token: str, rate: float, thread: int) -> None:
@@ -376,7 +393,7 @@ class Soak:
             while self._sleep_until(due, "quote"):
                 job = jobs[rng.randrange(len(jobs))]
                 code, raw = conn.call("POST", f"/api/v1/jobs/{job}/quotes", token=token, body=body)
-                self._record("quote", due=due, code=code, raw=raw, units=1, ok=(200, 201))
+                self._record("quote", due=due, sent=conn.sent_at, code=code, raw=raw, units=1, ok=(200, 201))
                 due += rng.expovariate(rate)
         finally:
             conn.close()
@@ -782,10 +799,14 @@ def _cores_by_slice(samples: Sequence[tuple[float, ...]], cpu_marks: Sequence[di
     return out
 
 
-def _latency_slices(stats: PathStats, edges: Sequence[float]) -> list[list[float]]:
+def _latency_slices(
+    stats: PathStats, edges: Sequence[float], *, from_sending: bool = False
+) -> list[list[float]]:
     """The latencies (sorted) of the requests answered in each slice ``(edges[i - 1], edges[i]]`` of the
-    soak's clock (seconds since it began; the first slice from 0)."""
-    answered = sorted(zip(stats.done_at, stats.latencies, strict=True))
+    soak's clock (seconds since it began; the first slice from 0): from when each was due, or with
+    ``from_sending`` from when it was sent."""
+    values = stats.answered if from_sending else stats.latencies
+    answered = sorted(zip(stats.done_at, values, strict=True))
     times = [at for at, _ in answered]
     slices, low = [], 0
     for edge in edges:
@@ -937,6 +958,7 @@ def report(
     rows = []
     for kind, stats in soak.stats.items():
         values = sorted(stats.latencies)
+        sent = sorted(stats.answered)
         p99 = percentile(values, 99) if values else float("nan")
         target = TARGETS.get(kind)
         rate = stats.units / load_s
@@ -949,6 +971,7 @@ def report(
                 f"{targets_rate[kind]:,.1f}",
                 f"{percentile(values, 50) * 1000:.1f}" if values else "-",
                 f"{p99 * 1000:.1f}" if values else "-",
+                f"{percentile(sent, 50) * 1000:.1f} / {percentile(sent, 99) * 1000:.1f}" if sent else "-",
                 f"{stats.late_s:.1f}",
                 f"{len(stats.errors):,}",
                 (
@@ -959,7 +982,8 @@ def report(
             ]
         )
     print_table(
-        f"Paths over {load_s:.0f} s (open loop; latency from when each request was due)",
+        f"Paths over {load_s:.0f} s (open loop; latency from when each request was due; 'from sending': "
+        "from when it went out, without its client's own queue)",
         [
             "path",
             "requests",
@@ -968,6 +992,7 @@ def report(
             "design rate/s",
             "p50 ms",
             "p99 ms",
+            "from sending p50 / p99 ms",
             "most late s",
             "errors",
             "verdict",
@@ -975,6 +1000,7 @@ def report(
         rows,
     )
     quote_slices = _latency_slices(soak.stats["quote"], [row[0] for row in samples])
+    quote_sent_slices = _latency_slices(soak.stats["quote"], [row[0] for row in samples], from_sending=True)
     beat_slices = _latency_slices(soak.stats["heartbeat"], [row[0] for row in samples])
     print_table(
         "Unrated backlog and latency over time (/metrics; each row's latencies are of the requests answered "
@@ -988,6 +1014,7 @@ def report(
             "monitor holding",
             "quotes",
             "quote p50 / p99 ms",
+            "from sending",
             "heartbeat p99 ms",
             "cores: web / PostgreSQL / PG background / Celery",
         ],
@@ -1003,11 +1030,17 @@ def report(
                 f"{percentile(quotes, 50) * 1000:.0f} / {percentile(quotes, 99) * 1000:.0f}"
                 if quotes
                 else "-",
+                f"{percentile(sent, 50) * 1000:.0f} / {percentile(sent, 99) * 1000:.0f}" if sent else "-",
                 f"{percentile(beats, 99) * 1000:.0f}" if beats else "-",
                 cores,
             ]
-            for (t, u, o, c, d, h), quotes, beats, cores in zip(
-                samples, quote_slices, beat_slices, _cores_by_slice(samples, cpu_marks), strict=True
+            for (t, u, o, c, d, h), quotes, sent, beats, cores in zip(
+                samples,
+                quote_slices,
+                quote_sent_slices,
+                beat_slices,
+                _cores_by_slice(samples, cpu_marks),
+                strict=True,
             )
         ],
     )

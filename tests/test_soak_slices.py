@@ -32,3 +32,12 @@ def test_cores_are_each_slices_own_cpu_over_its_length() -> None:
 @pytest.mark.parametrize("edges", [[], [0.0]])
 def test_no_requests_no_latencies(edges: list[float]) -> None:
     assert _latency_slices(PathStats(), edges) == [[] for _ in edges]
+
+
+def test_latencies_from_sending_leave_out_the_clients_own_queue() -> None:
+    stats = PathStats()
+    # Due 0.5 s before it was answered, but sent 20 ms before: it waited in its client's queue.
+    stats.add(took=0.5, at=2.0, units=1, answered=0.02)
+    stats.add(took=0.1, at=20.0, units=1)  # no sending time: counted from when it was due
+    assert _latency_slices(stats, [15.0, 30.0]) == [[0.5], [0.1]]
+    assert _latency_slices(stats, [15.0, 30.0], from_sending=True) == [[0.02], [0.1]]
