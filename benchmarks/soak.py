@@ -232,7 +232,12 @@ class Soak:
                 stats.errors.append(f"{kind}: HTTP {code} {raw[:300]!r}")
 
     def _sleep_until(self, due: float, kind: str) -> bool:
+        """Wait until ``due``; False when the load is over by then. A request due after the end is not
+        waited for: a usage agent's next minute would otherwise hold the run up to 60 s past its end,
+        which the rates, divided by the load's length, would count as load."""
         pause = due - time.perf_counter()
+        if time.monotonic() + max(pause, 0.0) >= self.stop_at:
+            return False
         if pause > 0:
             time.sleep(pause)
         else:
