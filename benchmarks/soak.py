@@ -899,13 +899,12 @@ def _silent_report(soak: Soak) -> None:
             )
         )
         now = timezone.now()
-        waiting = [
-            last
-            for status, last, _ in rows
-            if status != ClusterStatus.OFFLINE
+        waiting = any(
+            status != ClusterStatus.OFFLINE
             and last is not None
             and (now - last).total_seconds() < SILENT_OFFLINE_TARGET_S + 5
-        ]
+            for status, last, _ in rows
+        )
         if not waiting or time.monotonic() >= deadline:
             break
         time.sleep(5)
