@@ -16,8 +16,8 @@ whatever the answers take; latency measured from when each was due):
 - **usage**: each operator's agent reports the last minute of every one of its running leases once a minute
   (``leases / 60`` records per second, in batches of up to 1,000 per operator), whole seconds, keys
   ``soak-<lease>-<start>``;
-- **quotes**: ``--quote-rate`` per second (default 200) from ``--quote-clients`` threads (default 4), over
-  ``--jobs`` jobs of a buyer;
+- **quotes**: ``--quote-rate`` per second (default 200) from ``--quote-clients`` clients (default 4), each a
+  process of its own (``_quote_client``), over ``--jobs`` jobs of a buyer;
 - **failover**: ``--silent`` clusters (default 0.2 % of them) stop heartbeating after the first third of the
   run, so the monitor takes them offline and failover interrupts and re-places their leases meanwhile.
 
@@ -43,6 +43,7 @@ import bisect
 import contextlib
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import subprocess
@@ -54,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from multiprocessing.connection import Connection as PipeEnd
 from pathlib import Path
 
 from benchmarks._common import (
@@ -171,6 +173,15 @@ class PathStats:
     errors: list[str] = field(default_factory=list)
     late_s: float = 0.0  # the most a request started after it was due (the generator falling behind)
     units: int = 0  # heartbeats, records created, quotes
+
+    def merge(self, other: PathStats) -> None:
+        """Add a client process's own stats (its requests, latencies, errors) to these."""
+        self.latencies += other.latencies
+        self.answered += other.answered
+        self.done_at += other.done_at
+        self.errors += other.errors
+        self.late_s = max(self.late_s, other.late_s)
+        self.units += other.units
 
     def add(self, *, took: float, at: float, units: int, answered: float | None = None) -> None:
         self.latencies.append(took)
@@ -402,6 +413,26 @@ class Soak:
                 due += rng.expovariate(rate)
         finally:
             conn.close()
+
+
+def _quote_client(
+    port: int, jobs: Sequence[int], token: str, rate: float, thread: int, pipe: PipeEnd
+) -> None:
+    """One quote client in a process of its own (``--quote-clients-in-process`` keeps the old threads): it
+    waits for the run's clock (``began``, ``stop_at``: perf_counter and monotonic read the same system-wide
+    clock in every process on Linux), sends its quotes when due, hands its PathStats back and waits to be
+    let go, so that the parent's last CPU sample still finds it.
+
+    In a thread of the load generator, a quote client shares the interpreter lock with the usage agents
+    building their batches of 1,000 records and the heartbeat agents: its quote's answer waited for the
+    lock (up to the 5 ms switch interval, several times over) before it was read and timed, and its next
+    quote before it went out. A real buyer's client runs elsewhere; here its latencies are the server's and
+    its own queue's only."""
+    began, stop_at = pipe.recv()
+    soak = Soak(port=port, stop_at=stop_at, began=began)
+    soak.quotes(jobs, token=token, rate=rate, thread=thread)
+    pipe.send(soak.stats["quote"])
+    pipe.recv()
 
 
 def _iso(epoch_s: int) -> str:
@@ -636,9 +667,26 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             by_operator[operator].append((pk, lease.cards, start))
         agents = [(market.operator_tokens[op], leases) for op, leases in sorted(by_operator.items())]
 
+        # The quote clients' processes start (a fresh interpreter each) before the clock does.
+        quote_rate = args.quote_rate / args.quote_clients
+        clients: list[tuple[multiprocessing.process.BaseProcess, PipeEnd]] = []
+        if not args.quote_clients_in_process:
+            spawn = multiprocessing.get_context("spawn")
+            for t in range(args.quote_clients):
+                mine, theirs = spawn.Pipe()
+                process = spawn.Process(
+                    target=_quote_client,
+                    args=(port, jobs, market.quote_buyer_token, quote_rate, t, theirs),
+                    daemon=True,
+                )
+                process.start()
+                clients.append((process, mine))
+
         began = time.perf_counter()
         stop_at = time.monotonic() + args.minutes * 60
         soak = Soak(port=port, stop_at=stop_at, began=began)
+        for _, pipe in clients:
+            pipe.send((began, stop_at))
         rng = random.Random(args.seed)
         soak.silent = frozenset(rng.sample([c[0] for c in clusters], min(args.silent, len(clusters))))
         soak.silence_after = args.minutes * 60 / 3
@@ -651,6 +699,7 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 "PostgreSQL": lambda: postgres_backend_pids(database.name),
                 "PostgreSQL background": lambda: _postgres_background_pids(database.name),
                 "load generator": lambda: [os.getpid()],
+                "quote clients": lambda: [process.pid for process, _ in clients if process.pid],
             }
         )
         threads = [
@@ -670,13 +719,9 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 threading.Thread(
                     target=soak.quotes,
                     args=(jobs,),
-                    kwargs={
-                        "token": market.quote_buyer_token,
-                        "rate": args.quote_rate / args.quote_clients,
-                        "thread": t,
-                    },
+                    kwargs={"token": market.quote_buyer_token, "rate": quote_rate, "thread": t},
                 )
-                for t in range(args.quote_clients)
+                for t in range(args.quote_clients if args.quote_clients_in_process else 0)
             ),
         ]
         samples: list[tuple[float, float, float, float, float, float]] = []
@@ -708,8 +753,17 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             )
         for thread in threads:
             thread.join(180)
+        for _, pipe in clients:
+            if pipe.poll(180):
+                soak.stats["quote"].merge(pipe.recv())
+            else:
+                soak.stats["quote"].errors.append("quote: a client process sent no results")
         load_s = time.perf_counter() - began
         cpu = groups.finish()
+        for process, pipe in clients:
+            with contextlib.suppress(OSError):
+                pipe.send(None)
+            process.join(10)
         sessions = _sessions_opened(database.name) - sessions_before
 
         drained_at = _drain(port, seconds=args.drain_seconds, began=began, samples=samples)
@@ -1096,6 +1150,45 @@ def report(
             else "NOT within the drain"
         )
     )
+    for line in capacity_lines(
+        cpu, load_s=load_s, cores=os.cpu_count() or 1, quotes=soak.stats["quote"], clients=args.quote_clients
+    ):
+        print(line)
+
+
+_GENERATORS = ("load generator", "quote clients")
+
+
+def capacity_lines(
+    cpu: dict[str, float], *, load_s: float, cores: int, quotes: PathStats, clients: int
+) -> list[str]:
+    """What the quote verdict rests on, in two lines: how busy the machine was (the platform's process
+    groups and the load generators apart), and how busy each quote client was.
+
+    A quote client sends its next quote only once the previous one has answered, at ``rate / clients``
+    a second with random gaps (a Poisson stream): it is a single-server queue whose load is its rate times
+    the mean answer from sending. Its wait grows without bound as that nears 100 %, and its p99 long
+    before: with every answer as long as the mean (the best case), the p99 from when quotes were due is
+    2.9 answers at 30 % busy, 4.4 at 50 %, 6.3 at 65 % and 11 at 80 % (a simulation of that queue, 400,000
+    quotes each). So 50/s a client and a p99 of 50 ms from due need a mean answer of about 10 ms under the
+    whole load: the verdict depends on the mean answer as much as on its tail."""
+    platform = {name: seconds for name, seconds in cpu.items() if name not in _GENERATORS}
+    generators = sum(seconds for name, seconds in cpu.items() if name in _GENERATORS)
+    busy = sum(platform.values()) / load_s
+    parts = ", ".join(f"{name} {seconds / load_s:.2f}" for name, seconds in platform.items() if seconds)
+    lines = [
+        f"machine: {busy + generators / load_s:.2f} of {cores} cores busy over the load: the platform "
+        f"{busy:.2f} ({parts}), the load generators {generators / load_s:.2f}"
+    ]
+    if quotes.answered and clients > 0:
+        per_client = quotes.units / load_s / clients
+        mean = sum(quotes.answered) / len(quotes.answered)
+        lines.append(
+            f"quote clients: each sent {per_client:.1f} quotes/s ({1000 / per_client:.1f} ms apart on average) "
+            f"and waited for each answer; mean answer from sending {mean * 1000:.1f} ms, so each client was "
+            f"busy {per_client * mean:.0%} of the time"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1109,6 +1202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--quote-rate", type=float, default=200.0)
     parser.add_argument("--quote-clients", type=int, default=4)
+    parser.add_argument(
+        "--quote-clients-in-process",
+        action="store_true",
+        help="run the quote clients as threads of the load generator (sharing its interpreter lock with the "
+        "usage and heartbeat agents), not as a process each",
+    )
     parser.add_argument(
         "--heartbeat-threads",
         type=int,

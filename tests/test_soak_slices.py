@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak import PathStats, _cores_by_slice, _latency_slices
+from benchmarks.soak import PathStats, _cores_by_slice, _latency_slices, capacity_lines
 
 
 def test_latencies_fall_in_the_slice_they_were_answered_in() -> None:
@@ -41,3 +41,80 @@ def test_latencies_from_sending_leave_out_the_clients_own_queue() -> None:
     stats.add(took=0.1, at=20.0, units=1)  # no sending time: counted from when it was due
     assert _latency_slices(stats, [15.0, 30.0]) == [[0.5], [0.1]]
     assert _latency_slices(stats, [15.0, 30.0], from_sending=True) == [[0.02], [0.1]]
+
+
+def test_a_quote_client_process_sends_its_quotes_and_hands_back_its_stats() -> None:
+    """A quote client in a process of its own (the soak's default): it starts on the parent's clock, quotes
+    a real HTTP server until the load's end and hands back what it measured, merged into the parent's."""
+    import http.server
+    import multiprocessing
+    import threading
+    import time
+
+    from benchmarks.soak import _quote_client
+
+    paths: list[str] = []
+
+    class Quotes(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            paths.append(self.path)
+            body = b'{"quotes": []}'
+            self.send_response(201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quotes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spawn = multiprocessing.get_context("spawn")
+    mine, theirs = spawn.Pipe()
+    process = spawn.Process(
+        target=_quote_client, args=(server.server_address[1], [7, 8], "token", 50.0, 0, theirs), daemon=True
+    )
+    try:
+        process.start()
+        began = time.perf_counter()
+        mine.send((began, time.monotonic() + 1.0))
+        assert mine.poll(60), "the client sent no results"
+        stats = PathStats()
+        stats.add(took=0.01, at=0.5, units=1)  # the parent's own, kept
+        stats.merge(mine.recv())
+        mine.send(None)
+        process.join(10)
+    finally:
+        server.shutdown()
+    assert process.exitcode == 0
+    assert stats.errors == []
+    assert stats.units == len(paths) + 1 == len(stats.latencies) == len(stats.answered) == len(stats.done_at)
+    assert len(paths) > 5
+    assert set(paths) <= {"/api/v1/jobs/7/quotes", "/api/v1/jobs/8/quotes"}
+    # Timed on the parent's clock: every answer within the second of load, from its start.
+    assert all(0 <= at <= 2.0 for at in stats.done_at)
+
+
+def test_the_capacity_lines_say_how_busy_the_machine_and_each_quote_client_were() -> None:
+    stats = PathStats()
+    for i in range(400):  # 400 quotes over 10 s from 2 clients, each answered 10 ms after it was sent
+        stats.add(took=0.5, at=i / 40, units=1, answered=0.010)
+    cpu = {
+        "web server": 12.0,
+        "PostgreSQL": 4.0,
+        "Celery worker": 0.0,
+        "load generator": 1.0,
+        "quote clients": 1.0,
+    }
+    machine, clients = capacity_lines(cpu, load_s=10.0, cores=2, quotes=stats, clients=2)
+    assert machine == (
+        "machine: 1.80 of 2 cores busy over the load: the platform 1.60 (web server 1.20, PostgreSQL 0.40), "
+        "the load generators 0.20"
+    )
+    # 20 quotes/s each, 10 ms each: busy a fifth of the time.
+    assert clients.startswith("quote clients: each sent 20.0 quotes/s (50.0 ms apart on average)")
+    assert clients.endswith("mean answer from sending 10.0 ms, so each client was busy 20% of the time")
+    assert capacity_lines(cpu, load_s=10.0, cores=2, quotes=PathStats(), clients=2) == [machine]
