@@ -101,17 +101,7 @@ def measure_one(args: argparse.Namespace) -> dict[str, Any]:
     # As a server runs (production's TTL): the catalogue and the hold book loaded once, not per quote.
     settings.CARDHOUR_BROKER_CATALOG_TTL_SECONDS = 5.0
 
-    market = build_market(
-        argparse.Namespace(
-            clusters=args.clusters,
-            islands=args.islands,
-            leases=args.leases,
-            operators=args.operators,
-            buyers=args.buyers,
-            seed=args.seed,
-        ),
-        args.database_url,
-    )
+    market = build_market(args, args.database_url)  # its clusters, islands, leases, operators, buyers, seed
     jobs = create_jobs(
         _InProcessClient(), token=market.quote_buyer_token, n=200, duration_hours=8, seed=args.seed
     )
