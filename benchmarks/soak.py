@@ -753,11 +753,15 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
             )
         for thread in threads:
             thread.join(180)
-        for _, pipe in clients:
-            if pipe.poll(180):
+        for process, pipe in clients:
+            try:
+                if not pipe.poll(180):
+                    raise EOFError
                 soak.stats["quote"].merge(pipe.recv())
-            else:
-                soak.stats["quote"].errors.append("quote: a client process sent no results")
+            except EOFError:  # still quoting after the load, or it died (its exit code says which)
+                soak.stats["quote"].errors.append(
+                    f"quote: client process {process.pid} sent no results (exit code {process.exitcode})"
+                )
         load_s = time.perf_counter() - began
         cpu = groups.finish()
         for process, pipe in clients:
