@@ -958,7 +958,7 @@ class Candidates:
     ``island_ok`` (each None: any). Called on catalogue positions; its arrays are also what the compiled
     selection of a quote's holds reads (broker.matching_kernel.candidate_rows)."""
 
-    __slots__ = ("c", "cluster_need", "cluster_ok", "fabric_ok", "island_ok", "need_of")
+    __slots__ = ("_room", "c", "cluster_need", "cluster_ok", "fabric_ok", "island_ok", "need_of")
 
     def __init__(
         self,
@@ -975,6 +975,7 @@ class Candidates:
         self.fabric_ok = fabric_ok
         self.island_ok = island_ok
         self.need_of = _uniform(cluster_need)  # one need for every cluster: no gather per island
+        self._room: np.ndarray | None = None
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         c = self.c
@@ -1009,7 +1010,7 @@ class Candidates:
         # every process that imports the matcher.
         from broker.matching_kernel import candidate_rows
 
-        c, no = self.c, np.zeros(0, dtype=bool)
+        no = np.zeros(0, dtype=bool)
         hold_island, hold_start, hold_end, hold_cards = holds
         return candidate_rows(
             hold_island,
@@ -1019,17 +1020,36 @@ class Candidates:
             no if alive is None else alive,
             lo,
             hi,
-            c.island_lookup,
-            c.island_cluster,
-            c.island_fabric,
-            c.island_capacity,
-            self.cluster_ok,
-            self.cluster_need,
-            no if self.fabric_ok is None else self.fabric_ok,
-            no if self.island_ok is None else self.island_ok,
+            self.c.island_lookup,
+            self.room(),
             _NO_BOUND if held is None else held,
             no if reported is None else reported,
         )
+
+    def room(self) -> np.ndarray:
+        """By island id, the cards each candidate island has beyond its cluster's need, -1 for the others
+        and, in one element more, for every id past the catalogue's (broker.matching_kernel.island_room).
+        Made at the first call and kept (read-only): the requirements' candidates are kept on the
+        catalogue, so a quote reads one number per hold where it made six look-ups. Two threads may both
+        make it; they make the same array."""
+        room = self._room
+        if room is None:
+            from broker.matching_kernel import island_room  # imported here, as in rows_of
+
+            c, no = self.c, np.zeros(0, dtype=bool)
+            room = island_room(
+                c.island_lookup,
+                c.island_cluster,
+                c.island_fabric,
+                c.island_capacity,
+                self.cluster_ok,
+                self.cluster_need,
+                no if self.fabric_ok is None else self.fabric_ok,
+                no if self.island_ok is None else self.island_ok,
+            )
+            _read_only(room)
+            self._room = room
+        return room
 
 
 def _blocked_starts(

@@ -233,6 +233,53 @@ def blocked_ranges(
     return out_island[:m], out_a[:m], out_b[:m], full[:n_full]
 
 
+ROOM_MAX = 32_767  # island_room's largest room (int16)
+
+
+@_compiled
+def island_room(
+    lookup: np.ndarray,
+    island_cluster: np.ndarray,
+    island_fabric: np.ndarray,
+    capacity: np.ndarray,
+    cluster_ok: np.ndarray,
+    cluster_need: np.ndarray,
+    fabric_ok: np.ndarray,
+    island_ok: np.ndarray,
+) -> np.ndarray:  # pragma: no cover - compiled
+    """By island id, the cards a candidate island has beyond its cluster's need (``capacity − need``,
+    ≥ 0, at most ROOM_MAX), and -1 for an island that is not a candidate or that the catalogue does not know
+    (``lookup[id]`` is its catalogue position, -1 for none); one element more than ``lookup``, -1, which
+    stands for every id past it. A candidate is on a cluster ``cluster_ok`` accepts, on a fabric
+    ``fabric_ok`` accepts and among ``island_ok`` (each when not empty), with at least its cluster's need in
+    cards: broker.matching.Candidates' test, made once per requirements for candidate_rows to read one
+    number per hold.
+
+    Two bytes per island id (a catalogue keeps up to 256 requirements, so at most ~50 MB at 100,000
+    islands): a room above ROOM_MAX is written as ROOM_MAX, which only keeps the rows of an island that big
+    when its holds leave its need free, and blocked_ranges, which counts the island's exact cards, finds
+    nothing blocked there."""
+    n = len(lookup)
+    check_fabric = len(fabric_ok) > 0
+    check_island = len(island_ok) > 0
+    room = np.full(n + 1, -1, dtype=np.int16)
+    for island_id in range(n):
+        position = lookup[island_id]
+        if position < 0:
+            continue
+        cluster = island_cluster[position]
+        if not cluster_ok[cluster]:
+            continue
+        if check_fabric and not fabric_ok[island_fabric[position]]:
+            continue
+        if check_island and not island_ok[position]:
+            continue
+        spare = capacity[position] - cluster_need[cluster]
+        if spare >= 0:
+            room[island_id] = min(spare, ROOM_MAX)
+    return room
+
+
 @_compiled
 def candidate_rows(
     hold_island: np.ndarray,
@@ -243,13 +290,7 @@ def candidate_rows(
     lo: int,
     hi: int,
     lookup: np.ndarray,
-    island_cluster: np.ndarray,
-    island_fabric: np.ndarray,
-    capacity: np.ndarray,
-    cluster_ok: np.ndarray,
-    cluster_need: np.ndarray,
-    fabric_ok: np.ndarray,
-    island_ok: np.ndarray,
+    room: np.ndarray,
     held: np.ndarray,
     reported: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:  # pragma: no cover - compiled
@@ -261,23 +302,22 @@ def candidate_rows(
     (broker.catalog.HoldBook.rows): the quote's holds are selected here, in the same pass, without a copy
     of the rows in its window first (``overlapping_rows``, which the other paths still use).
 
-    A candidate island is known to the catalogue (an id past ``lookup`` or mapped to -1 is not), its
-    cluster passes ``cluster_ok``, its fabric ``fabric_ok`` and the island ``island_ok`` (each when not
-    empty), and it has at least its cluster's need in cards: broker.matching.Candidates' test.
+    ``room`` (island_room: by island id, -1 past ``lookup``'s ids) says which islands are candidates (≥ 0)
+    and the cards each has beyond its need. ``held`` (by island id; empty: none) bounds the cards an
+    island's holds occupy at once (broker.catalog.HoldBook.held): an island whose ``held`` is within its
+    room, not ``reported`` (by position; empty: none — a heartbeat report adds to the holds), cannot be
+    blocked, and its rows are left out. blocked_ranges writes nothing for such an island when the window
+    has a start (its rows' cards never pass the room): the same answer, from fewer rows.
 
-    ``held`` (by island id; empty: none) bounds the cards an island's holds occupy at once
-    (broker.catalog.HoldBook.held): an island it leaves its cluster's need free, not ``reported`` (by
-    position; empty: none — a heartbeat report adds to the holds), cannot be blocked, and its rows are
-    left out. blocked_ranges writes nothing for such an island when the window has a start (its rows'
-    cards never pass the room): the same answer, from fewer rows."""
+    Three passes, none with a branch on the data: the live rows in the window (kept and dropped rows
+    alternate in no order, and a mispredicted branch per row cost more than a pass), then those on
+    candidate islands their holds could block (one look-up of ``room`` and ``held`` per row, by id: the
+    rows come in island order, so both are read almost in order), then the kept rows' positions."""
     n = len(hold_island)
+    last = len(room) - 1  # room[last] is -1: the room of any id past the catalogue's
+    n_held = len(held)
     check_alive = len(alive) > 0
-    check_fabric = len(fabric_ok) > 0
-    check_island = len(island_ok) > 0
-    check_held = len(held) > 0
     check_reported = len(reported) > 0
-    # The live rows in the window first, without a branch (as overlapping_rows): kept and dropped rows
-    # alternate in no order, and a mispredicted branch per row cost more than the second loop.
     window_rows = np.empty(n, dtype=np.int64)
     w = 0
     if check_alive:
@@ -288,44 +328,34 @@ def candidate_rows(
         for i in range(n):
             window_rows[w] = i
             w += (hold_start[i] < hi) & (hold_end[i] > lo)
-    index = np.empty(w, dtype=np.int64)
-    cards = np.empty(w, dtype=np.int64)
-    rows = np.empty(w, dtype=np.int64)
-    m = 0
+    k = 0
+    for x in range(w):
+        i = window_rows[x]
+        island_id = hold_island[i]
+        j = island_id if (island_id >= 0) & (island_id < last) else last
+        spare = room[j]
+        # An island past ``held`` has no bound: its rows are kept, as a tight island's.
+        occupied = held[j] if j < n_held else spare + 1
+        tight = occupied > spare
+        if check_reported and not tight and spare >= 0:  # a candidate: the catalogue knows it
+            tight = reported[lookup[j]]
+        window_rows[k] = i
+        k += (spare >= 0) & tight
+    index = np.empty(k, dtype=np.int64)
+    cards = np.empty(k, dtype=np.int64)
+    rows = np.empty(k, dtype=np.int64)
     ordered = True
     previous = -1
-    for j in range(w):
-        i = window_rows[j]
-        island_id = hold_island[i]
-        if island_id < 0 or island_id >= len(lookup):
-            continue
-        position = lookup[island_id]
-        if position < 0:
-            continue
-        cluster = island_cluster[position]
-        if not cluster_ok[cluster]:
-            continue
-        if check_fabric and not fabric_ok[island_fabric[position]]:
-            continue
-        if check_island and not island_ok[position]:
-            continue
-        if capacity[position] < cluster_need[cluster]:
-            continue
-        if (
-            check_held
-            and island_id < len(held)
-            and held[island_id] <= capacity[position] - cluster_need[cluster]
-            and not (check_reported and reported[position])
-        ):
-            continue
+    for m in range(k):
+        i = window_rows[m]
+        position = lookup[hold_island[i]]
         index[m] = position
         cards[m] = hold_cards[i]
         rows[m] = i
         if position < previous:
             ordered = False
         previous = position
-        m += 1
-    return index[:m], cards[:m], rows[:m], ordered
+    return index, cards, rows, ordered
 
 
 @_compiled
@@ -408,24 +438,7 @@ def warm() -> None:
     empty = np.zeros(0, dtype=np.int64)
     none = np.zeros(0, dtype=bool)
     blocked_ranges(empty, empty, empty, empty, empty, empty, empty, empty, empty, empty, 0, 1, 1, 1, 1)
-    candidate_rows(
-        empty,
-        empty,
-        empty,
-        empty,
-        none,
-        0,
-        1,
-        empty,
-        empty,
-        empty,
-        empty,
-        none,
-        empty,
-        none,
-        none,
-        empty,
-        none,
-    )
+    island_room(empty, empty, empty, empty, none, empty, none, none)
+    candidate_rows(empty, empty, empty, empty, none, 0, 1, empty, np.full(1, -1, dtype=np.int16), empty, none)
     overlapping_rows(empty, empty, empty, empty, none, 0, 0, 1)
     smallest_entries(np.ones(1, dtype=np.float64), 1)

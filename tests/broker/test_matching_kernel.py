@@ -192,6 +192,9 @@ def book_rows(
     need=st.lists(st.integers(0, 12), min_size=4, max_size=4),
     fabric_ok=st.none() | st.lists(st.booleans(), min_size=3, max_size=3),
     island_ok=st.none() | st.lists(st.booleans(), min_size=10, max_size=10),
+    # Most ids within the bound, some past it (up to 15 of the 0–14 ids); bounds near the islands' room.
+    held=st.none() | st.lists(st.integers(0, 12), min_size=8, max_size=16),
+    reported=st.none() | st.lists(st.booleans(), min_size=10, max_size=10),
 )
 def test_candidate_rows_are_the_candidate_test_on_known_islands(
     holds: list[tuple[int, int, int, int, bool]],
@@ -205,11 +208,15 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
     need: list[int],
     fabric_ok: list[bool] | None,
     island_ok: list[bool] | None,
+    held: list[int] | None,
+    reported: list[bool] | None,
 ) -> None:
     """The compiled selection of a quote's holds keeps, in order, the holds that are alive (when it is
     told which are), overlap the window (when given one) and whose island the catalogue knows and
     broker.matching.Candidates accepts (ids the catalogue does not know, past its lookup or inside it, are
-    left out), and says whether their positions ascend."""
+    left out), and says whether their positions ascend. With ``held`` (by island id, possibly shorter than
+    the ids), an island whose bound leaves its need free is left out too, unless ``reported`` (by
+    position) says a heartbeat report adds to its holds."""
     n = len(known)
     cat = catalogue(capacity[:n])
     cat.island_id = np.array(sorted(known), dtype=np.int64)
@@ -228,10 +235,20 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
     hold_cards = np.array([h[3] for h in holds], dtype=np.int64)
     alive = np.array([h[4] for h in holds], dtype=bool) if with_alive else None
     span = {} if window is None else {"lo": window[0], "hi": window[0] + window[1]}
+    bound = None if held is None else np.array(held, dtype=np.int64)
+    by_position = None if reported is None else np.array(reported[:n])
     index, cards, rows, ordered = test.rows_of(
-        (hold_island, hold_start, hold_end, hold_cards), alive=alive, **span
+        (hold_island, hold_start, hold_end, hold_cards), alive=alive, held=bound, reported=by_position, **span
     )
     positions = cat.island_index(hold_island)
+
+    def free(i: int, position: int) -> bool:
+        """The bound leaves the island's need free and no report adds to its holds."""
+        island_id = int(hold_island[i])
+        if held is None or island_id >= len(held) or (reported is not None and reported[position]):
+            return False
+        return held[island_id] <= capacity[position] - need[clusters[position]]
+
     expected_rows = [
         i
         for i, position in enumerate(positions.tolist())
@@ -239,11 +256,51 @@ def test_candidate_rows_are_the_candidate_test_on_known_islands(
         and bool(test(np.array([position]))[0])
         and (alive is None or holds[i][4])
         and (window is None or (hold_start[i] < span["hi"] and hold_end[i] > span["lo"]))
+        and not free(i, position)
     ]
     assert rows.tolist() == expected_rows
     assert index.tolist() == positions[expected_rows].tolist()
     assert cards.tolist() == hold_cards[expected_rows].tolist()
     assert ordered == (index.tolist() == sorted(index.tolist()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.lists(st.integers(0, 8), min_size=6, max_size=6),
+    need=st.integers(0, 6),
+    hold_islands=st.lists(st.integers(1, 8), max_size=30),  # ids 1–6 are known; 7 and 8 are not
+    held=st.lists(st.integers(0, 8), max_size=8),
+    reported=st.none() | st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_candidate_rows_skip_the_islands_their_bound_leaves_free(
+    capacity: list[int], need: int, hold_islands: list[int], held: list[int], reported: list[bool] | None
+) -> None:
+    """The hold book's bound per island (``held``, by id, maybe shorter than the ids): the rows of an island
+    whose bound is within its room (its cards less its need, equal included) are left out, unless a
+    heartbeat report adds to its holds; an island past the bound keeps its rows, as does an island whose
+    bound exceeds its room; an island with fewer cards than the need, or unknown, has none."""
+    cat = catalogue(capacity)
+    cat.island_id = np.arange(1, 7, dtype=np.int64)
+    cat.island_cluster = np.zeros(6, dtype=np.int64)
+    cat.island_fabric = np.zeros(6, dtype=np.int64)
+    test = Candidates(cat, cluster_ok=np.array([True]), cluster_need=np.array([need], dtype=np.int64))
+    n = len(hold_islands)
+    ids = np.array(hold_islands, dtype=np.int64)
+    zeros = np.zeros(n, dtype=np.int64)
+    _, _, rows, _ = test.rows_of(
+        (ids, zeros, zeros + 1, zeros + 1),
+        held=np.array(held, dtype=np.int64),
+        reported=None if reported is None else np.array(reported),
+    )
+
+    def kept(island_id: int) -> bool:
+        if island_id > 6 or capacity[island_id - 1] < need:
+            return False
+        room = capacity[island_id - 1] - need
+        bound_free = island_id < len(held) and held[island_id] <= room
+        return not bound_free or (reported is not None and reported[island_id - 1])
+
+    assert rows.tolist() == [i for i, island_id in enumerate(hold_islands) if kept(island_id)]
 
 
 @settings(max_examples=300, deadline=None)
