@@ -1,6 +1,7 @@
 """The matcher's loops over a quote's holds, compiled (numba): the holds in its window
 (``overlapping_rows``), the live ones in the window on candidate islands (``candidate_rows``, which an
-island-gang quote runs on the hold book's own rows, no copy first) and, per island, the starts they block
+island-gang quote runs on the hold book's own rows, no copy first, reading each island's room that
+``island_room`` made once for the job's requirements) and, per island, the starts they block
 (``blocked_ranges``); and the ranking's first cut over every cluster with candidates
 (``smallest_entries``).
 

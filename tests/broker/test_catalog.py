@@ -434,7 +434,7 @@ def test_a_quote_after_warming_compiles_nothing(
     filter, a job spanning a cluster's islands and the cost-against-start chart, each checked at the
     compiled dispatcher."""
     seen: dict[str, set[tuple[object, ...]]] = {}
-    for name in ("blocked_ranges", "candidate_rows", "overlapping_rows", "smallest_entries"):
+    for name in ("blocked_ranges", "candidate_rows", "island_room", "overlapping_rows", "smallest_entries"):
         wrapper = getattr(matching_kernel, name)
 
         def record(*args: object, _real=wrapper.dispatcher, _name=name) -> object:  # type: ignore[no-untyped-def]
@@ -444,7 +444,13 @@ def test_a_quote_after_warming_compiles_nothing(
         monkeypatch.setattr(wrapper, "dispatcher", record)
     matching_kernel.warm()
     warmed = {name: set(types) for name, types in seen.items()}
-    assert set(warmed) == {"blocked_ranges", "candidate_rows", "overlapping_rows", "smallest_entries"}
+    assert set(warmed) == {
+        "blocked_ranges",
+        "candidate_rows",
+        "island_room",
+        "overlapping_rows",
+        "smallest_entries",
+    }
     seen.clear()
 
     now = timezone.now().replace(microsecond=0)
@@ -472,6 +478,6 @@ def test_a_quote_after_warming_compiles_nothing(
     assert start_costs_find(
         spec=job_spec(job=jobs[0]), cluster_id=east_cluster.pk, island_ids=islands, cards=6, now=now
     )
-    assert {"blocked_ranges", "candidate_rows", "overlapping_rows"} <= set(seen)
+    assert {"blocked_ranges", "candidate_rows", "island_room", "overlapping_rows"} <= set(seen)
     for name, types in seen.items():
         assert types <= warmed[name], (name, types - warmed[name])
