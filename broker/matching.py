@@ -563,6 +563,23 @@ class _IslandGang:
         below = c.islands_below(ok_clusters, cluster_need[ok_clusters], allowed_fabrics)
         candidates_of = np.zeros(m, dtype=np.int64)  # per cluster: islands that pass every static check
         candidates_of[ok_clusters] = allowed[ok_clusters] - below
+        room = None
+        if after is not req.after:
+            # A window's price cap rejects more clusters than the requirements do (``after`` is a copy of
+            # theirs with more rejections): their room, kept on the catalogue, with the islands of the
+            # clusters the cap rejects taken out, instead of a new one made from every island.
+            own = req.island_gang(spec, c)
+            dropped = np.flatnonzero(own.ok_cluster & ~ok_cluster)
+            room = own.candidate.room()
+            if len(dropped):
+                first_of_cluster, cluster_islands = c.islands_by_cluster
+                lo, hi = first_of_cluster[dropped], first_of_cluster[dropped + 1]
+                sizes_of = hi - lo
+                offsets = np.concatenate([[0], np.cumsum(sizes_of)])
+                slots = np.repeat(lo - offsets[:-1], sizes_of) + np.arange(int(offsets[-1]))
+                room = room.copy()
+                room[c.island_id[cluster_islands[slots]]] = -1
+                _read_only(room)
         return cls(
             counts=counts,
             considered=considered,
@@ -571,7 +588,9 @@ class _IslandGang:
             candidates_of=candidates_of,
             below_total=int(below.sum()),
             # Whether an island passes every check but the holds.
-            candidate=Candidates(c, cluster_ok=ok_cluster, cluster_need=cluster_need, fabric_ok=fabric_ok),
+            candidate=Candidates(
+                c, cluster_ok=ok_cluster, cluster_need=cluster_need, fabric_ok=fabric_ok, room=room
+            ),
         )
 
 
@@ -968,6 +987,7 @@ class Candidates:
         cluster_need: np.ndarray,
         fabric_ok: np.ndarray | None = None,
         island_ok: np.ndarray | None = None,
+        room: np.ndarray | None = None,
     ) -> None:
         self.c = c
         self.cluster_ok = cluster_ok
@@ -975,7 +995,8 @@ class Candidates:
         self.fabric_ok = fabric_ok
         self.island_ok = island_ok
         self.need_of = _uniform(cluster_need)  # one need for every cluster: no gather per island
-        self._room: np.ndarray | None = None
+        # ``room`` when the caller has it (what ``room()`` would make, cheaper made from what it knows).
+        self._room: np.ndarray | None = room
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         c = self.c
@@ -1029,9 +1050,11 @@ class Candidates:
     def room(self) -> np.ndarray:
         """By island id, the cards each candidate island has beyond its cluster's need, -1 for the others
         and, in one element more, for every id past the catalogue's (broker.matching_kernel.island_room).
-        Made at the first call and kept (read-only): the requirements' candidates are kept on the
-        catalogue, so a quote reads one number per hold where it made six look-ups. Two threads may both
-        make it; they make the same array."""
+        Made at the first call (~0.3 ms at 100,000 islands) and kept (read-only): the requirements'
+        candidates are kept on the catalogue, so a quote reads one number per hold where it made six
+        look-ups. Candidates made for one call get theirs from their maker when it has it cheaper
+        (``_IslandGang.of`` under a price cap, ``_blocked_starts``). Two threads may both make it; they make
+        the same array."""
         room = self._room
         if room is None:
             from broker.matching_kernel import island_room  # imported here, as in rows_of
@@ -1068,10 +1091,28 @@ def _blocked_starts(
     by_cluster[c.island_cluster[candidates]] = need[candidates]
     if not bool((need[candidates] == by_cluster[c.island_cluster[candidates]]).all()):
         raise ValueError("the islands of a cluster must need the same cards")
-    candidate = Candidates(
-        c, cluster_ok=np.ones(len(c.cluster_id), dtype=bool), cluster_need=by_cluster, island_ok=is_candidate
+    return _blocked(c, holds, window, _listed_candidates(c, candidates, by_cluster, is_candidate), reports)
+
+
+def _listed_candidates(
+    c: Catalogue, candidates: np.ndarray, cluster_need: np.ndarray, is_candidate: np.ndarray
+) -> Candidates:
+    """Candidates that are the islands at positions ``candidates`` (``is_candidate`` by position), each with
+    at least its cluster's need in cards: its room (island_room's answer) written from them alone, not
+    from every island."""
+    from broker.matching_kernel import ROOM_MAX
+
+    need = cluster_need[c.island_cluster[candidates]]
+    room = np.full(len(c.island_lookup) + 1, -1, dtype=np.int16)
+    room[c.island_id[candidates]] = np.minimum(c.island_capacity[candidates] - need, ROOM_MAX)
+    _read_only(room)
+    return Candidates(
+        c,
+        cluster_ok=np.ones(len(c.cluster_id), dtype=bool),
+        cluster_need=cluster_need,
+        island_ok=is_candidate,
+        room=room,
     )
-    return _blocked(c, holds, window, candidate, reports)
 
 
 _NO_BOUND = np.zeros(0, dtype=np.int64)

@@ -354,3 +354,71 @@ def test_the_smallest_entries_are_numpys_partition_cut(values: list[float], data
     got = smallest_entries(primary, limit)
     assert got.dtype == np.int64
     assert got.tolist() == expected.tolist()
+
+
+def _made_from_scratch(candidate: Candidates) -> np.ndarray:
+    """``candidate``'s room as island_room makes it from every island."""
+    return Candidates(
+        candidate.c,
+        cluster_ok=candidate.cluster_ok,
+        cluster_need=candidate.cluster_need,
+        fabric_ok=candidate.fabric_ok,
+        island_ok=candidate.island_ok,
+    ).room()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.lists(st.integers(0, 12), min_size=1, max_size=10),
+    cards=st.integers(1, 9),
+    capped=st.data(),
+)
+def test_a_price_caps_room_is_the_requirements_room_without_the_clusters_it_rejects(
+    capacity: list[int], cards: int, capped: st.DataObject
+) -> None:
+    """Under a price cap the island gang's room is made from the requirements' own (kept on the catalogue),
+    with the islands of the clusters the cap rejects taken out: the room island_room makes from scratch."""
+    from broker.matching import _IslandGang, _reject, _requirements_of
+    from tests.broker.test_matching_property import _spec
+
+    cat = catalogue(capacity)
+    spec = _spec(cards=cards, duration=3600)
+    req = _requirements_of(spec, cat)
+    after = req.after.copy()
+    _reject(
+        after,
+        np.array(capped.draw(st.lists(st.booleans(), min_size=len(capacity), max_size=len(capacity)))),
+        "price",
+    )
+    gang = _IslandGang.of(spec, cat, req, after)
+    assert gang.candidate._room is not None  # made by the gang, not left to room()
+    assert gang.candidate.room().tolist() == _made_from_scratch(gang.candidate).tolist()
+    assert (
+        req.island_gang(spec, cat).candidate.room().tolist()
+        == _made_from_scratch(req.island_gang(spec, cat).candidate).tolist()
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.lists(st.integers(0, 12), min_size=1, max_size=10),
+    cards=st.integers(0, 9),
+    listed=st.data(),
+)
+def test_listed_candidates_room_is_island_rooms(
+    capacity: list[int], cards: int, listed: st.DataObject
+) -> None:
+    """The cost-against-start chart's candidates (the islands it lists, each with the cards): their room
+    written from them alone is the room island_room makes from every island."""
+    from broker.matching import _listed_candidates
+
+    cat = catalogue(capacity)
+    roomy = [position for position, cards_here in enumerate(capacity) if cards_here >= cards]
+    chosen = np.array(
+        sorted(listed.draw(st.sets(st.sampled_from(roomy)) if roomy else st.just(set()))), dtype=np.int64
+    )
+    is_candidate = np.zeros(len(capacity), dtype=bool)
+    is_candidate[chosen] = True
+    need = np.full(len(capacity), cards, dtype=np.int64)
+    candidate = _listed_candidates(cat, chosen, need, is_candidate)
+    assert candidate.room().tolist() == _made_from_scratch(candidate).tolist()
