@@ -356,6 +356,10 @@ def test_the_smallest_entries_are_numpys_partition_cut(values: list[float], data
     assert got.tolist() == expected.tolist()
 
 
+# Single-island clusters with these cards (tests.broker.test_matching_property.catalogue).
+ISLAND_CARDS = st.lists(st.integers(0, 12), min_size=1, max_size=10)
+
+
 def _made_from_scratch(candidate: Candidates) -> np.ndarray:
     """``candidate``'s room as island_room makes it from every island."""
     return Candidates(
@@ -368,11 +372,7 @@ def _made_from_scratch(candidate: Candidates) -> np.ndarray:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    capacity=st.lists(st.integers(0, 12), min_size=1, max_size=10),
-    cards=st.integers(1, 9),
-    capped=st.data(),
-)
+@given(capacity=ISLAND_CARDS, cards=st.integers(1, 9), capped=st.data())
 def test_a_price_caps_room_is_the_requirements_room_without_the_clusters_it_rejects(
     capacity: list[int], cards: int, capped: st.DataObject
 ) -> None:
@@ -400,13 +400,9 @@ def test_a_price_caps_room_is_the_requirements_room_without_the_clusters_it_reje
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    capacity=st.lists(st.integers(0, 12), min_size=1, max_size=10),
-    cards=st.integers(0, 9),
-    listed=st.data(),
-)
+@given(capacity=ISLAND_CARDS, cards=st.integers(0, 9), chosen_from=st.data())
 def test_listed_candidates_room_is_island_rooms(
-    capacity: list[int], cards: int, listed: st.DataObject
+    capacity: list[int], cards: int, chosen_from: st.DataObject
 ) -> None:
     """The cost-against-start chart's candidates (the islands it lists, each with the cards): their room
     written from them alone is the room island_room makes from every island."""
@@ -415,7 +411,7 @@ def test_listed_candidates_room_is_island_rooms(
     cat = catalogue(capacity)
     roomy = [position for position, cards_here in enumerate(capacity) if cards_here >= cards]
     chosen = np.array(
-        sorted(listed.draw(st.sets(st.sampled_from(roomy)) if roomy else st.just(set()))), dtype=np.int64
+        sorted(chosen_from.draw(st.sets(st.sampled_from(roomy)) if roomy else st.just(set()))), dtype=np.int64
     )
     is_candidate = np.zeros(len(capacity), dtype=bool)
     is_candidate[chosen] = True
