@@ -310,10 +310,11 @@ def candidate_rows(
     blocked, and its rows are left out. blocked_ranges writes nothing for such an island when the window
     has a start (its rows' cards never pass the room): the same answer, from fewer rows.
 
-    Three passes, none with a branch on the data: the live rows in the window (kept and dropped rows
-    alternate in no order, and a mispredicted branch per row cost more than a pass), then those on
-    candidate islands their holds could block (one look-up of ``room`` and ``held`` per row, by id: the
-    rows come in island order, so both are read almost in order), then the kept rows' positions."""
+    Three passes: the live rows in the window, then those on candidate islands their holds could block
+    (one look-up of ``room`` and ``held`` per row, by id: the rows come in island order, so both are read
+    almost in order), then the kept rows' positions. The first two write every row they read and move
+    their output on only for the rows they keep: kept and dropped rows alternate in no order, and a
+    mispredicted branch per row cost more than a pass."""
     n = len(hold_island)
     last = len(room) - 1  # room[last] is -1: the room of any id past the catalogue's
     n_held = len(held)
