@@ -572,13 +572,8 @@ class _IslandGang:
             dropped = np.flatnonzero(own.ok_cluster & ~ok_cluster)
             room = own.candidate.room()
             if len(dropped):
-                first_of_cluster, cluster_islands = c.islands_by_cluster
-                lo, hi = first_of_cluster[dropped], first_of_cluster[dropped + 1]
-                sizes_of = hi - lo
-                offsets = np.concatenate([[0], np.cumsum(sizes_of)])
-                slots = np.repeat(lo - offsets[:-1], sizes_of) + np.arange(int(offsets[-1]))
                 room = room.copy()
-                room[c.island_id[cluster_islands[slots]]] = -1
+                room[c.island_id[_islands_of_clusters(c, dropped)[0]]] = -1
                 _read_only(room)
         return cls(
             counts=counts,
@@ -809,17 +804,23 @@ def _live_members(
     return islands[keep]
 
 
-def _live_members_of(
-    c: Catalogue, clusters: np.ndarray, live: Callable[[np.ndarray], np.ndarray], own: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``_live_members`` of each of ``clusters`` in one pass: (islands, bounds), cluster ``clusters[j]``'s
-    live islands being ``islands[bounds[j]:bounds[j + 1]]``."""
+def _islands_of_clusters(c: Catalogue, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The islands (catalogue positions) of each of ``clusters``, in one gather: (islands, offsets), cluster
+    ``clusters[j]``'s being ``islands[offsets[j]:offsets[j + 1]]``, in catalogue order."""
     first_of_cluster, cluster_islands = c.islands_by_cluster
     lo, hi = first_of_cluster[clusters], first_of_cluster[clusters + 1]
     sizes = hi - lo
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     slots = np.repeat(lo - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
-    islands = cluster_islands[slots]
+    return cluster_islands[slots], offsets
+
+
+def _live_members_of(
+    c: Catalogue, clusters: np.ndarray, live: Callable[[np.ndarray], np.ndarray], own: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_live_members`` of each of ``clusters`` in one pass: (islands, bounds), cluster ``clusters[j]``'s
+    live islands being ``islands[bounds[j]:bounds[j + 1]]``."""
+    islands, offsets = _islands_of_clusters(c, clusters)
     keep = live(islands)
     if len(own):
         keep &= ~_within(own, islands)
