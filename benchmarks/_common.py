@@ -531,6 +531,117 @@ def _serve(host: str, port: int) -> None:
     httpd.serve_forever()
 
 
+class LeanConnection:
+    """A keep-alive HTTP/1.1 client connection for load generators that share the server's machine: the
+    request written as one buffer, the answer read by its ``Content-Length`` (or chunk by chunk), and the
+    status, ``Content-Length``, ``Transfer-Encoding`` and ``Connection`` headers the only ones looked at.
+
+    ``http.client`` parses every header of every answer into an ``email`` message and reads the body
+    through a buffered file: 0.12–0.14 ms of CPU per POST and its 20 KB answer on this project's 2-core
+    machine, against 0.045–0.05 ms here (a loopback server replaying one canned answer, 5,000 requests,
+    thread CPU time), CPU the generator takes from the 2 cores it shares with the server under test. A connection the server closes (an answer with ``Connection: close``, or a
+    keep-alive that timed out) is reopened by the next request; an end of stream before the status line
+    raises ``http.client.RemoteDisconnected``, as ``http.client`` does, so that a caller retries a request
+    exactly where it would have."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = 120.0) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.sock: socket.socket | None = None
+        self.buffer = bytearray()
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.buffer.clear()
+
+    def request(
+        self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """Send one request and read its whole answer: (status, body)."""
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}"]
+        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            self.sock.sendall(head + body if body else head)
+            return self._answer()
+        except BaseException:
+            self.close()  # a half-sent request or half-read answer leaves the stream unusable
+            raise
+
+    def _fill(self, *, started: bool) -> None:
+        assert self.sock is not None
+        chunk = self.sock.recv(262_144)
+        if not chunk:
+            if not started:
+                raise http.client.RemoteDisconnected("the server closed the connection without answering")
+            raise http.client.IncompleteRead(bytes(self.buffer))
+        self.buffer += chunk
+
+    def _answer(self) -> tuple[int, bytes]:
+        buffer = self.buffer
+        while (end := buffer.find(b"\r\n\r\n")) < 0:
+            self._fill(started=bool(buffer))
+        head = bytes(buffer[:end]).split(b"\r\n")
+        del buffer[: end + 4]
+        status = int(head[0].split(b" ", 2)[1])
+        length: int | None = None
+        chunked = close = False
+        for line in head[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = value.strip().lower() == b"close"
+        if chunked:
+            body = self._chunked()
+        elif length is not None:
+            while len(buffer) < length:
+                self._fill(started=True)
+            body = bytes(buffer[:length])
+            del buffer[:length]
+        elif status in (204, 304) or 100 <= status < 200:
+            body = b""
+        else:  # no length: the body runs to the end of the stream
+            assert self.sock is not None
+            while chunk := self.sock.recv(262_144):
+                buffer += chunk
+            body, close = bytes(buffer), True
+        if close:
+            self.close()
+        return status, body
+
+    def _chunked(self) -> bytes:
+        buffer, parts = self.buffer, []
+        while True:
+            while (end := buffer.find(b"\r\n")) < 0:
+                self._fill(started=True)
+            size = int(bytes(buffer[:end]).split(b";", 1)[0], 16)
+            del buffer[: end + 2]
+            if size == 0:  # the trailer: header lines up to an empty one
+                while (end := buffer.find(b"\r\n")) != 0:
+                    if end < 0:
+                        self._fill(started=True)
+                    else:
+                        del buffer[: end + 2]
+                del buffer[:2]
+                return b"".join(parts)
+            while len(buffer) < size + 2:
+                self._fill(started=True)
+            parts.append(bytes(buffer[:size]))
+            del buffer[: size + 2]
+
+
 @dataclass(frozen=True)
 class HttpRequest:
     method: str

@@ -17,7 +17,9 @@ whatever the answers take; latency measured from when each was due):
   (``leases / 60`` records per second, in batches of up to 1,000 per operator), whole seconds, keys
   ``soak-<lease>-<start>``;
 - **quotes**: ``--quote-rate`` per second (default 200) from ``--quote-clients`` clients (default 4), each a
-  process of its own (``_quote_client``), over ``--jobs`` jobs of a buyer;
+  process of its own (``_quote_client``) sending each quote when due on a free one of its
+  ``--quote-connections`` keep-alive connections (default 4; with 1 a client waits for each answer before
+  its next quote, a queue of its own that the times from due include), over ``--jobs`` jobs of a buyer;
 - **failover**: ``--silent`` clusters (default 0.2 % of them) stop heartbeating after the first third of the
   run, so the monitor takes them offline and failover interrupts and re-places their leases meanwhile.
 
@@ -61,6 +63,7 @@ from pathlib import Path
 from benchmarks._common import (
     BenchDatabase,
     JsonClient,
+    LeanConnection,
     add_server_env_argument,
     machine_description,
     percentile,
@@ -191,29 +194,26 @@ class PathStats:
 
 
 class Connection:
-    """A keep-alive HTTP connection that reconnects once when the server closed it while idle."""
+    """A keep-alive HTTP connection (benchmarks._common.LeanConnection) that reconnects once when the server
+    closed it while idle."""
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.conn = LeanConnection("127.0.0.1", port, timeout=120)
         self.sent_at = 0.0  # when the last call's request went out (perf_counter)
 
     def call(self, method: str, path: str, *, token: str, body: bytes | None = None) -> tuple[int, bytes]:
-        headers = {"Host": "127.0.0.1", "Authorization": f"Bearer {token}"}
+        headers = {"Authorization": f"Bearer {token}"}
         if body is not None:
             headers["Content-Type"] = "application/json"
         for attempt in (1, 2):
             try:
                 self.sent_at = time.perf_counter()
-                self.conn.request(method, path, body=body, headers=headers)
-                response = self.conn.getresponse()
-                return response.status, response.read()
+                return self.conn.request(method, path, body=body, headers=headers)
             except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
-                self.conn.close()
                 if attempt == 2:
                     return 0, repr(exc).encode()
             except (OSError, http.client.HTTPException) as exc:
-                self.conn.close()
                 return 0, repr(exc).encode()
         raise AssertionError("unreachable")
 
@@ -400,23 +400,44 @@ class Soak:
             )
             return
 
-    def quotes(self, jobs: Sequence[int], *, token: str, rate: float, thread: int) -> None:
+    def quotes(
+        self, jobs: Sequence[int], *, token: str, rate: float, thread: int, connections: int = 1
+    ) -> None:
+        """One quote client: quotes due at ``rate`` a second with random gaps (a Poisson stream), each sent
+        when due on the first of its ``connections`` keep-alive connections that is free (one thread
+        each), or as soon as one is free if none is then: the wait counts, from when the quote was due.
+        With one connection the client sends its next quote only after the last one's answer."""
         rng = random.Random(thread)
-        conn = Connection(self.port)
+        schedule = threading.Lock()
         due = time.perf_counter() + rng.expovariate(rate)
         body = json.dumps({"limit": 10}).encode()
-        try:
-            while self._sleep_until(due, "quote"):
-                job = jobs[rng.randrange(len(jobs))]
-                code, raw = conn.call("POST", f"/api/v1/jobs/{job}/quotes", token=token, body=body)
-                self._record("quote", due=due, sent=conn.sent_at, code=code, raw=raw, units=1, ok=(200, 201))
-                due += rng.expovariate(rate)
-        finally:
-            conn.close()
+
+        def sender() -> None:
+            nonlocal due
+            conn = Connection(self.port)
+            try:
+                while True:
+                    with schedule:  # the next quote due that no connection has taken yet
+                        mine, job = due, jobs[rng.randrange(len(jobs))]
+                        due += rng.expovariate(rate)
+                    if not self._sleep_until(mine, "quote"):
+                        return
+                    code, raw = conn.call("POST", f"/api/v1/jobs/{job}/quotes", token=token, body=body)
+                    self._record(
+                        "quote", due=mine, sent=conn.sent_at, code=code, raw=raw, units=1, ok=(200, 201)
+                    )
+            finally:
+                conn.close()
+
+        senders = [threading.Thread(target=sender, daemon=True) for _ in range(max(connections, 1))]
+        for each in senders:
+            each.start()
+        for each in senders:
+            each.join()
 
 
 def _quote_client(
-    port: int, jobs: Sequence[int], token: str, rate: float, thread: int, pipe: PipeEnd
+    port: int, jobs: Sequence[int], token: str, rate: float, thread: int, connections: int, pipe: PipeEnd
 ) -> None:
     """One quote client in a process of its own (``--quote-clients-in-process`` keeps the old threads): it
     waits for the run's clock (``began``, ``stop_at``: perf_counter and monotonic read the same system-wide
@@ -430,7 +451,7 @@ def _quote_client(
     its own queue's only."""
     began, stop_at = pipe.recv()
     soak = Soak(port=port, stop_at=stop_at, began=began)
-    soak.quotes(jobs, token=token, rate=rate, thread=thread)
+    soak.quotes(jobs, token=token, rate=rate, thread=thread, connections=connections)
     pipe.send(soak.stats["quote"])
     pipe.recv()
 
@@ -676,7 +697,15 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 mine, theirs = spawn.Pipe()
                 process = spawn.Process(
                     target=_quote_client,
-                    args=(port, jobs, market.quote_buyer_token, quote_rate, t, theirs),
+                    args=(
+                        port,
+                        jobs,
+                        market.quote_buyer_token,
+                        quote_rate,
+                        t,
+                        args.quote_connections,
+                        theirs,
+                    ),
                     daemon=True,
                 )
                 process.start()
@@ -719,7 +748,12 @@ def run(args: argparse.Namespace, database: BenchDatabase) -> int:
                 threading.Thread(
                     target=soak.quotes,
                     args=(jobs,),
-                    kwargs={"token": market.quote_buyer_token, "rate": quote_rate, "thread": t},
+                    kwargs={
+                        "token": market.quote_buyer_token,
+                        "rate": quote_rate,
+                        "thread": t,
+                        "connections": args.quote_connections,
+                    },
                 )
                 for t in range(args.quote_clients if args.quote_clients_in_process else 0)
             ),
@@ -1155,7 +1189,12 @@ def report(
         )
     )
     for line in capacity_lines(
-        cpu, load_s=load_s, cores=os.cpu_count() or 1, quotes=soak.stats["quote"], clients=args.quote_clients
+        cpu,
+        load_s=load_s,
+        cores=os.cpu_count() or 1,
+        quotes=soak.stats["quote"],
+        clients=args.quote_clients,
+        connections=args.quote_connections,
     ):
         print(line)
 
@@ -1164,18 +1203,25 @@ _GENERATORS = ("load generator", "quote clients")
 
 
 def capacity_lines(
-    cpu: dict[str, float], *, load_s: float, cores: int, quotes: PathStats, clients: int
+    cpu: dict[str, float],
+    *,
+    load_s: float,
+    cores: int,
+    quotes: PathStats,
+    clients: int,
+    connections: int = 1,
 ) -> list[str]:
     """What the quote verdict rests on, in two lines: how busy the machine was (the platform's process
-    groups and the load generators apart), and how busy each quote client was.
+    groups and the load generators apart), and how busy each quote client's connections were.
 
-    A quote client sends its next quote only once the previous one has answered, at ``rate / clients``
-    a second with random gaps (a Poisson stream): it is a single-server queue whose load is its rate times
-    the mean answer from sending. Its wait grows without bound as that nears 100 %, and its p99 long
-    before: with every answer as long as the mean (the best case), the p99 from when quotes were due is
+    A quote client sends its quotes at ``rate / clients`` a second with random gaps (a Poisson stream), each
+    on a free one of its ``connections``. With one connection it is a single-server queue whose load is its
+    rate times the mean answer from sending: its wait grows without bound as that nears 100 %, and its p99
+    long before. With every answer as long as the mean (the best case), the p99 from when quotes were due is
     2.9 answers at 30 % busy, 4.4 at 50 %, 6.3 at 65 % and 11 at 80 % (a simulation of that queue, 400,000
-    quotes each). So 50/s a client and a p99 of 50 ms from due need a mean answer of about 10 ms under the
-    whole load: the verdict depends on the mean answer as much as on its tail."""
+    quotes each): 50/s and a p99 of 50 ms from due would need a mean answer of about 10 ms, a limit of the
+    client, not of the server. With several connections a quote waits only when all of them are busy, so
+    the times from due and from sending differ only when the server falls behind."""
     platform = {name: seconds for name, seconds in cpu.items() if name not in _GENERATORS}
     generators = sum(seconds for name, seconds in cpu.items() if name in _GENERATORS)
     busy = sum(platform.values()) / load_s
@@ -1187,10 +1233,16 @@ def capacity_lines(
     if quotes.answered and clients > 0:
         per_client = quotes.units / load_s / clients
         mean = sum(quotes.answered) / len(quotes.answered)
+        waited = sum(
+            1
+            for took, answered in zip(quotes.latencies, quotes.answered, strict=True)
+            if took - answered > 0.001
+        )
         lines.append(
             f"quote clients: each sent {per_client:.1f} quotes/s ({1000 / per_client:.1f} ms apart on average) "
-            f"and waited for each answer; mean answer from sending {mean * 1000:.1f} ms, so each client was "
-            f"busy {per_client * mean:.0%} of the time"
+            f"on up to {connections} connection(s); mean answer from sending {mean * 1000:.1f} ms, so its "
+            f"connections were busy {per_client * mean / connections:.0%} of the time; "
+            f"{waited / len(quotes.answered):.1%} of the quotes were sent more than 1 ms after they were due"
         )
     return lines
 
@@ -1206,6 +1258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--quote-rate", type=float, default=200.0)
     parser.add_argument("--quote-clients", type=int, default=4)
+    parser.add_argument(
+        "--quote-connections",
+        type=int,
+        default=4,
+        help="connections of each quote client: a quote goes out when due on a free one (open loop); 1 makes "
+        "each client wait for an answer before it sends its next quote",
+    )
     parser.add_argument(
         "--quote-clients-in-process",
         action="store_true",
