@@ -33,7 +33,12 @@ _async_app = LongPollASGIHandler()
 
 from django.conf import settings  # noqa: E402  (after setup)
 
-_threaded_app = WsgiOnThreads(_wsgi_app, workers=settings.CARDHOUR_WSGI_THREADS)
+_threaded_app = WsgiOnThreads(
+    _wsgi_app,
+    workers=settings.CARDHOUR_WSGI_THREADS,
+    bulk_workers=settings.CARDHOUR_WSGI_BULK_THREADS,
+    bulk_paths=settings.CARDHOUR_BULK_PATHS,
+)
 _async_paths = frozenset(settings.CARDHOUR_ASYNC_PATHS)
 
 

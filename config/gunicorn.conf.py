@@ -31,8 +31,9 @@ bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')
 # 3 workers × 8 threads (the defaults) 33–40 / 440–541; 3 × 4 threads 32 / 1,752 (steady stretches no
 # better, failover's worse); 3 × 2 threads 51 / 1,394 (a slow request holds up the few threads of its
 # worker); 6 × 4 threads 167 / 2,011 (more processes time-sliced on 2 cores, and 5.77 against 5.34 ms of
-# web CPU per request). Each worker holds its own catalogue and hold book (~350 MB at 10k clusters and
-# 100k leases).
+# web CPU per request). Those soaks had no lane for the operator agents' batches, which then held up the
+# few threads of a worker; with the lane (config.wsgi_bridge) the threads default to 3 + 1 for batches.
+# Each worker holds its own catalogue and hold book (~350 MB at 10k clusters and 100k leases).
 # benchmarks.prodserver.PRODUCTION_WORKERS repeats this default (a gunicorn config file is not importable).
 workers = int(os.environ.get("WEB_CONCURRENCY") or (os.cpu_count() or 1) + 1)
 worker_class = "config.uvicorn_worker.CardhourUvicornWorker"

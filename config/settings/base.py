@@ -430,7 +430,13 @@ CARDHOUR_WAKEUP_FALLBACK_POLL_SECONDS = env.float("CARDHOUR_WAKEUP_FALLBACK_POLL
 # transaction mode: production.py); empty means the default database's parameters.
 CARDHOUR_WAKEUP_DATABASE_URL = ""
 CARDHOUR_ASYNC_PATHS = ["/api/v1/operator/leases"]
-CARDHOUR_WSGI_THREADS = env.int("CARDHOUR_WSGI_THREADS", default=8)
+# Three: a worker's threads share one interpreter lock, and more of them running at once under overload cost
+# more CPU a request in hand-overs than they gain in overlapped waits (config.wsgi_bridge, issue 14).
+CARDHOUR_WSGI_THREADS = env.int("CARDHOUR_WSGI_THREADS", default=3)
+# Operator agents' batches (config.wsgi_bridge): their own lane of this many threads per server process, so
+# that a batch never holds up a buyer's request; 0 runs them on the pool above.
+CARDHOUR_BULK_PATHS = ["/api/v1/operator/usage", "/api/v1/heartbeats"]
+CARDHOUR_WSGI_BULK_THREADS = env.int("CARDHOUR_WSGI_BULK_THREADS", default=1)
 # The long-polls' own database work (the first look and each re-check) runs on this many threads per server
 # process, however many agents wait: a herd of re-polls queues on the event loop instead of starting a thread
 # each and fighting the WSGI threads for the GIL and the connection pool.

@@ -175,3 +175,95 @@ def test_django_answers_through_the_bridge():
     )
     assert sent[0]["status"] == 200
     assert len(sent) == 2 and sent[1]["body"]
+
+
+def test_batches_run_in_a_lane_of_their_own_and_never_hold_up_other_requests():
+    """With one bulk thread and one other: while a batch holds the bulk lane, a second batch waits for it,
+    and a quote arriving after both is answered at once, on the other thread."""
+    release = threading.Event()
+    order: list[tuple[str, str]] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ["PATH_INFO"]
+        order.append((path, threading.current_thread().name.split("_")[0]))
+        if path == "/bulk" and not release.is_set():
+            assert release.wait(10)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return _Joined([path.encode()], [])
+
+    def scope(path: str) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "root_path": "",
+            "query_string": b"",
+            "http_version": "1.1",
+            "scheme": "http",
+            "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 5000),
+            "headers": [],
+        }
+
+    bridge = WsgiOnThreads(app, workers=1, bulk_workers=1, bulk_paths=["/bulk"])
+
+    async def request(path: str, answered: list[str]) -> None:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                answered.append(message["body"].decode())
+
+        await bridge(scope(path), receive, send)
+
+    async def main() -> list[str]:
+        answered: list[str] = []
+        first = asyncio.ensure_future(request("/bulk", answered))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(request("/bulk", answered))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(request("/quote", answered), 5)  # not behind the batches
+        assert answered == ["/quote"]
+        assert len(order) == 2  # the second batch has not started: it waits for the first
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        return answered
+
+    try:
+        answered = asyncio.run(main())
+    finally:
+        release.set()
+        bridge.executor.shutdown()
+        bridge.bulk_executor.shutdown()
+    assert answered == ["/quote", "/bulk", "/bulk"]
+    assert order == [("/bulk", "WSGI-bulk"), ("/quote", "WSGI"), ("/bulk", "WSGI-bulk")]
+
+
+@pytest.mark.parametrize("bulk_workers", [0, 2])
+def test_without_a_bulk_lane_every_request_shares_the_one_pool(bulk_workers: int):
+    bridge = WsgiOnThreads(lambda e, s: [], workers=2, bulk_workers=bulk_workers, bulk_paths=["/bulk"])
+    try:
+        if bulk_workers:
+            assert bridge.bulk_executor is not bridge.executor
+            assert bridge.bulk_paths == {"/bulk"}
+        else:
+            assert bridge.bulk_executor is bridge.executor
+            assert bridge.bulk_paths == frozenset()
+    finally:
+        bridge.executor.shutdown()
+        bridge.bulk_executor.shutdown()
+
+
+def test_the_bulk_lane_serves_the_operator_agents_batches():
+    """The paths of the production server's bulk lane are the usage and heartbeat batch endpoints (a renamed
+    route would silently move them back among the buyers' requests)."""
+    from django.conf import settings
+    from django.urls import resolve
+
+    from broker.api.operator import OperatorUsageCreateApi
+    from federation.api.views import HeartbeatBatchApi
+
+    views = {resolve(path).func.view_class for path in settings.CARDHOUR_BULK_PATHS}  # type: ignore[attr-defined]
+    assert views == {OperatorUsageCreateApi, HeartbeatBatchApi}
+    assert settings.CARDHOUR_WSGI_BULK_THREADS >= 1
