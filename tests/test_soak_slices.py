@@ -43,35 +43,59 @@ def test_latencies_from_sending_leave_out_the_clients_own_queue() -> None:
     assert _latency_slices(stats, [15.0, 30.0], from_sending=True) == [[0.02], [0.1]]
 
 
+class _QuoteServer:
+    """A real HTTP/1.1 server answering each POST after ``delay`` seconds, keeping its path and counting the
+    requests in flight."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        import http.server
+        import threading
+
+        self.delay = delay
+        self.paths: list[str] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                import time
+
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with lock:
+                    outer.paths.append(self.path)
+                    outer.in_flight += 1
+                    outer.most_in_flight = max(outer.most_in_flight, outer.in_flight)
+                time.sleep(outer.delay)
+                with lock:
+                    outer.in_flight -= 1
+                body = b'{"quotes": []}'
+                self.send_response(201)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.port = self.server.server_address[1]
+
+
 def test_a_quote_client_process_sends_its_quotes_and_hands_back_its_stats() -> None:
     """A quote client in a process of its own (the soak's default): it starts on the parent's clock, quotes
     a real HTTP server until the load's end and hands back what it measured, merged into the parent's."""
-    import http.server
     import multiprocessing
-    import threading
     import time
 
     from benchmarks.soak import _quote_client
 
-    paths: list[str] = []
-
-    class Quotes(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            paths.append(self.path)
-            body = b'{"quotes": []}'
-            self.send_response(201)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quotes)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    quotes = _QuoteServer()
+    server, paths = quotes.server, quotes.paths
     spawn = multiprocessing.get_context("spawn")
     mine, theirs = spawn.Pipe()
     process = spawn.Process(
@@ -126,46 +150,6 @@ def test_the_capacity_lines_say_how_busy_the_machine_and_each_quote_client_were(
     assert capacity_lines(cpu, load_s=10.0, cores=2, quotes=PathStats(), clients=2) == [machine]
 
 
-class _SlowQuotes:
-    """A real HTTP/1.1 server answering each POST after ``delay`` seconds, counting the requests in flight."""
-
-    def __init__(self, delay: float) -> None:
-        import http.server
-        import threading
-
-        self.delay = delay
-        self.in_flight = 0
-        self.most_in_flight = 0
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                import time
-
-                self.rfile.read(int(self.headers["Content-Length"]))
-                with lock:
-                    outer.in_flight += 1
-                    outer.most_in_flight = max(outer.most_in_flight, outer.in_flight)
-                time.sleep(outer.delay)
-                with lock:
-                    outer.in_flight -= 1
-                body = b'{"quotes": []}'
-                self.send_response(201)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.port = self.server.server_address[1]
-
-
 @pytest.mark.parametrize("connections", [1, 4])
 def test_a_quote_client_sends_each_quote_when_due_on_a_free_connection(connections: int) -> None:
     """40 quotes/s against a server that answers in 60 ms: one connection can carry at most ~16/s, so its
@@ -174,7 +158,7 @@ def test_a_quote_client_sends_each_quote_when_due_on_a_free_connection(connectio
 
     from benchmarks.soak import Soak
 
-    server = _SlowQuotes(0.060)
+    server = _QuoteServer(0.060)
     began = time.perf_counter()
     soak = Soak(port=server.port, stop_at=time.monotonic() + 2.0, began=began)
     try:

@@ -11,10 +11,8 @@ import pytest
 from config.wsgi_bridge import WsgiOnThreads
 
 
-def _serve(
-    app: Any, *, messages: list[dict[str, Any]], path: str = "/x", method: str = "POST"
-) -> list[dict[str, Any]]:
-    scope = {
+def _scope(path: str, method: str = "POST") -> dict[str, Any]:
+    return {
         "type": "http",
         "method": method,
         "path": path,
@@ -26,6 +24,12 @@ def _serve(
         "client": ("127.0.0.1", 5000),
         "headers": [(b"content-type", b"application/json"), (b"x-thing", b"yes")],
     }
+
+
+def _serve(
+    app: Any, *, messages: list[dict[str, Any]], path: str = "/x", method: str = "POST"
+) -> list[dict[str, Any]]:
+    scope = _scope(path, method)
     incoming = list(messages)
     sent: list[dict[str, Any]] = []
 
@@ -191,20 +195,6 @@ def test_batches_run_in_a_lane_of_their_own_and_never_hold_up_other_requests():
         start_response("200 OK", [("Content-Type", "text/plain")])
         return _Joined([path.encode()], [])
 
-    def scope(path: str) -> dict[str, Any]:
-        return {
-            "type": "http",
-            "method": "POST",
-            "path": path,
-            "root_path": "",
-            "query_string": b"",
-            "http_version": "1.1",
-            "scheme": "http",
-            "server": ("127.0.0.1", 8000),
-            "client": ("127.0.0.1", 5000),
-            "headers": [],
-        }
-
     bridge = WsgiOnThreads(app, workers=1, bulk_workers=1, bulk_paths=["/bulk"])
 
     async def request(path: str, answered: list[str]) -> None:
@@ -215,7 +205,7 @@ def test_batches_run_in_a_lane_of_their_own_and_never_hold_up_other_requests():
             if message["type"] == "http.response.body":
                 answered.append(message["body"].decode())
 
-        await bridge(scope(path), receive, send)
+        await bridge(_scope(path), receive, send)
 
     async def main() -> list[str]:
         answered: list[str] = []
