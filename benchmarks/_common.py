@@ -622,7 +622,7 @@ class LeanConnection:
         return status, body
 
     def _chunked(self) -> bytes:
-        buffer, parts = self.buffer, []
+        buffer, parts = self.buffer, list[bytes]()
         while True:
             while (end := buffer.find(b"\r\n")) < 0:
                 self._fill(started=True)
