@@ -106,8 +106,8 @@ class WsgiOnThreads:
     (a thousand usage records, fifty heartbeats) holds it for tens of milliseconds; a buyer's quote in
     the same worker that comes back from each of its database round trips waits for it, up to the 5 ms
     switch interval each time, and more threads running at once add more of those hand-overs (issue 14:
-    at 16 quotes in flight, 2 or 3 threads a worker cost less server CPU a quote than 8 in all five comparisons
-    of three interleaved rounds, 6.4–8.4 ms against 7.5–8.7; at 4 in flight, no difference).
+    at 16 quotes in flight, 2 or 3 threads a worker cost less server CPU a quote than 8 in all five
+    comparisons of three interleaved rounds, 6.4–8.4 ms against 7.5–8.7; at 4 in flight, no difference).
     With a lane of its own, batches queue behind batches, never in front of an interactive request, and a
     worker runs at most ``workers + bulk_workers`` requests at once however many arrive; the others wait
     their turn in the lane's queue, holding nothing but their socket."""
