@@ -435,7 +435,7 @@ CARDHOUR_ASYNC_PATHS = ["/api/v1/operator/leases"]
 CARDHOUR_WSGI_THREADS = env.int("CARDHOUR_WSGI_THREADS", default=3)
 # Operator agents' batches (config.wsgi_bridge): their own lane of this many threads per server process, so
 # that a batch never holds up a buyer's request; 0 runs them on the pool above.
-CARDHOUR_BULK_PATHS = ["/api/v1/operator/usage", "/api/v1/heartbeats"]
+CARDHOUR_BULK_PATHS = [*CARDHOUR_API_USAGE_PATHS, "/api/v1/heartbeats"]
 CARDHOUR_WSGI_BULK_THREADS = env.int("CARDHOUR_WSGI_BULK_THREADS", default=1)
 # The long-polls' own database work (the first look and each re-check) runs on this many threads per server
 # process, however many agents wait: a herd of re-polls queues on the event loop instead of starting a thread
